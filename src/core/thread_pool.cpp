@@ -1,0 +1,114 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <memory>
+
+namespace llmk {
+
+ThreadPool::ThreadPool(int num_threads) {
+  const int workers = std::max(1, num_threads) - 1;
+  workers_.reserve(static_cast<size_t>(workers));
+  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_chunks() {
+  for (;;) {
+    int64_t c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (next_chunk_ >= num_chunks_) return;
+      c = next_chunk_++;
+    }
+    const int64_t begin = c * chunk_;
+    const int64_t end = std::min(n_, begin + chunk_);
+    try {
+      (*fn_)(begin, end);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      ++busy_;
+    }
+    run_chunks();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --busy_;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain,
+                              const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  const int64_t threads = num_threads();
+  if (threads == 1 || n <= grain) {
+    fn(0, n);
+    return;
+  }
+  // A few chunks per thread balances uneven work without much locking.
+  int64_t chunks = std::min<int64_t>(threads * 4, (n + grain - 1) / grain);
+  const int64_t chunk = (n + chunks - 1) / chunks;
+  chunks = (n + chunk - 1) / chunk;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    chunk_ = chunk;
+    num_chunks_ = chunks;
+    next_chunk_ = 0;
+    error_ = nullptr;
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  run_chunks();
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Workers that woke late find no chunks left and leave at once; wait for all that joined.
+    done_cv_.wait(lock, [&] { return busy_ == 0 && next_chunk_ >= num_chunks_; });
+    fn_ = nullptr;
+    error = error_;
+    error_ = nullptr;
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+namespace {
+std::unique_ptr<ThreadPool>& pool_slot() {
+  static std::unique_ptr<ThreadPool> pool;
+  return pool;
+}
+int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+}  // namespace
+
+ThreadPool& cpu_pool() {
+  auto& p = pool_slot();
+  if (!p) p = std::make_unique<ThreadPool>(default_threads());
+  return *p;
+}
+
+void set_num_threads(int n) { pool_slot() = std::make_unique<ThreadPool>(n > 0 ? n : default_threads()); }
+
+}  // namespace llmk

@@ -22,8 +22,19 @@
 namespace llmk::gguf {
 
 enum class ValueType : uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 std::string_view value_type_name(ValueType t);
 
@@ -33,10 +44,10 @@ class Value {
  public:
   struct Array {
     ValueType elem = ValueType::U8;
-    std::vector<std::string> strings;   // elem == STRING
-    std::vector<int64_t> ints;          // integer and BOOL elems (u64 values above INT64_MAX are rejected)
-    std::vector<double> floats;         // F32 / F64 elems
-    std::vector<Value> nested;          // elem == ARRAY
+    std::vector<std::string> strings;  // elem == STRING
+    std::vector<int64_t> ints;   // integer and BOOL elems (u64 values above INT64_MAX are rejected)
+    std::vector<double> floats;  // F32 / F64 elems
+    std::vector<Value> nested;   // elem == ARRAY
     size_t size() const;
   };
 
@@ -50,8 +61,8 @@ class Value {
   bool is_float() const;    // F32 or F64
 
   // Typed access; a mismatch throws llmk::Error naming the expected and actual type.
-  int64_t as_int() const;        // integer types (u64 above INT64_MAX throws)
-  double as_float() const;       // F32/F64, and integer types converted
+  int64_t as_int() const;   // integer types (u64 above INT64_MAX throws)
+  double as_float() const;  // F32/F64, and integer types converted
   bool as_bool() const;
   const std::string& as_string() const;
   const Array& as_array() const;
@@ -65,10 +76,10 @@ class Value {
 
 struct TensorInfo {
   std::string name;
-  Shape shape;           // row-major, outermost first: GGUF's ne[] reversed ({rows, cols} for a matrix)
+  Shape shape;  // row-major, outermost first: GGUF's ne[] reversed ({rows, cols} for a matrix)
   DType dtype = DType::F32;
   uint32_t ggml_type = 0;
-  uint64_t offset = 0;   // from the start of the data section
+  uint64_t offset = 0;  // from the start of the data section
   uint64_t nbytes = 0;
 };
 
@@ -98,11 +109,13 @@ class File {
   double get_float(std::string_view key, double fallback) const;
   std::string get_string(std::string_view key) const;
   std::string get_string(std::string_view key, std::string_view fallback) const;
+  bool get_bool(std::string_view key) const;
   bool get_bool(std::string_view key, bool fallback) const;
 
   const std::vector<TensorInfo>& tensors() const;
   const TensorInfo* find_tensor(std::string_view name) const;  // nullptr if absent
-  const TensorInfo& tensor_info(std::string_view name) const;  // throws "<path>: missing tensor '<name>'"
+  const TensorInfo& tensor_info(
+      std::string_view name) const;  // throws "<path>: missing tensor '<name>'"
   // A borrowed CPU view of the tensor's bytes in the mapping; it keeps the mapping alive.
   Tensor tensor(std::string_view name) const;
 

@@ -1,0 +1,64 @@
+// Byte-level BPE merging over token ids: a piece starts as one symbol per byte and the pair of
+// adjacent symbols with the lowest merge rank is merged until no mergeable pair is left; among
+// pairs of equal rank the leftmost goes first. This is the order of Hugging Face tokenizers'
+// BPE (word.rs merge_all) and of llama.cpp, so ids agree with both.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace llmk {
+
+class BpeModel {
+ public:
+  struct Merge {
+    int32_t left, right, result;  // token ids
+  };
+
+  BpeModel() = default;
+  // byte_ids[b]: the token of the single byte b, or -1 where the vocabulary has none (such
+  // bytes are dropped from the output, as Hugging Face and llama.cpp do). `merges` in rank
+  // order; a pair listed twice keeps its first (lowest) rank.
+  BpeModel(const std::array<int32_t, 256>& byte_ids, std::span<const Merge> merges);
+
+  // Reusable buffers, so that encoding many pieces allocates once.
+  struct Scratch {
+    struct Symbol {
+      int32_t id;
+      int32_t prev, next;  // indices into symbols; -1 at the ends
+      bool alive;
+    };
+    struct Candidate {
+      int32_t rank, pos, result;
+    };
+    std::vector<Symbol> symbols;
+    std::vector<Candidate> heap;
+  };
+
+  // Appends the ids of `piece` (raw bytes) to `out`.
+  void encode(std::string_view piece, Scratch& scratch, std::vector<int32_t>& out) const;
+
+  size_t num_merges() const { return count_; }
+
+ private:
+  // Open-addressing map from a pair of ids to (rank, result).
+  struct Slot {
+    uint64_t key = kEmpty;
+    int32_t rank = 0, result = 0;
+  };
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  const Slot* find(int32_t a, int32_t b) const;
+
+  std::array<int32_t, 256> byte_ids_{};
+  std::vector<Slot> slots_;
+  uint64_t mask_ = 0;
+  size_t count_ = 0;
+};
+
+}  // namespace llmk

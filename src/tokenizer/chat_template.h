@@ -1,0 +1,44 @@
+// Chat templates without a Jinja engine: the model's template string (tokenizer.chat_template)
+// is recognised as one of a few known families, and the family's formatter writes the prompt
+// exactly as the Jinja template would render it.
+//
+// Families (a table in chat_template.cpp; add Llama 3, Gemma, Phi-3 there):
+//   chatml  templates that contain "<|im_start|>":
+//             <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
+//           When the template holds a literal "<|im_start|>system\n{text}<|im_end|>\n" (as
+//           SmolLM2's does, for conversations that do not start with a system message), that
+//           system message is written first whenever messages[0] is not a system message.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace llmk {
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant", ...
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // Recognises the family of `jinja` (a tokenizer.chat_template value); throws llmk::Error
+  // naming the supported families when none matches.
+  static ChatTemplate from_jinja(std::string_view jinja);
+
+  // The prompt for `messages`; add_generation_prompt appends the opening of an assistant turn.
+  std::string apply(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+
+  std::string_view family() const;
+  // The system message written when the conversation has none (empty: none is written).
+  const std::string& default_system() const { return default_system_; }
+
+  struct Family;
+
+ private:
+  const Family* family_ = nullptr;
+  std::string default_system_;
+};
+
+}  // namespace llmk

@@ -1,0 +1,273 @@
+#include "tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "tokenizer/bpe_model.h"
+#include "tokenizer/byte_level.h"
+#include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace llmk {
+namespace {
+
+constexpr std::string_view kSupportedModels = "gpt2";
+
+// Texts of tokens that end a generated turn in the families llmk knows.
+constexpr std::string_view kEndOfTurnTexts[] = {
+    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
+};
+
+// A token cut out of the text before pre-tokenization.
+struct SpecialText {
+  std::string_view text;
+  int32_t id;
+  bool control;  // matched only when parse_special; user-defined tokens always are
+};
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  TokenizerData data;
+  std::vector<TokenType> types;
+  std::vector<std::string> bytes;                         // per token
+  std::unordered_map<std::string_view, int32_t> by_text;  // views into data.tokens
+  std::vector<SpecialText> specials;
+  PreTokenizer pre;
+  BpeModel bpe;
+
+  int32_t size() const { return static_cast<int32_t>(data.tokens.size()); }
+  void check_id(int32_t id) const {
+    LLMK_CHECK(id >= 0 && id < size(), "token id {} out of range for a vocabulary of {} tokens", id,
+               size());
+  }
+
+  // Appends the ids of text that holds no special token.
+  void encode_plain(std::string_view text, std::vector<std::string_view>& pieces,
+                    BpeModel::Scratch& scratch, std::vector<int32_t>& out) const;
+};
+
+namespace {
+
+std::vector<TokenType> check_types(const TokenizerData& d) {
+  std::vector<TokenType> types(d.tokens.size(), TokenType::Normal);
+  if (d.token_types.empty()) return types;
+  LLMK_CHECK(d.token_types.size() == d.tokens.size(), "tokenizer has {} token types for {} tokens",
+             d.token_types.size(), d.tokens.size());
+  for (size_t i = 0; i < types.size(); ++i) {
+    const int32_t t = d.token_types[i];
+    LLMK_CHECK(t >= 1 && t <= 6, "token {} ('{}') has unknown token type {}", i, d.tokens[i], t);
+    types[i] = static_cast<TokenType>(t);
+  }
+  return types;
+}
+
+void check_optional_id(int32_t id, std::string_view what, size_t vocab) {
+  LLMK_CHECK(id >= -1 && id < static_cast<int64_t>(vocab),
+             "{} token id {} out of range for a vocabulary of {} tokens", what, id, vocab);
+}
+
+// The bytes a token stands for. Control and user-defined tokens are written as plain text;
+// other tokens are in the byte alphabet, except in files that store a few as plain text (a
+// character outside the alphabet): those are taken as their text too.
+std::string token_bytes_of(const std::string& text, TokenType type) {
+  if (type == TokenType::Control || type == TokenType::UserDefined) return text;
+  std::optional<std::string> b = byte_level::decode(text);
+  return b ? std::move(*b) : text;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_data(TokenizerData data) {
+  LLMK_CHECK(data.model == kSupportedModels,
+             "unsupported tokenizer model '{}' (tokenizer.ggml.model); supported: {}", data.model,
+             kSupportedModels);
+  LLMK_CHECK(!data.tokens.empty(), "tokenizer has no tokens");
+  LLMK_CHECK(data.tokens.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+             "tokenizer has too many tokens ({})", data.tokens.size());
+  const size_t n = data.tokens.size();
+  check_optional_id(data.bos_id, "bos", n);
+  check_optional_id(data.eos_id, "eos", n);
+  check_optional_id(data.unk_id, "unknown", n);
+  check_optional_id(data.pad_id, "padding", n);
+
+  auto impl = std::make_shared<Impl>();
+  impl->pre = PreTokenizer::create(data.pre);
+  impl->types = check_types(data);
+  impl->data = std::move(data);
+  const TokenizerData& d = impl->data;
+
+  impl->bytes.reserve(n);
+  impl->by_text.reserve(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    const auto id = static_cast<int32_t>(i);
+    impl->bytes.push_back(token_bytes_of(d.tokens[i], impl->types[i]));
+    impl->by_text.emplace(d.tokens[i], id);  // the first of duplicate texts wins
+    const TokenType t = impl->types[i];
+    if ((t == TokenType::Control || t == TokenType::UserDefined) && !d.tokens[i].empty()) {
+      impl->specials.push_back({d.tokens[i], id, t == TokenType::Control});
+    }
+  }
+
+  // BPE works on ids: a text is a BPE symbol unless it is a control token, which BPE must
+  // never produce.
+  const auto symbol = [&](std::string_view text) -> int32_t {
+    auto it = impl->by_text.find(text);
+    if (it == impl->by_text.end() || impl->types[it->second] == TokenType::Control) return -1;
+    return it->second;
+  };
+  std::array<int32_t, 256> byte_ids;
+  for (int b = 0; b < 256; ++b) byte_ids[b] = symbol(byte_level::spell(static_cast<uint8_t>(b)));
+
+  std::vector<BpeModel::Merge> merges;
+  merges.reserve(d.merges.size());
+  std::string joined;
+  for (size_t i = 0; i < d.merges.size(); ++i) {
+    const std::string& m = d.merges[i];
+    // Tokens in the byte alphabet hold no space; search from 1 so that a first token " " of a
+    // plain-text vocabulary still parses.
+    const size_t space = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
+    LLMK_CHECK(space != std::string::npos && space + 1 < m.size(),
+               "merge {} ('{}') is not two tokens separated by a space", i, m);
+    const std::string_view left(m.data(), space), right(m.data() + space + 1, m.size() - space - 1);
+    joined.assign(left);
+    joined += right;
+    for (std::string_view part : {left, right, std::string_view(joined)}) {
+      LLMK_CHECK(impl->by_text.count(part), "merge {} ('{}'): token '{}' is not in the vocabulary",
+                 i, m, part);
+    }
+    const int32_t l = symbol(left), r = symbol(right), result = symbol(joined);
+    if (l < 0 || r < 0 || result < 0) continue;  // involves a control token
+    merges.push_back({l, r, result});
+  }
+  impl->bpe = BpeModel(byte_ids, merges);
+  return Tokenizer(std::move(impl));
+}
+
+void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<std::string_view>& pieces,
+                                   BpeModel::Scratch& scratch, std::vector<int32_t>& out) const {
+  // The regexes need valid UTF-8: split off invalid bytes, each of which is its own piece.
+  while (!text.empty()) {
+    const size_t valid = utf8::valid_prefix(text);
+    pieces.clear();
+    pre.split(text.substr(0, valid), pieces);
+    for (std::string_view p : pieces) {
+      if (pre.ignore_merges()) {
+        const auto it = by_text.find(byte_level::encode(p));
+        if (it != by_text.end() && types[it->second] != TokenType::Control) {
+          out.push_back(it->second);
+          continue;
+        }
+      }
+      bpe.encode(p, scratch, out);
+    }
+    if (valid < text.size()) bpe.encode(text.substr(valid, 1), scratch, out);
+    text.remove_prefix(std::min(text.size(), valid + 1));
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
+                                       bool parse_special) const {
+  const Impl& m = *impl_;
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 2);
+  if (add_bos) {
+    LLMK_CHECK(m.data.bos_id >= 0, "encode: add_bos requested but the vocabulary has no bos token");
+    out.push_back(m.data.bos_id);
+  }
+  std::vector<std::string_view> pieces;
+  BpeModel::Scratch scratch;
+
+  // Leftmost-longest matching of special tokens (as Hugging Face's added vocabulary does);
+  // next[k] caches where token k occurs next, recomputed once the scan passes it.
+  constexpr size_t kUnknown = std::string_view::npos - 1;
+  std::vector<size_t> next(m.specials.size(), kUnknown);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t best_at = std::string_view::npos;
+    const SpecialText* best = nullptr;
+    for (size_t k = 0; k < m.specials.size(); ++k) {
+      const SpecialText& s = m.specials[k];
+      if (s.control && !parse_special) continue;
+      if (next[k] == kUnknown || (next[k] != std::string_view::npos && next[k] < pos)) {
+        next[k] = text.find(s.text, pos);
+      }
+      if (next[k] == std::string_view::npos) continue;
+      if (next[k] < best_at || (next[k] == best_at && s.text.size() > best->text.size())) {
+        best_at = next[k];
+        best = &s;
+      }
+    }
+    if (best == nullptr) {
+      m.encode_plain(text.substr(pos), pieces, scratch, out);
+      break;
+    }
+    m.encode_plain(text.substr(pos, best_at - pos), pieces, scratch, out);
+    out.push_back(best->id);
+    pos = best_at + best->text.size();
+  }
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::string out;
+  for (int32_t id : ids) {
+    impl_->check_id(id);
+    if (skip_special && is_special(id)) continue;
+    out += impl_->bytes[id];
+  }
+  return out;
+}
+
+const std::string& Tokenizer::token_bytes(int32_t id) const {
+  impl_->check_id(id);
+  return impl_->bytes[id];
+}
+
+const std::string& Tokenizer::token_text(int32_t id) const {
+  impl_->check_id(id);
+  return impl_->data.tokens[id];
+}
+
+TokenType Tokenizer::token_type(int32_t id) const {
+  impl_->check_id(id);
+  return impl_->types[id];
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  const TokenType t = token_type(id);
+  return t == TokenType::Control || t == TokenType::Unknown;
+}
+
+int32_t Tokenizer::vocab_size() const { return impl_->size(); }
+int32_t Tokenizer::bos_id() const { return impl_->data.bos_id; }
+int32_t Tokenizer::eos_id() const { return impl_->data.eos_id; }
+int32_t Tokenizer::unk_id() const { return impl_->data.unk_id; }
+int32_t Tokenizer::pad_id() const { return impl_->data.pad_id; }
+bool Tokenizer::add_bos() const { return impl_->data.add_bos; }
+const std::string& Tokenizer::chat_template() const { return impl_->data.chat_template; }
+const std::string& Tokenizer::pre_tokenizer() const { return impl_->pre.name(); }
+
+std::optional<int32_t> Tokenizer::find_token(std::string_view text) const {
+  auto it = impl_->by_text.find(text);
+  if (it == impl_->by_text.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<int32_t> Tokenizer::end_of_generation_ids() const {
+  std::vector<int32_t> ids;
+  if (eos_id() >= 0) ids.push_back(eos_id());
+  for (std::string_view text : kEndOfTurnTexts) {
+    const std::optional<int32_t> id = find_token(text);
+    if (!id) continue;
+    const TokenType t = impl_->types[*id];
+    if (t != TokenType::Control && t != TokenType::UserDefined) continue;
+    if (std::find(ids.begin(), ids.end(), *id) == ids.end()) ids.push_back(*id);
+  }
+  return ids;
+}
+
+}  // namespace llmk

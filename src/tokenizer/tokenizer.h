@@ -1,0 +1,98 @@
+// llmk::Tokenizer: byte-level BPE (tokenizer.ggml.model = "gpt2") as GGUF files describe it.
+//
+// encode: special tokens are cut out of the text first (control tokens only when asked,
+// user-defined tokens always), then each stretch between them is split by the pre-tokenizer
+// named by tokenizer.ggml.pre, and each piece is merged by BPE on its bytes. decode
+// concatenates the bytes of each token, so it reproduces the input exactly (bytes for which the
+// vocabulary has no token are dropped by encode, as Hugging Face tokenizers and llama.cpp do).
+//
+// The core is built from a plain TokenizerData; from_gguf only fills one in. A Tokenizer is
+// immutable and cheap to copy (shared state); it may be used from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace llmk {
+
+namespace gguf {
+class File;
+}
+
+// llama.cpp's token types (tokenizer.ggml.token_type).
+enum class TokenType : int32_t {
+  Normal = 1,
+  Unknown = 2,
+  Control = 3,
+  UserDefined = 4,
+  Unused = 5,
+  Byte = 6,
+};
+
+// Everything a tokenizer is built from, named after the GGUF keys (tokenizer.ggml.*).
+struct TokenizerData {
+  std::string model;                 // tokenizer.ggml.model: "gpt2" is supported
+  std::string pre = "gpt2";          // tokenizer.ggml.pre (see PreTokenizer::supported_names)
+  std::vector<std::string> tokens;   // token texts; normal tokens in GPT-2's byte alphabet
+  std::vector<int32_t> token_types;  // TokenType values; empty means all Normal
+  std::vector<std::string> merges;   // "left right", in rank order
+  int32_t bos_id = -1;               // -1: none
+  int32_t eos_id = -1;
+  int32_t unk_id = -1;
+  int32_t pad_id = -1;
+  bool add_bos = false;       // tokenizer.ggml.add_bos_token
+  std::string chat_template;  // tokenizer.chat_template (Jinja source), may be empty
+};
+
+class Tokenizer {
+ public:
+  // Validates `data` and builds the tokenizer; throws llmk::Error naming what is wrong (an
+  // unsupported model or pre-tokenizer, an id out of range, a merge of unknown tokens, ...).
+  static Tokenizer from_data(TokenizerData data);
+  // Reads the tokenizer.* keys of a GGUF file; errors name the file.
+  static Tokenizer from_gguf(const gguf::File& file);
+
+  // Token ids of `text` (any bytes; invalid UTF-8 sequences are encoded byte by byte).
+  // add_bos prepends bos_id() (an error when there is none). parse_special: control tokens
+  // written in the text (e.g. "<|im_start|>") become their ids; otherwise they are plain text.
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
+
+  // The bytes of the tokens, concatenated. skip_special leaves out special tokens.
+  std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
+  // The bytes one token stands for (its text for control and user-defined tokens). May be an
+  // incomplete UTF-8 character: streaming output must buffer until utf8::complete_prefix.
+  const std::string& token_bytes(int32_t id) const;
+  // The token's text as the vocabulary stores it (normal tokens in the byte alphabet: "Ġthe").
+  const std::string& token_text(int32_t id) const;
+  TokenType token_type(int32_t id) const;
+
+  int32_t vocab_size() const;
+  int32_t bos_id() const;  // -1 when the vocabulary has none
+  int32_t eos_id() const;
+  int32_t unk_id() const;
+  int32_t pad_id() const;
+  bool add_bos() const;
+  // Control and unknown tokens: never produced from plain text, left out by skip_special.
+  bool is_special(int32_t id) const;
+  // Tokens that end a generated turn: eos, then whichever of <|im_end|>, <|endoftext|>,
+  // <|eot_id|>, <|eom_id|>, <end_of_turn>, <|end|> the vocabulary has as a control or
+  // user-defined token. No duplicates.
+  std::vector<int32_t> end_of_generation_ids() const;
+  // The id of the token whose stored text is exactly `text`.
+  std::optional<int32_t> find_token(std::string_view text) const;
+  const std::string& chat_template() const;
+  const std::string& pre_tokenizer() const;
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace llmk

@@ -1,0 +1,463 @@
+#include "kernels/cpu/matmul.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/block_decode.h"
+#include "kernels/cpu/dequant.h"
+
+namespace llmk::cpu {
+
+namespace {
+
+using detail::DecodedRun;
+using detail::kGroup;
+using detail::kRunElems;
+
+// Up to this many x rows the fused path wins: its per-row cost is one FMA per weight per x row
+// like the tiled kernel, without writing and re-reading an f32 copy of the weights.
+constexpr int64_t kFusedMaxM = 4;
+// Output rows per parallel_for grain in the fused path.
+constexpr int64_t kFusedGrain = 16;
+
+// Micro-kernel shape of the tiled path: MR x rows by NR weight rows, MR*NR accumulators.
+constexpr int kMR = 4;
+constexpr int kNR = 3;
+// Per-thread f32 weight tile, in bytes: sized to stay in L1/L2 while all M rows pass over it.
+constexpr int64_t kTileBytes = 48 * 1024;
+constexpr int64_t kMaxTileRows = 48;
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+#if defined(__AVX2__)
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 load_i8_as_f32(const int8_t* q) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+}
+
+// ---- fused path, block types ----------------------------------------------------------------
+
+// Sums of x over each group of 16, per x row, zero-padded to whole runs of 256 so that the
+// per-run min term can always read 16 of them.
+void group_sums(const LinearArgs& a, std::vector<float>& out, int64_t& ld) {
+  const int64_t groups = a.K / kGroup;
+  ld = round_up(groups, kRunElems / kGroup);
+  out.assign(static_cast<size_t>(a.M * ld), 0.0f);
+  for (int64_t m = 0; m < a.M; ++m) {
+    const float* x = a.x + m * a.ldx;
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256 s = _mm256_add_ps(_mm256_loadu_ps(x + g * 16), _mm256_loadu_ps(x + g * 16 + 8));
+      out[static_cast<size_t>(m * ld + g)] = hsum(s);
+    }
+  }
+}
+
+// Rows [n0, n1) of y for M x rows (M <= kFusedMaxM, a template so accumulators stay in
+// registers), for codecs without lanes(): runs of up to 256 weights are decoded to int8 in a
+// small buffer, then per 32 weights 4 int8->f32 conversions are shared by all x rows, and each
+// row adds one partial dot per scale group to its accumulators.
+template <class C, int M>
+void fused_block_rows(const LinearArgs& a, const float* xsum, int64_t xsum_ld, int64_t n0,
+                      int64_t n1) {
+  constexpr int kRunBlocks = kRunElems / C::kElems;
+  constexpr int kBlockBytes = static_cast<int>(sizeof(typename C::Block));
+  const int64_t nblocks = a.K / C::kElems;
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  DecodedRun run;
+  std::fill(std::begin(run.min), std::end(run.min), 0.0f);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * a.w_row_bytes;
+    __m256 acc0[M], acc1[M], macc[M];
+    for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = macc[m] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nblocks; b0 += kRunBlocks) {
+      const int nb = static_cast<int>(std::min<int64_t>(kRunBlocks, nblocks - b0));
+      for (int b = 0; b < nb; ++b) {
+        detail::decode_block<C>(row + (b0 + b) * kBlockBytes, run.q + b * C::kElems,
+                                run.scale + b * C::kElems / kGroup,
+                                run.min + b * C::kElems / kGroup);
+      }
+      if constexpr (C::kHasMin) {
+        // A short last run: clear the mins it did not write (their x sums are zero padding).
+        std::fill(run.min + nb * C::kElems / kGroup, std::end(run.min), 0.0f);
+      }
+      const int64_t k0 = b0 * C::kElems;
+      const int n32 = nb * C::kElems / 32;
+      for (int g = 0; g < n32; ++g) {
+        const int8_t* q = run.q + 32 * g;
+        const __m256 f0 = load_i8_as_f32(q), f1 = load_i8_as_f32(q + 8);
+        const __m256 f2 = load_i8_as_f32(q + 16), f3 = load_i8_as_f32(q + 24);
+        const __m256 s0 = _mm256_set1_ps(run.scale[2 * g]);
+        for (int m = 0; m < M; ++m) {
+          const float* x = a.x + m * a.ldx + k0 + 32 * g;
+          const __m256 lo =
+              _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + 8), _mm256_mul_ps(f0, _mm256_loadu_ps(x)));
+          if constexpr (C::kOneScalePer32) {
+            // One partial dot per 32; even and odd groups alternate accumulators so that
+            // consecutive FMAs into one accumulator are two groups apart.
+            const __m256 all = _mm256_fmadd_ps(f3, _mm256_loadu_ps(x + 24),
+                                               _mm256_fmadd_ps(f2, _mm256_loadu_ps(x + 16), lo));
+            if (g % 2 == 0) {
+              acc0[m] = _mm256_fmadd_ps(s0, all, acc0[m]);
+            } else {
+              acc1[m] = _mm256_fmadd_ps(s0, all, acc1[m]);
+            }
+          } else {
+            const __m256 s1 = _mm256_set1_ps(run.scale[2 * g + 1]);
+            const __m256 hi = _mm256_fmadd_ps(f3, _mm256_loadu_ps(x + 24),
+                                              _mm256_mul_ps(f2, _mm256_loadu_ps(x + 16)));
+            acc0[m] = _mm256_fmadd_ps(s0, lo, acc0[m]);
+            acc1[m] = _mm256_fmadd_ps(s1, hi, acc1[m]);
+          }
+        }
+      }
+      if constexpr (C::kHasMin) {
+        const __m256 mn0 = _mm256_load_ps(run.min), mn1 = _mm256_load_ps(run.min + 8);
+        for (int m = 0; m < M; ++m) {
+          const float* xs = xsum + m * xsum_ld + k0 / kGroup;
+          macc[m] = _mm256_fmadd_ps(mn0, _mm256_loadu_ps(xs), macc[m]);
+          macc[m] = _mm256_fmadd_ps(mn1, _mm256_loadu_ps(xs + 8), macc[m]);
+        }
+      }
+    }
+    const float b = a.bias ? a.bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) {
+      float v = hsum(_mm256_add_ps(acc0[m], acc1[m]));
+      if constexpr (C::kHasMin) v += hsum(macc[m]);
+      a.y[m * a.ldy + n] = v + b;
+    }
+  }
+}
+
+// The same for codecs with the register-only lanes() view: block by block, each sub-block of
+// 32 widened straight from the weight bytes (no decoded copy in memory).
+template <class C, int M>
+void fused_lane_rows(const LinearArgs& a, const float* xsum, int64_t xsum_ld, int64_t n0,
+                     int64_t n1) {
+  constexpr int kSubs = C::kElems / 32;
+  constexpr int kGroups = C::kElems / kGroup;
+  constexpr int64_t kBlockBytes = sizeof(typename C::Block);
+  const int64_t nblocks = a.K / C::kElems;
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * a.w_row_bytes;
+    __m256 acc0[M], acc1[M], macc[M];
+    float macc1[M];
+    for (int m = 0; m < M; ++m) {
+      acc0[m] = acc1[m] = macc[m] = _mm256_setzero_ps();
+      macc1[m] = 0.0f;
+    }
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const uint8_t* blk = row + b * kBlockBytes;
+      alignas(32) float sc[kGroups], mn[kGroups];
+      C::scales(blk, sc, mn);
+      for (int s = 0; s < kSubs; ++s) {
+        __m256i qi[4];
+        C::lanes(blk, s, qi);
+        const __m256 f0 = _mm256_cvtepi32_ps(qi[0]), f1 = _mm256_cvtepi32_ps(qi[1]);
+        const __m256 f2 = _mm256_cvtepi32_ps(qi[2]), f3 = _mm256_cvtepi32_ps(qi[3]);
+        const __m256 s0 = _mm256_set1_ps(sc[2 * s]);
+        const bool odd = ((b * kSubs + s) & 1) != 0;
+        for (int m = 0; m < M; ++m) {
+          const float* x = a.x + m * a.ldx + b * C::kElems + 32 * s;
+          const __m256 lo =
+              _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + 8), _mm256_mul_ps(f0, _mm256_loadu_ps(x)));
+          if constexpr (C::kOneScalePer32) {
+            // One partial dot per 32; alternate accumulators so consecutive FMAs into one
+            // accumulator are two sub-blocks apart.
+            const __m256 all = _mm256_fmadd_ps(f3, _mm256_loadu_ps(x + 24),
+                                               _mm256_fmadd_ps(f2, _mm256_loadu_ps(x + 16), lo));
+            if (odd) {
+              acc1[m] = _mm256_fmadd_ps(s0, all, acc1[m]);
+            } else {
+              acc0[m] = _mm256_fmadd_ps(s0, all, acc0[m]);
+            }
+          } else {
+            const __m256 s1 = _mm256_set1_ps(sc[2 * s + 1]);
+            const __m256 hi = _mm256_fmadd_ps(f3, _mm256_loadu_ps(x + 24),
+                                              _mm256_mul_ps(f2, _mm256_loadu_ps(x + 16)));
+            acc0[m] = _mm256_fmadd_ps(s0, lo, acc0[m]);
+            acc1[m] = _mm256_fmadd_ps(s1, hi, acc1[m]);
+          }
+        }
+      }
+      if constexpr (C::kHasMin) {
+        const int64_t g0 = b * kGroups;
+        for (int m = 0; m < M; ++m) {
+          const float* xs = xsum + m * xsum_ld + g0;
+          if constexpr (kGroups == 16) {
+            macc[m] = _mm256_fmadd_ps(_mm256_load_ps(mn), _mm256_loadu_ps(xs), macc[m]);
+            macc[m] = _mm256_fmadd_ps(_mm256_load_ps(mn + 8), _mm256_loadu_ps(xs + 8), macc[m]);
+          } else {
+            static_assert(kGroups == 2);
+            macc1[m] += mn[0] * (xs[0] + xs[1]);  // one min per 32
+          }
+        }
+      }
+    }
+    const float bias = a.bias ? a.bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) {
+      float v = hsum(_mm256_add_ps(acc0[m], acc1[m]));
+      if constexpr (C::kHasMin) v += hsum(macc[m]) + macc1[m];
+      a.y[m * a.ldy + n] = v + bias;
+    }
+  }
+}
+
+// ---- fused path, plain types ----------------------------------------------------------------
+
+struct LoadF32 {
+  using T = float;
+  static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+  static float one(float v) { return v; }
+};
+struct LoadF16 {
+  using T = uint16_t;
+  static __m256 load8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static float one(uint16_t v) { return fp16_to_float(v); }
+};
+struct LoadBF16 {
+  using T = uint16_t;
+  static __m256 load8(const uint16_t* p) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+  }
+  static float one(uint16_t v) { return bf16_to_float(v); }
+};
+
+template <class L, int M>
+void fused_plain_rows(const LinearArgs& a, int64_t n0, int64_t n1) {
+  const int64_t K = a.K;
+  for (int64_t n = n0; n < n1; ++n) {
+    const auto* row = reinterpret_cast<const typename L::T*>(static_cast<const uint8_t*>(a.w) +
+                                                             n * a.w_row_bytes);
+    __m256 acc0[M], acc1[M];
+    for (int m = 0; m < M; ++m) acc0[m] = acc1[m] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      const __m256 w0 = L::load8(row + k), w1 = L::load8(row + k + 8);
+      for (int m = 0; m < M; ++m) {
+        const float* x = a.x + m * a.ldx + k;
+        acc0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), acc0[m]);
+        acc1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), acc1[m]);
+      }
+    }
+    for (; k + 8 <= K; k += 8) {
+      const __m256 w0 = L::load8(row + k);
+      for (int m = 0; m < M; ++m) {
+        acc0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a.x + m * a.ldx + k), acc0[m]);
+      }
+    }
+    const float b = a.bias ? a.bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) {
+      float v = hsum(_mm256_add_ps(acc0[m], acc1[m]));
+      for (int64_t kk = k; kk < K; ++kk) v += L::one(row[kk]) * a.x[m * a.ldx + kk];
+      a.y[m * a.ldy + n] = v + b;
+    }
+  }
+}
+
+// Runs fn.template operator()<M>() for M in 1..kFusedMaxM.
+template <class Fn>
+void with_m(int64_t M, Fn&& fn) {
+  switch (M) {
+    case 1:
+      fn.template operator()<1>();
+      break;
+    case 2:
+      fn.template operator()<2>();
+      break;
+    case 3:
+      fn.template operator()<3>();
+      break;
+    case 4:
+      fn.template operator()<4>();
+      break;
+    default:
+      LLMK_FAIL("linear: fused path got M = {} > {}", M, kFusedMaxM);
+  }
+}
+static_assert(kFusedMaxM == 4, "with_m covers M = 1..4");
+
+// x rows in groups of up to kFusedMaxM; within a group every weight block is decoded once.
+void linear_fused(const LinearArgs& a) {
+  for (int64_t m0 = 0; m0 < a.M; m0 += kFusedMaxM) {
+    LinearArgs g = a;
+    g.M = std::min(kFusedMaxM, a.M - m0);
+    g.x = a.x + m0 * a.ldx;
+    g.y = a.y + m0 * a.ldy;
+    const bool is_block_type = detail::visit_codec(g.wtype, [&](auto codec) {
+      using C = decltype(codec);
+      std::vector<float> xsum;
+      int64_t xsum_ld = 0;
+      if constexpr (C::kHasMin) group_sums(g, xsum, xsum_ld);
+      with_m(g.M, [&]<int M>() {
+        cpu_pool().parallel_for(g.N, kFusedGrain, [&](int64_t n0, int64_t n1) {
+          if constexpr (detail::HasLanes<C>) {
+            fused_lane_rows<C, M>(g, xsum.data(), xsum_ld, n0, n1);
+          } else {
+            fused_block_rows<C, M>(g, xsum.data(), xsum_ld, n0, n1);
+          }
+        });
+      });
+    });
+    if (is_block_type) continue;
+    auto plain = [&]<class L>() {
+      with_m(g.M, [&]<int M>() {
+        cpu_pool().parallel_for(g.N, kFusedGrain,
+                                [&](int64_t n0, int64_t n1) { fused_plain_rows<L, M>(g, n0, n1); });
+      });
+    };
+    switch (g.wtype) {
+      case DType::F32:
+        plain.template operator()<LoadF32>();
+        break;
+      case DType::F16:
+        plain.template operator()<LoadF16>();
+        break;
+      case DType::BF16:
+        plain.template operator()<LoadBF16>();
+        break;
+      default:
+        LLMK_FAIL("linear: weight dtype {} is not supported", dtype_name(g.wtype));
+    }
+  }
+}
+
+#endif  // __AVX2__
+
+// ---- tiled path -------------------------------------------------------------------------------
+
+// y[i, j] = dot(x row i, w row j) + bias[j] for i < MR_, j < NR_, over K8 (a multiple of 8;
+// both operands are zero-padded to it).
+template <int MR_, int NR_>
+void micro_kernel(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K8,
+                  const float* bias, float* y, int64_t ldy) {
+#if defined(__AVX2__)
+  __m256 acc[MR_][NR_];
+  for (int i = 0; i < MR_; ++i)
+    for (int j = 0; j < NR_; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 wv[NR_];
+    for (int j = 0; j < NR_; ++j) wv[j] = _mm256_loadu_ps(w + j * ldw + k);
+    for (int i = 0; i < MR_; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
+      for (int j = 0; j < NR_; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR_; ++i)
+    for (int j = 0; j < NR_; ++j) y[i * ldy + j] = hsum(acc[i][j]) + (bias ? bias[j] : 0.0f);
+#else
+  float acc[MR_][NR_] = {};
+  for (int64_t k = 0; k < K8; ++k)
+    for (int i = 0; i < MR_; ++i)
+      for (int j = 0; j < NR_; ++j) acc[i][j] += x[i * ldx + k] * w[j * ldw + k];
+  for (int i = 0; i < MR_; ++i)
+    for (int j = 0; j < NR_; ++j) y[i * ldy + j] = acc[i][j] + (bias ? bias[j] : 0.0f);
+#endif
+}
+
+using MicroFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const float*,
+                         float*, int64_t);
+
+MicroFn micro_for(int mr, int nr) {
+  // Every (mr, nr) up to (kMR, kNR): full tiles use the largest, edges the smaller ones.
+  static const MicroFn table[kMR][kNR] = {
+      {micro_kernel<1, 1>, micro_kernel<1, 2>, micro_kernel<1, 3>},
+      {micro_kernel<2, 1>, micro_kernel<2, 2>, micro_kernel<2, 3>},
+      {micro_kernel<3, 1>, micro_kernel<3, 2>, micro_kernel<3, 3>},
+      {micro_kernel<4, 1>, micro_kernel<4, 2>, micro_kernel<4, 3>},
+  };
+  static_assert(kMR == 4 && kNR == 3, "update the micro-kernel table");
+  return table[mr - 1][nr - 1];
+}
+
+void linear_tiled(const LinearArgs& a) {
+  const int64_t K8 = round_up(a.K, 8);
+  // x with rows padded to K8 when K is not a multiple of 8 (only plain weight types allow it).
+  std::vector<float> xpad;
+  const float* x = a.x;
+  int64_t ldx = a.ldx;
+  if (K8 != a.K) {
+    xpad.assign(static_cast<size_t>(a.M * K8), 0.0f);
+    for (int64_t m = 0; m < a.M; ++m) {
+      std::memcpy(xpad.data() + m * K8, a.x + m * a.ldx, static_cast<size_t>(a.K) * sizeof(float));
+    }
+    x = xpad.data();
+    ldx = K8;
+  }
+  const int64_t fit = kTileBytes / (K8 * static_cast<int64_t>(sizeof(float)));
+  const int64_t tile_rows = std::clamp<int64_t>(fit / kNR * kNR, kNR, kMaxTileRows);
+  const int64_t ntiles = (a.N + tile_rows - 1) / tile_rows;
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  cpu_pool().parallel_for(ntiles, 1, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> tile;
+    tile.resize(static_cast<size_t>(tile_rows * K8));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * tile_rows;
+      const int64_t nt = std::min(tile_rows, a.N - n0);
+      for (int64_t r = 0; r < nt; ++r) {
+        float* dst = tile.data() + r * K8;
+        dequantize_row(a.wtype, w + (n0 + r) * a.w_row_bytes, dst, a.K);
+        std::fill(dst + a.K, dst + K8, 0.0f);
+      }
+      for (int64_t m0 = 0; m0 < a.M; m0 += kMR) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMR, a.M - m0));
+        for (int64_t j0 = 0; j0 < nt; j0 += kNR) {
+          const int nr = static_cast<int>(std::min<int64_t>(kNR, nt - j0));
+          micro_for(mr, nr)(x + m0 * ldx, ldx, tile.data() + j0 * K8, K8, K8,
+                            a.bias ? a.bias + n0 + j0 : nullptr, a.y + m0 * a.ldy + n0 + j0, a.ldy);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+bool linear_supports(DType wtype) { return can_dequantize(wtype); }
+
+LinearPath linear_choose_path(const LinearArgs& a) {
+#if defined(__AVX2__)
+  return a.M <= kFusedMaxM ? LinearPath::Fused : LinearPath::Tiled;
+#else
+  (void)a;
+  return LinearPath::Tiled;
+#endif
+}
+
+void linear(const LinearArgs& a, LinearPath path) {
+  LLMK_CHECK(linear_supports(a.wtype), "linear: weight dtype {} is not supported",
+             dtype_name(a.wtype));
+  LLMK_CHECK(a.K % block_size(a.wtype) == 0, "linear: K = {} is not whole {} blocks", a.K,
+             dtype_name(a.wtype));
+  if (a.M == 0 || a.N == 0) return;
+  if (a.K == 0) {
+    for (int64_t m = 0; m < a.M; ++m)
+      for (int64_t n = 0; n < a.N; ++n) a.y[m * a.ldy + n] = a.bias ? a.bias[n] : 0.0f;
+    return;
+  }
+  if (path == LinearPath::Auto) path = linear_choose_path(a);
+#if defined(__AVX2__)
+  if (path == LinearPath::Fused) {
+    linear_fused(a);
+    return;
+  }
+#endif
+  linear_tiled(a);
+}
+
+}  // namespace llmk::cpu

@@ -1,0 +1,31 @@
+#include "kernels/cpu/activation.h"
+
+#include "ops/check.h"
+#include "ops/ops.h"
+
+namespace llmk::ops {
+
+using namespace detail;
+
+void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act) {
+  constexpr std::string_view op = "gated_act";
+  const std::pair<std::string_view, const Tensor*> all[] = {
+      {"out", &out}, {"gate", &gate}, {"up", &up}};
+  for (const auto& [name, t] : all) {
+    require_cpu(op, name, *t);
+    require_dtype(op, name, *t, DType::F32);
+    require_last_dim_contiguous(op, name, *t);
+  }
+  require_ndim(op, "gate", gate, 2);
+  require_shape(op, "up", up, gate.shape());
+  require_shape(op, "out", out, gate.shape());
+  require_no_partial_overlap(op, "out", out, "gate", gate);
+  require_no_partial_overlap(op, "out", out, "up", up);
+  const auto kind = act == Activation::SiLU ? cpu::Activation::SiLU : cpu::Activation::GeluTanh;
+  const int64_t F = gate.dim(-1);
+  for_each_row_run<3>({&out, &gate, &up}, [&](auto p, int64_t rows, auto ld) {
+    cpu::gated_act(p[0], ld[0], p[1], ld[1], p[2], ld[2], rows, F, kind);
+  });
+}
+
+}  // namespace llmk::ops

@@ -1,0 +1,81 @@
+#include "ops/check.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace llmk::ops::detail {
+
+namespace {
+
+// [first, last] byte addresses an f32-or-other plain tensor touches; block types are contiguous.
+struct ByteSpan {
+  uintptr_t first, last;
+};
+ByteSpan byte_span(const Tensor& t) {
+  const auto base = reinterpret_cast<uintptr_t>(t.data());
+  if (t.numel() == 0) return {base, base};
+  if (is_quantized(t.dtype())) return {base, base + static_cast<uintptr_t>(t.nbytes()) - 1};
+  const auto es = static_cast<int64_t>(element_size(t.dtype()));
+  int64_t lo = 0, hi = 0;
+  for (int i = 0; i < t.ndim(); ++i) {
+    const int64_t reach = (t.dim(i) - 1) * t.stride(i);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {static_cast<uintptr_t>(static_cast<int64_t>(base) + lo * es),
+          static_cast<uintptr_t>(static_cast<int64_t>(base) + hi * es + es - 1)};
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const ByteSpan x = byte_span(a), y = byte_span(b);
+  return x.first <= y.last && y.first <= x.last;
+}
+
+}  // namespace
+
+void require_cpu(std::string_view op, std::string_view name, const Tensor& t) {
+  LLMK_CHECK(t.defined(), "ops::{}: {} is undefined (no data)", op, name);
+  LLMK_CHECK(t.device() == Device::CPU,
+             "ops::{}: {} is {} on the GPU, but llmk was not built with CUDA kernels", op, name,
+             t.str());
+}
+
+void require_dtype(std::string_view op, std::string_view name, const Tensor& t, DType want) {
+  LLMK_CHECK(t.dtype() == want, "ops::{}: {} is {} but must be {}", op, name, t.str(),
+             dtype_name(want));
+}
+
+void require_ndim(std::string_view op, std::string_view name, const Tensor& t, int want) {
+  LLMK_CHECK(t.ndim() == want, "ops::{}: {} is {} but must have {} dimensions", op, name, t.str(),
+             want);
+}
+
+void require_shape(std::string_view op, std::string_view name, const Tensor& t, const Shape& want) {
+  LLMK_CHECK(t.shape() == want, "ops::{}: {} is {} but must have shape {}", op, name, t.str(),
+             shape_str(want));
+}
+
+void require_last_dim_contiguous(std::string_view op, std::string_view name, const Tensor& t) {
+  LLMK_CHECK(t.ndim() == 0 || t.dim(-1) <= 1 || t.stride(-1) == 1,
+             "ops::{}: {} ({}) must have a contiguous last dimension, got strides [{}]", op, name,
+             t.str(), fmt::join(t.strides(), ", "));
+}
+
+void require_no_partial_overlap(std::string_view op, std::string_view out_name, const Tensor& out,
+                                std::string_view in_name, const Tensor& in) {
+  if (!overlaps(out, in)) return;
+  const bool same = out.data() == in.data() && out.shape() == in.shape() &&
+                    out.strides() == in.strides() && out.dtype() == in.dtype();
+  LLMK_CHECK(same,
+             "ops::{}: {} ({}) partially overlaps {} ({}); they must be the same view or "
+             "disjoint",
+             op, out_name, out.str(), in_name, in.str());
+}
+
+void require_disjoint(std::string_view op, std::string_view out_name, const Tensor& out,
+                      std::string_view in_name, const Tensor& in) {
+  LLMK_CHECK(!overlaps(out, in), "ops::{}: {} ({}) overlaps {} ({}); they must be disjoint", op,
+             out_name, out.str(), in_name, in.str());
+}
+
+}  // namespace llmk::ops::detail

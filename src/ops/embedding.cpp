@@ -1,0 +1,45 @@
+#include "kernels/cpu/embedding.h"
+
+#include "kernels/cpu/dequant.h"
+#include "ops/check.h"
+#include "ops/ops.h"
+
+namespace llmk::ops {
+
+using namespace detail;
+
+void embedding(Tensor& out, const Tensor& table, const Tensor& ids) {
+  constexpr std::string_view op = "embedding";
+  require_cpu(op, "out", out);
+  require_cpu(op, "table", table);
+  require_cpu(op, "ids", ids);
+  require_ndim(op, "table", table, 2);
+  LLMK_CHECK(cpu::can_dequantize(table.dtype()), "ops::embedding: table dtype {} is not supported",
+             dtype_name(table.dtype()));
+  require_last_dim_contiguous(op, "table", table);
+  require_ndim(op, "ids", ids, 1);
+  require_dtype(op, "ids", ids, DType::I32);
+  require_dtype(op, "out", out, DType::F32);
+  const int64_t V = table.dim(0), D = table.dim(1), T = ids.dim(0);
+  require_shape(op, "out", out, {T, D});
+  require_last_dim_contiguous(op, "out", out);
+  require_disjoint(op, "out", out, "table", table);
+  require_disjoint(op, "out", out, "ids", ids);
+  const auto* id = ids.data<const int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t v = id[t * ids.stride(0)];
+    LLMK_CHECK(v >= 0 && v < V,
+               "ops::embedding: ids[{}] = {} is out of range for a vocabulary of "
+               "{} (table {})",
+               t, v, V, table.str());
+  }
+  // Block types are stored whole rows back to back; plain types may have a row stride.
+  const int64_t row_bytes =
+      is_quantized(table.dtype())
+          ? table.row_bytes()
+          : table.stride(0) * static_cast<int64_t>(element_size(table.dtype()));
+  cpu::embedding(out.data<float>(), out.stride(0), table.data(), table.dtype(), row_bytes, D, id,
+                 ids.stride(0), T);
+}
+
+}  // namespace llmk::ops

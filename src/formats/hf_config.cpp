@@ -1,0 +1,343 @@
+#include "formats/hf_config.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "core/error.h"
+
+namespace llmk {
+
+namespace json_io {
+
+namespace {
+
+std::string errno_message(int err) { return std::generic_category().message(err); }
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// What nlohmann says after its "[json.exception.parse_error.101] parse error at line 1,
+// column 2: " prefix; the position is recomputed by the caller.
+std::string_view parse_error_reason(std::string_view what) {
+  const size_t at = what.find("parse error");
+  if (at == std::string_view::npos) return what;
+  const size_t colon = what.find(": ", at);
+  if (colon == std::string_view::npos) return what;
+  return what.substr(colon + 2);
+}
+
+// Tracks the keys of every open object so that a key seen twice in one object is reported
+// (nlohmann would silently keep the last value).
+class DuplicateKeyCheck {
+ public:
+  DuplicateKeyCheck(const std::string& path, const DuplicateKeyFn& on_duplicate)
+      : path_(path), on_duplicate_(on_duplicate) {}
+
+  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, Json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+        frames_.push_back(Frame{true, {}, {}});
+        break;
+      case E::array_start:
+        frames_.push_back(Frame{false, {}, {}});
+        break;
+      case E::object_end:
+      case E::array_end:
+        if (!frames_.empty()) frames_.pop_back();
+        break;
+      case E::key:
+        if (!frames_.empty() && parsed.is_string()) on_key(parsed.get_ref<const std::string&>());
+        break;
+      case E::value:
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool is_object;
+    std::set<std::string, std::less<>> keys;
+    std::string last_key;
+  };
+
+  void on_key(const std::string& key) {
+    Frame& top = frames_.back();
+    top.last_key = key;
+    if (top.keys.insert(key).second) return;
+    std::vector<std::string> parents;
+    for (size_t i = 0; i + 1 < frames_.size(); ++i) {
+      if (frames_[i].is_object) parents.push_back(frames_[i].last_key);
+    }
+    if (on_duplicate_) on_duplicate_(parents, key);
+    std::string full;
+    for (const std::string& p : parents) full += escape(p) + ".";
+    LLMK_FAIL("{}: duplicate key '{}'", path_, full + escape(key));
+  }
+
+  const std::string& path_;
+  const DuplicateKeyFn& on_duplicate_;
+  std::vector<Frame> frames_;
+};
+
+}  // namespace
+
+std::string read_file(const std::string& path, size_t max_bytes) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) LLMK_FAIL("{}: cannot open: {}", path, errno_message(errno));
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) LLMK_FAIL("{}: cannot stat: {}", path, errno_message(errno));
+  if (!S_ISREG(st.st_mode)) LLMK_FAIL("{}: not a regular file", path);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  LLMK_CHECK(size <= max_bytes, "{}: file is {} bytes, larger than the {} bytes expected", path,
+             size, max_bytes);
+  std::string text(static_cast<size_t>(size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) LLMK_FAIL("{}: cannot read: {}", path, errno_message(errno));
+    if (n == 0) break;  // shrank while reading
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return text;
+}
+
+TextPosition text_position(std::string_view text, size_t offset) {
+  offset = std::min(offset, text.size());
+  TextPosition p;
+  size_t line_start = 0;
+  for (size_t i = 0; i < offset; ++i) {
+    if (text[i] == '\n') {
+      ++p.line;
+      line_start = i + 1;
+    }
+  }
+  p.column = offset - line_start + 1;
+  return p;
+}
+
+Json parse(std::string_view text, const std::string& path, const DuplicateKeyFn& on_duplicate) {
+  DuplicateKeyCheck check(path, on_duplicate);
+  try {
+    return Json::parse(text.begin(), text.end(),
+                       [&check](int depth, nlohmann::json::parse_event_t event, Json& parsed) {
+                         return check(depth, event, parsed);
+                       });
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.byte is 1-based: the byte at which the parser gave up.
+    const TextPosition p = text_position(text, e.byte > 0 ? e.byte - 1 : 0);
+    LLMK_FAIL("{}: malformed JSON at line {}, column {}: {}", path, p.line, p.column,
+              parse_error_reason(e.what()));
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
+    LLMK_FAIL("{}: malformed JSON: {}", path, e.what());
+  }
+}
+
+std::string describe(const Json& v) {
+  auto shown = [&v] {
+    std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    constexpr size_t kMax = 40;
+    if (s.size() > kMax) s = s.substr(0, kMax) + "...";
+    return s;
+  };
+  switch (v.type()) {
+    case nlohmann::json::value_t::null:
+      return "null";
+    case nlohmann::json::value_t::boolean:
+      return fmt::format("a bool ({})", shown());
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+      return fmt::format("an integer ({})", shown());
+    case nlohmann::json::value_t::number_float:
+      return fmt::format("a float ({})", shown());
+    case nlohmann::json::value_t::string:
+      return fmt::format("a string ({})", shown());
+    case nlohmann::json::value_t::array:
+      return fmt::format("an array of {} items", v.size());
+    case nlohmann::json::value_t::object:
+      return "an object";
+    default:
+      return std::string(v.type_name());
+  }
+}
+
+std::string escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\'') {
+      out += "\\'";
+    } else if (u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\x{:02x}", u);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace json_io
+
+// ---- HfConfig -------------------------------------------------------------------------------
+
+HfConfig HfConfig::open(const std::string& path) {
+  std::error_code ec;
+  std::string file = path;
+  if (std::filesystem::is_directory(path, ec)) {
+    file = (std::filesystem::path(path) / "config.json").string();
+    LLMK_CHECK(std::filesystem::exists(file, ec), "{}: no config.json in this folder", path);
+  }
+  return parse(json_io::read_file(file, size_t{64} << 20), file);
+}
+
+HfConfig HfConfig::parse(std::string_view text, const std::string& path) {
+  auto root = std::make_shared<const Json>(json_io::parse(text, path));
+  LLMK_CHECK(root->is_object(), "{}: expected a JSON object at the top level, found {}", path,
+             json_io::describe(*root));
+  HfConfig c;
+  c.path_ = path;
+  c.node_ = root.get();
+  c.root_ = std::move(root);
+  return c;
+}
+
+const std::string& HfConfig::path() const { return path_; }
+const HfConfig::Json& HfConfig::json() const { return *node_; }
+
+std::string HfConfig::key_name(std::string_view key) const {
+  return prefix_ + json_io::escape(key);
+}
+
+void HfConfig::type_error(std::string_view key, const Json& v, std::string_view expected) const {
+  LLMK_FAIL("{}: key '{}' is {}, expected {}", path_, key_name(key), json_io::describe(v),
+            expected);
+}
+
+const HfConfig::Json* HfConfig::find(std::string_view key) const {
+  const auto it = node_->find(std::string(key));
+  if (it == node_->end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool HfConfig::has(std::string_view key) const { return find(key) != nullptr; }
+
+const HfConfig::Json& HfConfig::get(std::string_view key) const {
+  const Json* v = find(key);
+  if (v == nullptr) {
+    const bool null = node_->contains(std::string(key));
+    LLMK_FAIL("{}: {} key '{}'", path_, null ? "null value for" : "missing", key_name(key));
+  }
+  return *v;
+}
+
+int64_t HfConfig::get_int(std::string_view key) const {
+  const Json& v = get(key);
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      LLMK_FAIL("{}: key '{}' is {}, out of range for a 64-bit integer", path_, key_name(key), u);
+    }
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    // Python writes 4096.0 where it computed a float; accept it when the value is whole.
+    const auto d = v.get<double>();
+    constexpr double kLimit = 9223372036854775808.0;  // 2^63
+    if (std::isfinite(d) && std::trunc(d) == d && d >= -kLimit && d < kLimit) {
+      return static_cast<int64_t>(d);
+    }
+  }
+  type_error(key, v, "an integer");
+}
+
+int64_t HfConfig::get_int(std::string_view key, int64_t fallback) const {
+  return has(key) ? get_int(key) : fallback;
+}
+
+double HfConfig::get_float(std::string_view key) const {
+  const Json& v = get(key);
+  if (!v.is_number()) type_error(key, v, "a number");
+  return v.get<double>();
+}
+
+double HfConfig::get_float(std::string_view key, double fallback) const {
+  return has(key) ? get_float(key) : fallback;
+}
+
+std::string HfConfig::get_string(std::string_view key) const {
+  const Json& v = get(key);
+  if (!v.is_string()) type_error(key, v, "a string");
+  return v.get<std::string>();
+}
+
+std::string HfConfig::get_string(std::string_view key, std::string_view fallback) const {
+  return has(key) ? get_string(key) : std::string(fallback);
+}
+
+bool HfConfig::get_bool(std::string_view key) const {
+  const Json& v = get(key);
+  if (!v.is_boolean()) type_error(key, v, "a bool");
+  return v.get<bool>();
+}
+
+bool HfConfig::get_bool(std::string_view key, bool fallback) const {
+  return has(key) ? get_bool(key) : fallback;
+}
+
+std::vector<int64_t> HfConfig::get_int_list(std::string_view key) const {
+  const Json& v = get(key);
+  if (!v.is_array()) return {get_int(key)};
+  std::vector<int64_t> out;
+  out.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const Json& item = v[i];
+    if (!item.is_number_integer() ||
+        (item.is_number_unsigned() &&
+         item.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+      LLMK_FAIL("{}: key '{}' item {} is {}, expected an integer", path_, key_name(key), i,
+                json_io::describe(item));
+    }
+    out.push_back(item.get<int64_t>());
+  }
+  return out;
+}
+
+HfConfig HfConfig::object(std::string_view key) const {
+  const Json& v = get(key);
+  if (!v.is_object()) type_error(key, v, "an object");
+  HfConfig c = *this;
+  c.node_ = &v;
+  c.prefix_ = key_name(key) + ".";
+  return c;
+}
+
+}  // namespace llmk

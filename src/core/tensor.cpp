@@ -41,6 +41,11 @@ std::shared_ptr<void> allocate(size_t bytes, Device device) {
   return fn(bytes);
 }
 
+DeviceCopyFn& device_copy() {
+  static DeviceCopyFn fn;
+  return fn;
+}
+
 void check_shape(const Shape& shape) {
   for (int64_t d : shape) LLMK_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
 }
@@ -52,6 +57,8 @@ std::string_view device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda
 void set_device_allocator(Device device, DeviceAllocFn fn) {
   device_allocator(device) = std::move(fn);
 }
+
+void set_device_copy(DeviceCopyFn fn) { device_copy() = std::move(fn); }
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
@@ -222,6 +229,21 @@ Tensor Tensor::contiguous() const {
       idx[static_cast<size_t>(k)] = 0;
     }
   }
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  LLMK_CHECK(defined(), "to({}): undefined tensor", device_name(device));
+  if (device_ == Device::CPU && device == Device::CPU) return contiguous();
+  const Tensor src = device_ == Device::CPU && !is_contiguous() ? contiguous() : *this;
+  LLMK_CHECK(src.is_contiguous(), "to({}): {} is not contiguous (strides [{}])",
+             device_name(device), str(), fmt::join(strides_, ", "));
+  const DeviceCopyFn& copy = device_copy();
+  LLMK_CHECK(copy != nullptr,
+             "to({}): no copy between {} and {} (call cuda::init(); built without CUDA?)",
+             device_name(device), device_name(device_), device_name(device));
+  Tensor t = empty(shape_, dtype_, device);
+  copy(t.data_, device, src.data_, device_, static_cast<size_t>(src.nbytes()));
   return t;
 }
 

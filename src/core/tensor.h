@@ -67,6 +67,10 @@ class Tensor {
 
   // A contiguous owning copy on the same device (CPU only for now).
   Tensor contiguous() const;
+  // A contiguous owning copy on `device` (always a copy, even on the same device). Waits for the
+  // copy to finish. CUDA sources must be contiguous; CPU sources may have any strides. Needs the
+  // copy hook below (cuda::init() registers it) for anything but CPU -> CPU.
+  Tensor to(Device device) const;
 
   std::string str() const;  // "f32[3, 4]"
 
@@ -83,5 +87,11 @@ class Tensor {
 // core depending on CUDA. Returns memory and a deleter.
 using DeviceAllocFn = std::function<std::shared_ptr<void>(size_t bytes)>;
 void set_device_allocator(Device device, DeviceAllocFn fn);
+
+// Copy hook for Tensor::to, registered by cuda::init() for the same reason: copies `bytes` from
+// `src` on `src_device` to `dst` on `dst_device` and returns when the copy is complete.
+using DeviceCopyFn = std::function<void(void* dst, Device dst_device, const void* src,
+                                        Device src_device, size_t bytes)>;
+void set_device_copy(DeviceCopyFn fn);
 
 }  // namespace llmk

@@ -1,1 +1,49 @@
-int main() { return 0; }
+// llmk: run, inspect and tokenize Llama-family models.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "apps/llmk/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"llmk: a lean engine for Llama-family language models (GGUF), CPU and CUDA.\n"
+               "Run 'llmk <command> --help' for a command's options.",
+               "llmk"};
+  app.set_version_flag("--version", std::string("llmk ") + LLMK_VERSION);
+  app.require_subcommand(1);
+  // Usage errors get the same one-line form as every other error.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("llmk: error: ") + e.what() + " (see --help)\n";
+  });
+  const llmk::cli::Command run =
+      llmk::cli::add_run(*app.add_subcommand("run", "Generate text from a prompt, streamed to stdout"));
+  const llmk::cli::Command inspect =
+      llmk::cli::add_inspect(*app.add_subcommand("inspect", "Show a GGUF file's metadata and tensor table"));
+  const llmk::cli::Command tokenize =
+      llmk::cli::add_tokenize(*app.add_subcommand("tokenize", "Show the token ids and pieces of a text"));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (app.got_subcommand("run")) return run();
+    if (app.got_subcommand("inspect")) return inspect();
+    if (app.got_subcommand("tokenize")) return tokenize();
+  } catch (const llmk::Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "llmk: error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    fmt::print(stderr, "llmk: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "llmk: internal error: {}\n", e.what());
+    return 2;
+  }
+  return 0;
+}

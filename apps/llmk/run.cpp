@@ -1,0 +1,121 @@
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "apps/llmk/commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/generator.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/chat_template.h"
+
+namespace llmk::cli {
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LLMK_CHECK(in.good(), "{}: cannot read the prompt file", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+Command add_run(CLI::App& cmd) {
+  struct Args {
+    std::string model, prompt, prompt_file, system;
+    int n_predict = 128;
+    int64_t ctx = 0;
+    int threads = 0;
+    bool chat = false, echo = false, ignore_eos = false;
+    SamplerConfig s;
+    int64_t seed = -1;
+  };
+  auto a = std::make_shared<Args>();
+  add_model_option(cmd, a->model);
+  cmd.add_option("-p,--prompt", a->prompt, "The prompt text");
+  cmd.add_option("-f,--prompt-file", a->prompt_file, "Read the prompt from a file");
+  cmd.add_option("-n,--n-predict", a->n_predict, "Tokens to generate at most")
+      ->default_val(128)
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--temp", a->s.temperature, "Sampling temperature; 0 = greedy")->default_val(0.8);
+  cmd.add_option("--top-k", a->s.top_k, "Keep the k most likely tokens; 0 = off")->default_val(40);
+  cmd.add_option("--top-p", a->s.top_p, "Keep the most likely tokens up to this mass; 1 = off")
+      ->default_val(0.95);
+  cmd.add_option("--min-p", a->s.min_p, "Drop tokens below min-p x p(top token); 0 = off")
+      ->default_val(0.05);
+  cmd.add_option("--repeat-penalty", a->s.repeat_penalty,
+                 "Penalise tokens of the last --repeat-last-n; 1 = off")
+      ->default_val(1.0);
+  cmd.add_option("--repeat-last-n", a->s.repeat_last_n, "Window of the repeat penalty")
+      ->default_val(64);
+  cmd.add_option("--seed", a->seed, "Random seed (default: random, printed with the stats)");
+  cmd.add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
+  cmd.add_option("--system", a->system, "System message for --chat");
+  cmd.add_option("-c,--ctx", a->ctx, "Context length in tokens (default: min(model's, 4096))")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_flag("--echo", a->echo, "Print the prompt before the generated text");
+  cmd.add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-generation tokens");
+  add_threads_option(cmd, a->threads);
+
+  return [a] {
+    LLMK_CHECK(a->prompt.empty() || a->prompt_file.empty(), "give -p or -f, not both");
+    if (!a->prompt_file.empty()) a->prompt = read_file(a->prompt_file);
+    LLMK_CHECK(!a->prompt.empty(), "no prompt: give -p TEXT or -f FILE");
+    a->s.seed = a->seed >= 0 ? static_cast<uint64_t>(a->seed) : std::random_device{}();
+    a->s.validate();
+    prepare(a->model, a->threads);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    auto model = Model::load(a->model, LoadOptions{.context = a->ctx});
+    const Tokenizer tok = Tokenizer::from_gguf(model->file());
+    const double load_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    std::string text = a->prompt;
+    if (a->chat) {
+      std::vector<ChatMessage> msgs;
+      if (!a->system.empty()) msgs.push_back({"system", a->system});
+      msgs.push_back({"user", a->prompt});
+      text = ChatTemplate::from_jinja(tok.chat_template()).apply(msgs, /*add_generation_prompt=*/true);
+    }
+    // Special tokens in the text are parsed only when it comes from the chat template: a user's
+    // raw prompt that happens to contain "<|im_end|>" is text.
+    const std::vector<int32_t> ids = tok.encode(text, tok.add_bos(), /*parse_special=*/a->chat);
+    if (a->echo) {
+      fmt::print("{}", a->prompt);
+      std::fflush(stdout);
+    }
+
+    GenerateOptions opts;
+    opts.max_tokens = a->n_predict;
+    opts.sampler = a->s;
+    opts.stop_at_eog = !a->ignore_eos;
+    Utf8Stream out;
+    const GenerateStats st = generate(*model, tok, ids, opts, [&](int32_t, const std::string& b) {
+      const std::string ready = out.push(b);
+      std::fwrite(ready.data(), 1, ready.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    const std::string rest = out.flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    fmt::print(stderr,
+               "[llmk] load {:.2f} s | prompt {} tokens, {:.1f} tokens/s | generation {} tokens, "
+               "{:.1f} tokens/s | stop: {} | seed {} | threads {}\n",
+               load_s, st.prompt_tokens, st.prompt_tps(), st.generated_tokens, st.generate_tps(),
+               st.stop_reason, a->s.seed, cpu_pool().num_threads());
+    return 0;
+  };
+}
+
+}  // namespace llmk::cli

@@ -1,0 +1,53 @@
+#include <fmt/format.h>
+
+#include "apps/llmk/commands.h"
+#include "formats/gguf.h"
+#include "tokenizer/tokenizer.h"
+
+namespace llmk::cli {
+
+namespace {
+// A token's bytes as a quoted, escaped string, so whitespace and control bytes are visible.
+std::string quoted(const std::string& bytes) {
+  std::string s = "'";
+  for (unsigned char c : bytes) {
+    if (c == '\n') s += "\\n";
+    else if (c == '\t') s += "\\t";
+    else if (c == '\r') s += "\\r";
+    else if (c == '\\') s += "\\\\";
+    else if (c == '\'') s += "\\'";
+    else if (c < 0x20 || c == 0x7f) s += fmt::format("\\x{:02x}", c);
+    else s += static_cast<char>(c);
+  }
+  return s + "'";
+}
+}  // namespace
+
+Command add_tokenize(CLI::App& cmd) {
+  struct Args {
+    std::string model, text;
+    bool ids_only = false, no_special = false, bos = false;
+  };
+  auto a = std::make_shared<Args>();
+  add_model_option(cmd, a->model);
+  cmd.add_option("text", a->text, "The text to tokenize")->required();
+  cmd.add_flag("--ids-only", a->ids_only, "Print the ids only, on one line");
+  cmd.add_flag("--no-special", a->no_special,
+               "Treat special-token text such as <|im_start|> as plain text");
+  cmd.add_flag("--bos", a->bos, "Prepend the BOS token");
+  return [a] {
+    prepare(a->model, 1);
+    const gguf::File f = gguf::File::open(a->model);
+    const Tokenizer tok = Tokenizer::from_gguf(f);
+    const std::vector<int32_t> ids = tok.encode(a->text, a->bos, !a->no_special);
+    if (a->ids_only) {
+      fmt::print("{}\n", fmt::join(ids, " "));
+      return 0;
+    }
+    for (int32_t id : ids) fmt::print("{:>7} {}\n", id, quoted(tok.token_bytes(id)));
+    fmt::print("{} tokens\n", ids.size());
+    return 0;
+  };
+}
+
+}  // namespace llmk::cli

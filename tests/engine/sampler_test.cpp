@@ -1,0 +1,130 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/generator.h"
+#include "engine/sampler.h"
+
+namespace llmk {
+namespace {
+
+SamplerConfig plain(float temp, uint64_t seed = 1) {
+  SamplerConfig c;
+  c.temperature = temp;
+  c.top_k = 0;
+  c.top_p = 1.0f;
+  c.min_p = 0.0f;
+  c.seed = seed;
+  return c;
+}
+
+TEST(Sampler, GreedyTakesTheLargestLogitAndLowestIdOnTies) {
+  Sampler s(plain(0));
+  EXPECT_EQ(s.sample(std::vector<float>{0.1f, 3.0f, -2.0f, 2.9f}, {}), 1);
+  EXPECT_EQ(s.sample(std::vector<float>{1.0f, 5.0f, 5.0f}, {}), 1);
+}
+
+TEST(Sampler, SameSeedSameChoicesOtherSeedOtherChoices) {
+  const std::vector<float> logits{0.0f, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f};
+  auto draw = [&](uint64_t seed) {
+    Sampler s(plain(1.0f, seed));
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(s.sample(logits, {}));
+    return out;
+  };
+  EXPECT_EQ(draw(42), draw(42));
+  EXPECT_NE(draw(42), draw(43));
+}
+
+TEST(Sampler, FrequenciesFollowTheSoftmaxAtTheTemperature) {
+  const std::vector<float> logits{1.0f, 2.0f, 0.5f, -1.0f};
+  const float temp = 0.7f;
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp(logits[i] / temp);
+  Sampler s(plain(temp, 7));
+  std::vector<int> count(logits.size());
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) count[static_cast<size_t>(s.sample(logits, {}))]++;
+  for (size_t i = 0; i < p.size(); ++i) {
+    // 20000 draws: the standard error of a frequency is at most 0.0036; allow ~4 of them.
+    EXPECT_NEAR(count[i] / static_cast<double>(n), p[i] / sum, 0.015) << "token " << i;
+  }
+}
+
+TEST(Sampler, TopKTopPAndMinPCutTheTail) {
+  const std::vector<float> logits{3.0f, 2.9f, 0.0f, -1.0f, 2.8f};
+  {
+    SamplerConfig c = plain(1.0f);
+    c.top_k = 2;
+    Sampler s(c);
+    for (int i = 0; i < 500; ++i) {
+      const int32_t id = s.sample(logits, {});
+      ASSERT_TRUE(id == 0 || id == 1) << id;
+    }
+  }
+  {
+    SamplerConfig c = plain(1.0f);
+    c.top_p = 0.05f;  // the top token alone carries more than 5%
+    Sampler s(c);
+    for (int i = 0; i < 200; ++i) ASSERT_EQ(s.sample(logits, {}), 0);
+  }
+  {
+    SamplerConfig c = plain(1.0f);
+    c.min_p = 0.5f;  // p(2)/p(0) = e^-3 and p(3)/p(0) = e^-4 fall below one half
+    Sampler s(c);
+    std::map<int32_t, int> seen;
+    for (int i = 0; i < 2000; ++i) seen[s.sample(logits, {})]++;
+    EXPECT_EQ(seen.count(2), 0u);
+    EXPECT_EQ(seen.count(3), 0u);
+    EXPECT_GT(seen[0], 0);
+    EXPECT_GT(seen[1], 0);
+    EXPECT_GT(seen[4], 0);
+  }
+}
+
+TEST(Sampler, RepeatPenaltyDemotesRecentTokens) {
+  SamplerConfig c = plain(0);
+  c.repeat_penalty = 1.5f;
+  c.repeat_last_n = 2;
+  Sampler s(c);
+  const std::vector<float> logits{2.0f, 1.9f, -0.5f};
+  EXPECT_EQ(s.sample(logits, std::vector<int32_t>{0}), 1);
+  // Token 0 is outside the window of the last two tokens: no penalty.
+  EXPECT_EQ(s.sample(logits, std::vector<int32_t>{0, 2, 2}), 0);
+}
+
+TEST(Sampler, RejectsOutOfRangeSettings) {
+  SamplerConfig c;
+  c.top_p = 0;
+  EXPECT_THROW(Sampler{c}, Error);
+  c = SamplerConfig{};
+  c.temperature = -1;
+  EXPECT_THROW(Sampler{c}, Error);
+  c = SamplerConfig{};
+  c.min_p = 1.0f;
+  EXPECT_THROW(Sampler{c}, Error);
+  c = SamplerConfig{};
+  c.repeat_penalty = 0;
+  EXPECT_THROW(Sampler{c}, Error);
+}
+
+TEST(Utf8Stream, HoldsBackIncompleteCharacters) {
+  Utf8Stream s;
+  EXPECT_EQ(s.push("ab"), "ab");
+  EXPECT_EQ(s.push("\xc3"), "");          // first byte of é
+  EXPECT_EQ(s.push("\xa9x"), "\xc3\xa9x");
+  EXPECT_EQ(s.push("\xf0\x9f"), "");      // half of 🙂 (F0 9F 99 82)
+  EXPECT_EQ(s.push("\x99"), "");
+  EXPECT_EQ(s.push("\x82!"), "\xf0\x9f\x99\x82!");
+  EXPECT_EQ(s.push("\xff"), "\xff");      // never valid: passes through
+  EXPECT_EQ(s.push("\xe2\x82"), "");
+  EXPECT_EQ(s.flush(), "\xe2\x82");       // end of stream: whatever is left
+  EXPECT_EQ(s.flush(), "");
+}
+
+}  // namespace
+}  // namespace llmk

@@ -1,9 +1,32 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define LLMK_CPU_RELAX() _mm_pause()
+#else
+#define LLMK_CPU_RELAX() std::this_thread::yield()
+#endif
+
 namespace llmk {
+
+namespace {
+// Spins until done() or about `budget` has passed; true if done() became true. Bounded so an
+// idle pool (or an oversubscribed machine) falls back to sleeping on a condition variable.
+template <typename Done>
+bool spin_until(Done done, std::chrono::microseconds budget) {
+  const auto until = std::chrono::steady_clock::now() + budget;
+  for (int i = 1;; ++i) {
+    if (done()) return true;
+    LLMK_CPU_RELAX();
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() > until) return false;
+  }
+}
+constexpr std::chrono::microseconds kSpin{200};
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   const int workers = std::max(1, num_threads) - 1;
@@ -42,11 +65,13 @@ void ThreadPool::run_chunks() {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
+    spin_until([&] { return stop_.load() || generation_.load(std::memory_order_acquire) != seen; },
+               kSpin);
     {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      start_cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
       if (stop_) return;
-      seen = generation_;
+      seen = generation_.load();
       ++busy_;
     }
     run_chunks();
@@ -84,6 +109,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   start_cv_.notify_all();
   run_chunks();
   std::exception_ptr error;
+  spin_until([&] { return busy_.load() == 0 && next_chunk_.load() >= num_chunks_; }, kSpin);
   {
     std::unique_lock<std::mutex> lock(mu_);
     // Workers that woke late find no chunks left and leave at once; wait for all that joined.

@@ -2,6 +2,7 @@
 // part in every loop, so a pool of N threads runs N-1 workers.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -32,13 +33,15 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  int busy_ = 0;
+  // Written under mu_, read without it while spinning: a decode step runs hundreds of short
+  // loops, and waking a sleeping thread costs more than most of them take.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<int> busy_{0};
   // The current loop.
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0, chunk_ = 0, num_chunks_ = 0;
-  int64_t next_chunk_ = 0;
+  std::atomic<int64_t> next_chunk_{0};
   std::exception_ptr error_;
 };
 

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Builds llmk and runs every CPU test: the Release build (preset cpu), then the same tests
-# under AddressSanitizer + UBSan (preset asan). GPU tests report SKIP on a machine without
-# a GPU. Installs missing build dependencies and fetches the test model first.
+# Builds llmk and runs every test: the CUDA build first (preset cuda: compiles all CUDA code;
+# its GPU tests run where a GPU exists and report SKIP elsewhere), then every CPU test in the
+# Release build (preset cpu) and again under AddressSanitizer + UBSan (preset asan). Installs
+# missing build dependencies and fetches the test model first.
 #
-#   scripts/test.sh            # cpu + asan
+#   scripts/test.sh            # cuda (where nvcc exists) + cpu + asan
 #   scripts/test.sh --quick    # cpu only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 presets=(cpu asan)
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  presets=(cuda "${presets[@]}")
+else
+  echo "test.sh: no CUDA toolkit (nvcc) found: skipping the CUDA build" >&2
+fi
 [ "${1:-}" = "--quick" ] && presets=(cpu)
 jobs=$(nproc)
 
@@ -18,5 +24,10 @@ for p in "${presets[@]}"; do
   echo "== preset $p: configure, build, test" >&2
   cmake --preset "$p" >/dev/null
   cmake --build --preset "$p" -j "$jobs"
-  ctest --preset "$p" -j "$jobs" --timeout 900
+  if [ "$p" = cuda ]; then
+    # The CPU tests already ran in the cpu and asan builds; here only the GPU ones.
+    ctest --preset cuda -L gpu --timeout 1200
+  else
+    ctest --preset "$p" -j "$jobs" --timeout 900
+  fi
 done

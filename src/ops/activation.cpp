@@ -3,17 +3,21 @@
 #include "ops/check.h"
 #include "ops/ops.h"
 
+#ifdef LLMK_HAS_CUDA
+#include "kernels/cuda/activation.h"
+#endif
+
 namespace llmk::ops {
 
 using namespace detail;
 
 void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act) {
   constexpr std::string_view op = "gated_act";
+  const bool cuda = on_cuda(op, {{"out", &out}, {"gate", &gate}, {"up", &up}});
   const std::pair<std::string_view, const Tensor*> all[] = {
       {"out", &out}, {"gate", &gate}, {"up", &up}};
   for (const auto& [name, t] : all) {
-    require_cpu(op, name, *t);
-    require_dtype(op, name, *t, DType::F32);
+    require_dtype(op, name, *t, cuda ? DType::BF16 : DType::F32);
     require_last_dim_contiguous(op, name, *t);
   }
   require_ndim(op, "gate", gate, 2);
@@ -21,8 +25,17 @@ void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act
   require_shape(op, "out", out, gate.shape());
   require_no_partial_overlap(op, "out", out, "gate", gate);
   require_no_partial_overlap(op, "out", out, "up", up);
-  const auto kind = act == Activation::SiLU ? cpu::Activation::SiLU : cpu::Activation::GeluTanh;
   const int64_t F = gate.dim(-1);
+  if (cuda) {
+#ifdef LLMK_HAS_CUDA
+    const auto kind = act == Activation::SiLU ? cuda::Activation::SiLU : cuda::Activation::GeluTanh;
+    for_each_row_run_raw<3>({&out, &gate, &up}, [&](auto p, int64_t rows, auto ld) {
+      cuda::gated_act(p[0], ld[0], p[1], ld[1], p[2], ld[2], rows, F, kind);
+    });
+#endif
+    return;
+  }
+  const auto kind = act == Activation::SiLU ? cpu::Activation::SiLU : cpu::Activation::GeluTanh;
   for_each_row_run<3>({&out, &gate, &up}, [&](auto p, int64_t rows, auto ld) {
     cpu::gated_act(p[0], ld[0], p[1], ld[1], p[2], ld[2], rows, F, kind);
   });

@@ -33,6 +33,27 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+bool on_cuda(std::string_view op, std::initializer_list<NamedTensor> tensors) {
+  for (const auto& [name, t] : tensors) {
+    LLMK_CHECK(t->defined(), "ops::{}: {} is undefined (no data)", op, name);
+#ifndef LLMK_HAS_CUDA
+    LLMK_CHECK(t->device() == Device::CPU,
+               "ops::{}: {} is {} on the GPU, but llmk was not built with CUDA kernels", op, name,
+               t->str());
+#endif
+  }
+  if (tensors.size() == 0) return false;
+  const auto& [first_name, first] = *tensors.begin();
+  for (const auto& [name, t] : tensors) {
+    LLMK_CHECK(t->device() == first->device(),
+               "ops::{}: {} is {} on {} but {} is {} on {}; all tensors of one call must be on "
+               "one device",
+               op, name, t->str(), device_name(t->device()), first_name, first->str(),
+               device_name(first->device()));
+  }
+  return first->device() == Device::CUDA;
+}
+
 void require_cpu(std::string_view op, std::string_view name, const Tensor& t) {
   LLMK_CHECK(t.defined(), "ops::{}: {} is undefined (no data)", op, name);
   LLMK_CHECK(t.device() == Device::CPU,

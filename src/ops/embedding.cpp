@@ -4,28 +4,42 @@
 #include "ops/check.h"
 #include "ops/ops.h"
 
+#ifdef LLMK_HAS_CUDA
+#include "kernels/cuda/embedding.h"
+#endif
+
 namespace llmk::ops {
 
 using namespace detail;
 
 void embedding(Tensor& out, const Tensor& table, const Tensor& ids) {
   constexpr std::string_view op = "embedding";
-  require_cpu(op, "out", out);
-  require_cpu(op, "table", table);
-  require_cpu(op, "ids", ids);
+  const bool cuda = on_cuda(op, {{"out", &out}, {"table", &table}, {"ids", &ids}});
   require_ndim(op, "table", table, 2);
-  LLMK_CHECK(cpu::can_dequantize(table.dtype()), "ops::embedding: table dtype {} is not supported",
-             dtype_name(table.dtype()));
+  if (cuda) {
+    require_dtype(op, "table", table, DType::BF16);
+  } else {
+    LLMK_CHECK(cpu::can_dequantize(table.dtype()),
+               "ops::embedding: table dtype {} is not supported", dtype_name(table.dtype()));
+  }
   require_last_dim_contiguous(op, "table", table);
   require_ndim(op, "ids", ids, 1);
   require_dtype(op, "ids", ids, DType::I32);
-  require_dtype(op, "out", out, DType::F32);
+  require_dtype(op, "out", out, cuda ? DType::BF16 : DType::F32);
   const int64_t V = table.dim(0), D = table.dim(1), T = ids.dim(0);
   require_shape(op, "out", out, {T, D});
   require_last_dim_contiguous(op, "out", out);
   require_disjoint(op, "out", out, "table", table);
   require_disjoint(op, "out", out, "ids", ids);
   const auto* id = ids.data<const int32_t>();
+  if (cuda) {
+#ifdef LLMK_HAS_CUDA
+    // Ids stay on the device: out-of-range ones write zeros (ops.h).
+    cuda::embedding(out.data(), out.stride(0), table.data(), table.stride(0), V, D, id,
+                    ids.stride(0), T);
+#endif
+    return;
+  }
   for (int64_t t = 0; t < T; ++t) {
     const int32_t v = id[t * ids.stride(0)];
     LLMK_CHECK(v >= 0 && v < V,

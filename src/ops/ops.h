@@ -1,7 +1,13 @@
 // The single entry point per op. Each checks shapes, dtypes and devices (llmk::Error naming the
 // op, the argument and what was expected), then calls the kernel for the tensors' device.
-// The CPU computes in fp32: activations, outputs and KV caches are f32 there; weights may be any
+// All tensors of one call live on one device.
+//
+// CPU: computes in fp32; activations, outputs and KV caches are f32; weights may be any
 // supported dtype where noted.
+// CUDA: activations, KV caches and weights are bf16 (f32 accepted where noted), accumulation is
+// fp32; positions and ids are i32 in device memory. CUDA ops launch on cuda::current_stream(),
+// never synchronise and never allocate, so a decode step built from them can be captured in a
+// CUDA graph; values they need per step (positions) are read from device memory.
 #pragma once
 
 #include <cstdint>
@@ -10,12 +16,21 @@
 
 namespace llmk::ops {
 
-// out: [T, D] f32; table: [V, D] f32/f16/bf16/any block type; ids: [T] i32 (each in [0, V)).
+// out: [T, D]; table: [V, D]; ids: [T] i32 (each in [0, V)).
+// CPU: out f32, table f32/f16/bf16/any block type. CUDA: out bf16, table bf16 (an id out of
+// range on CUDA writes zeros: the host cannot check device ids without waiting).
 void embedding(Tensor& out, const Tensor& table, const Tensor& ids);
 
-// out, x: [..., D] f32 (may alias); w: [D] f32.
+// out, x: [..., D] (may alias); w: [D] f32. CPU: f32. CUDA: x, out bf16.
 // y = x / sqrt(mean(x^2) + eps) * w, or * (1 + w) when add_one (Gemma).
 void rms_norm(Tensor& out, const Tensor& x, const Tensor& w, float eps, bool add_one = false);
+
+// The pre-norm residual step, fused: x += delta (skipped when delta is undefined), then
+// out = rms_norm(x, w). x, delta, out: [T, D] (out must not alias x or delta); w: [D] f32.
+// CPU: f32. CUDA: bf16, with the sum rounded to bf16 once before the norm reads it, exactly as
+// separate add and rms_norm would.
+void add_rms_norm(Tensor& x, const Tensor& delta, Tensor& out, const Tensor& w, float eps,
+                  bool add_one = false);
 
 enum class RopeLayout {
   Adjacent,   // rotates pairs (2i, 2i+1): GGUF llama files (the converter permuted Q/K)
@@ -28,11 +43,13 @@ struct RopeParams {
   float freq_scale = 1.0f;              // linear position scaling: angle = pos * freq_scale * inv_freq
   const Tensor* freq_factors = nullptr; // optional [rot_dim/2] f32: inv_freq[i] /= factors[i] (llama3)
 };
-// x: [T, H, D] f32, rotated in place; positions: [T] i32.
+// x: [T, H, D], rotated in place (CPU f32, CUDA bf16); positions: [T] i32.
 void rope(Tensor& x, const Tensor& positions, const RopeParams& p);
 
-// out: [M, N] f32 = x [M, K] f32 @ w^T + bias, with w: [N, K] in f32/f16/bf16/Q8_0/Q4_0/Q4_1/
-// Q5_0/Q4_K/Q6_K (dequantised block by block, spread over threads); bias: optional [N] f32.
+// out: [M, N] = x [M, K] @ w^T + bias, with w: [N, K]; bias: optional [N].
+// CPU: x, out, bias f32; w f32/f16/bf16/Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K (dequantised block by
+// block, spread over threads). CUDA (cuBLASLt): x, w bf16; out bf16 or f32 (for logits); bias
+// bf16 or f32, added in the epilogue; fp32 accumulation.
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias = nullptr);
 
 struct AttentionParams {
@@ -41,23 +58,49 @@ struct AttentionParams {
   float softcap = 0.0f;  // logits = softcap * tanh(logits / softcap); 0 = off
 };
 // Causal grouped-query attention of T new queries over a KV cache.
-// q: [T, Hq, D] f32; k, v: [L, Hkv, D] f32 holding positions 0..L-1, with L >= pos0 + T;
-// query t sits at position pos0 + t and sees keys j <= pos0 + t (within the window).
-// Hq must be a multiple of Hkv; query head h reads KV head h / (Hq / Hkv). out: [T, Hq, D] f32.
-void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos0,
-               const AttentionParams& p);
+// q: [T, Hq, D]; k, v: [L, Hkv, D] caches; positions: [T] i32, consecutive
+// (positions[t] = positions[0] + t), with positions[T-1] < L. Query t sits at position
+// positions[t] and sees cache rows j <= positions[t] (within the window). Hq must be a multiple
+// of Hkv; query head h reads KV head h / (Hq / Hkv). out: [T, Hq, D].
+// CPU: f32, and the positions are checked. CUDA: bf16; positions are read on the device (not
+// checked: a position past the cache is the caller's error), so one captured decode step
+// replays at every position.
+void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+               const Tensor& positions, const AttentionParams& p);
+
+// Writes k, v: [T, Hkv, D] into rows positions[t] of the caches k_cache, v_cache: [L, Hkv, D].
+// CPU: f32. CUDA: bf16 (k, v may be f32 and are rounded).
+void kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
+               const Tensor& positions);
 
 enum class Activation { SiLU, GeluTanh };
-// out, gate, up: [T, F] f32 (out may alias either); out = act(gate) * up.
+// out, gate, up: [T, F] (out may alias either); out = act(gate) * up. CPU f32, CUDA bf16.
 void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act);
 
-// out, a, b: same shape, f32 (out may alias a or b). out = a + b.
+// out, a, b: same shape (out may alias a or b). out = a + b. CPU f32, CUDA bf16.
 void add(Tensor& out, const Tensor& a, const Tensor& b);
-// x *= s, in place, f32.
+// x *= s, in place. CPU f32, CUDA bf16.
 void scale(Tensor& x, float s);
-// Softmax over the last dimension; out, x: [..., N] f32 (may alias).
+// Softmax over the last dimension; out, x: [..., N] (may alias). CPU f32; CUDA f32 or bf16.
 void softmax(Tensor& out, const Tensor& x);
-// dst = src, same shape; either may be strided; converts between f32/f16/bf16.
+// out: [M] i32 = index of the largest element of each row of x: [M, N] (the lowest index among
+// equals). CPU f32; CUDA f32 or bf16.
+void argmax(Tensor& out, const Tensor& x);
+// dst = src, same shape and device; either may be strided; converts between f32/f16/bf16.
 void copy(Tensor& dst, const Tensor& src);
+
+}  // namespace llmk::ops
+
+namespace llmk::ops {
+
+// dst = src between the host and a device (either direction), same shape and dtype, both
+// contiguous. Host-to-device copies are queued on cuda::current_stream() and return at once
+// (CUDA stages pageable memory first); device-to-host copies wait for the stream, since the
+// host is about to read the result.
+void transfer(Tensor& dst, const Tensor& src);
+
+// out = src converted to out's dtype (f32 or bf16), dequantising block types row by row.
+// CPU only (used at load time); src: [..., K] of any dtype llmk reads; out: same shape.
+void dequantize(Tensor& out, const Tensor& src);
 
 }  // namespace llmk::ops

@@ -5,15 +5,21 @@
 #include "ops/check.h"
 #include "ops/ops.h"
 
+#ifdef LLMK_HAS_CUDA
+#include "kernels/cuda/rope.h"
+#endif
+
 namespace llmk::ops {
 
 using namespace detail;
 
 void rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
   constexpr std::string_view op = "rope";
-  require_cpu(op, "x", x);
-  require_cpu(op, "positions", positions);
-  require_dtype(op, "x", x, DType::F32);
+  const bool cuda =
+      p.freq_factors
+          ? on_cuda(op, {{"x", &x}, {"positions", &positions}, {"freq_factors", p.freq_factors}})
+          : on_cuda(op, {{"x", &x}, {"positions", &positions}});
+  require_dtype(op, "x", x, cuda ? DType::BF16 : DType::F32);
   require_ndim(op, "x", x, 3);
   require_last_dim_contiguous(op, "x", x);
   require_dtype(op, "positions", positions, DType::I32);
@@ -27,16 +33,39 @@ void rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
              p.theta);
   LLMK_CHECK(std::isfinite(p.freq_scale) && p.freq_scale > 0.0f,
              "ops::rope: freq_scale = {} must be positive", p.freq_scale);
-  cpu::RopeArgs a;
   if (p.freq_factors) {
     const Tensor& f = *p.freq_factors;
-    require_cpu(op, "freq_factors", f);
     require_dtype(op, "freq_factors", f, DType::F32);
     require_shape(op, "freq_factors", f, {rot / 2});
     require_last_dim_contiguous(op, "freq_factors", f);
-    a.freq_factors = f.data<const float>();
+    require_disjoint(op, "x", x, "freq_factors", f);
   }
   require_disjoint(op, "x", x, "positions", positions);
+  if (cuda) {
+#ifdef LLMK_HAS_CUDA
+    LLMK_CHECK(rot <= 2 * cuda::kMaxRopePairs,
+               "ops::rope: rot_dim {} is over the {} the CUDA kernel takes (x is {})", rot,
+               2 * cuda::kMaxRopePairs, x.str());
+    cuda::RopeArgs a;
+    a.x = x.data();
+    a.T = T;
+    a.H = H;
+    a.D = D;
+    a.ld_t = x.stride(0);
+    a.ld_h = x.stride(1);
+    a.positions = positions.data<const int32_t>();
+    a.pos_stride = positions.stride(0);
+    a.rot_dim = static_cast<int>(rot);
+    a.theta = p.theta;
+    a.half_split = p.layout == RopeLayout::HalfSplit;
+    a.freq_scale = p.freq_scale;
+    a.freq_factors = p.freq_factors ? p.freq_factors->data<const float>() : nullptr;
+    cuda::rope(a);
+#endif
+    return;
+  }
+  cpu::RopeArgs a;
+  if (p.freq_factors) a.freq_factors = p.freq_factors->data<const float>();
   a.x = x.data<float>();
   a.T = T;
   a.H = H;

@@ -152,12 +152,18 @@ TEST(Ops, TensorsOnTheGpuAreRejected) {
   float dummy[64];
   Tensor g = Tensor::borrow(dummy, {4, 16}, DType::F32, Device::CUDA);
   Tensor c = random_tensor({4, 16}, 1);
-  expect_error([&] { ops::add(g, c, c); }, {"ops::add", "out", "not built with CUDA"});
-  expect_error([&] { ops::scale(g, 2.0f); }, {"ops::scale", "not built with CUDA"});
   Tensor w = weights(DType::F32, 16, 16, 1);
   Tensor wg = Tensor::borrow(w.data(), {16, 16}, DType::F32, Device::CUDA);
   Tensor y = poisoned({4, 16});
+#ifdef LLMK_HAS_CUDA
+  // Built with CUDA: GPU tensors are taken (tests/gpu), a mix of devices is the error.
+  expect_error([&] { ops::add(g, c, c); }, {"ops::add", "a is f32[4, 16] on cpu", "one device"});
+  expect_error([&] { ops::linear(y, c, wg); }, {"ops::linear", "w", "one device"});
+#else
+  expect_error([&] { ops::add(g, c, c); }, {"ops::add", "out", "not built with CUDA"});
+  expect_error([&] { ops::scale(g, 2.0f); }, {"ops::scale", "not built with CUDA"});
   expect_error([&] { ops::linear(y, c, wg); }, {"ops::linear", "w", "not built with CUDA"});
+#endif
   Tensor undefined;
   expect_error([&] { ops::scale(undefined, 2.0f); }, {"ops::scale", "undefined"});
 }
@@ -304,7 +310,7 @@ TEST(OpsAttention, SingleKeyReturnsItsValue) {
   Tensor k = random_tensor({8, 2, 64}, 2);
   Tensor v = random_tensor({8, 2, 64}, 3);
   Tensor out = poisoned({1, 4, 64});
-  ops::attention(out, q, k, v, 0, {});
+  ops::attention(out, q, k, v, ids_tensor({0}), {});
   for (int64_t h = 0; h < 4; ++h)
     for (int64_t d = 0; d < 64; ++d) ASSERT_EQ(at(out, {0, h, d}), at(v, {0, h / 2, d}));
 }
@@ -315,11 +321,12 @@ TEST(OpsAttention, DefaultScaleAndStridedCache) {
   Tensor kv = random_tensor({10, 2, 3, 32}, 5);
   Tensor k = kv.select(1, 0), v = kv.select(1, 1);
   Tensor out = poisoned({3, 6, 32}), out2 = poisoned({3, 6, 32});
-  ops::attention(out, q, k, v, 4, {});
+  const Tensor pos = ids_tensor({4, 5, 6});
+  ops::attention(out, q, k, v, pos, {});
   ops::AttentionParams p;
   p.scale = static_cast<float>(1.0 / std::sqrt(32.0));
   Tensor kc = k.contiguous(), vc = v.contiguous();
-  ops::attention(out2, q, kc, vc, 4, p);
+  ops::attention(out2, q, kc, vc, pos, p);
   for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.data<float>()[i], out2.data<float>()[i]);
 }
 
@@ -328,20 +335,41 @@ TEST(OpsAttention, ArgumentErrors) {
   Tensor k = random_tensor({8, 4, 32}, 2);
   Tensor v = random_tensor({8, 4, 32}, 3);
   Tensor out = poisoned({3, 6, 32});
-  expect_error([&] { ops::attention(out, q, k, v, 0, {}); },
+  const Tensor pos = ids_tensor({0, 1, 2});
+  expect_error([&] { ops::attention(out, q, k, v, pos, {}); },
                {"ops::attention", "6 heads", "4 KV heads"});
   Tensor k3 = random_tensor({8, 3, 32}, 2), v3 = random_tensor({8, 3, 32}, 3);
-  expect_error([&] { ops::attention(out, q, k3, v3, 6, {}); },
-               {"ops::attention", "holds 8 positions", "position 8"});
+  expect_error(
+      [&] {
+        ops::attention(out, q, k3, v3, ids_tensor({6, 7, 8}), {});
+      },
+      {"ops::attention", "holds 8 positions", "position 8", "positions[2]"});
   Tensor v_bad = random_tensor({8, 3, 16}, 3);
-  expect_error([&] { ops::attention(out, q, k3, v_bad, 0, {}); }, {"ops::attention", "v"});
+  expect_error([&] { ops::attention(out, q, k3, v_bad, pos, {}); }, {"ops::attention", "v"});
   Tensor k_bad = random_tensor({8, 3, 16}, 3);
-  expect_error([&] { ops::attention(out, q, k_bad, v_bad, 0, {}); }, {"head dims differ"});
-  expect_error([&] { ops::attention(q, q, k3, v3, 0, {}); }, {"ops::attention", "overlaps"});
-  expect_error([&] { ops::attention(out, q, k3, v3, -1, {}); }, {"pos0 = -1"});
+  expect_error([&] { ops::attention(out, q, k_bad, v_bad, pos, {}); }, {"head dims differ"});
+  expect_error([&] { ops::attention(q, q, k3, v3, pos, {}); }, {"ops::attention", "overlaps"});
+  expect_error(
+      [&] {
+        ops::attention(out, q, k3, v3, ids_tensor({-1, 0, 1}), {});
+      },
+      {"positions[0] = -1"});
+  expect_error(
+      [&] {
+        ops::attention(out, q, k3, v3, ids_tensor({2, 3, 5}), {});
+      },
+      {"ops::attention", "consecutive", "positions[2] = 5", "expected 4"});
+  expect_error(
+      [&] {
+        ops::attention(out, q, k3, v3, ids_tensor({0, 1}), {});
+      },
+      {"ops::attention", "positions", "[3]"});
+  Tensor pos_f32 = random_tensor({3}, 4);
+  expect_error([&] { ops::attention(out, q, k3, v3, pos_f32, {}); },
+               {"ops::attention", "positions", "i32"});
   ops::AttentionParams p;
   p.window = -2;
-  expect_error([&] { ops::attention(out, q, k3, v3, 0, p); }, {"window = -2"});
+  expect_error([&] { ops::attention(out, q, k3, v3, pos, p); }, {"window = -2"});
 }
 
 // ---- gated_act, add, scale, softmax, copy -----------------------------------------------------

@@ -1,0 +1,271 @@
+// Benchmark of the cuBLASLt linear layer (cuda::linear) at the decode (M = 1) and prefill
+// (M = 512) shapes of Qwen2.5-0.5B and Llama-3-8B, against the device's copy rate.
+//
+// Each shape rotates over enough weight buffers to span 4x the L2 (read from the device), so
+// every call streams its weights from HBM as in a real decode step. Per shape: one warm-up pass,
+// then `samples` timings (CUDA events) of B back-to-back calls, both launched from the stream and
+// replayed from a CUDA graph of the same B calls; the median gives us per call. GB/s counts the
+// weight bytes only (x and out are under 0.1% of them at M = 1); TFLOP/s counts 2*M*N*K.
+//
+// Standalone: build it beside a CUDA build of llmk (one line), e.g.
+//   nvcc -std=c++20 -O2 -gencode=arch=compute_90a,code=sm_90a -Isrc bench/linear_bench.cu
+//        build/cuda/libllmk_kernels.a build/cuda/libllmk_core.a -lcublasLt -lfmt -o linear_bench
+//   ./linear_bench [--samples N] [--json FILE]
+// (nvcc compiles this file, and cannot parse fmt: nothing here includes core/error.h.)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "core/cuda/device.h"
+#include "core/cuda/stream.h"
+#include "kernels/cuda/gemm/linear.h"
+
+namespace llmk::bench {
+namespace {
+
+// Deterministic pseudo-random bf16 in [-scale, scale): a hash of the index, so filling a GiB
+// costs one kernel and no host memory.
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    p[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
+  }
+}
+
+void fill(void* p, int64_t n, uint64_t seed, float scale) {
+  fill_bf16<<<1024, 256, 0, cuda::current_stream()>>>(static_cast<__nv_bfloat16*>(p), n, seed,
+                                                      scale);
+  cuda::check_launch("fill_bf16");
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+class Events {
+ public:
+  Events() {
+    LLMK_CUDA_CHECK(cudaEventCreate(&a_));
+    LLMK_CUDA_CHECK(cudaEventCreate(&b_));
+  }
+  ~Events() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  // Milliseconds taken by fn's work on the current stream.
+  template <class Fn>
+  float time(Fn&& fn) {
+    const cudaStream_t s = cuda::current_stream();
+    LLMK_CUDA_CHECK(cudaEventRecord(a_, s));
+    fn();
+    LLMK_CUDA_CHECK(cudaEventRecord(b_, s));
+    LLMK_CUDA_CHECK(cudaEventSynchronize(b_));
+    float ms = 0;
+    LLMK_CUDA_CHECK(cudaEventElapsedTime(&ms, a_, b_));
+    return ms;
+  }
+
+ private:
+  cudaEvent_t a_ = nullptr, b_ = nullptr;
+};
+
+struct Layer {
+  const char* model;
+  const char* name;
+  int64_t N, K;
+};
+
+struct Result {
+  Layer layer;
+  int64_t M;
+  DType out_dtype;
+  int buffers, batch;
+  double us_graph, us_stream;  // per call
+  double weight_gbs, tflops;   // from the graph time
+};
+
+double copy_rate_gbs(Events& ev, int samples) {
+  const size_t bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  LLMK_CUDA_CHECK(cudaMalloc(&src, bytes));
+  LLMK_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  LLMK_CUDA_CHECK(cudaMemsetAsync(src, 1, bytes, cuda::current_stream()));
+  std::vector<float> ms;
+  for (int i = 0; i < samples + 2; ++i) {
+    const float t = ev.time([&] {
+      LLMK_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::current_stream()));
+    });
+    if (i >= 2) ms.push_back(t);
+  }
+  LLMK_CUDA_CHECK(cudaFree(src));
+  LLMK_CUDA_CHECK(cudaFree(dst));
+  return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;  // read + write
+}
+
+Result run(const Layer& layer, int64_t M, DType out_dtype, int samples, Events& ev) {
+  const int64_t N = layer.N, K = layer.K;
+  const size_t l2 = cuda::device_info().l2_bytes;
+  const size_t wbytes = static_cast<size_t>(N * K) * 2;
+  const size_t wstride = (wbytes + 255) / 256 * 256;  // every buffer 256-byte aligned: one plan
+  const int buffers = static_cast<int>(std::max<size_t>(1, (4 * l2 + wbytes - 1) / wbytes));
+  const int batch = std::max(buffers, M == 1 ? 50 : 10);
+  const size_t out_es = out_dtype == DType::F32 ? 4 : 2;
+
+  void *w = nullptr, *x = nullptr, *out = nullptr;
+  LLMK_CUDA_CHECK(cudaMalloc(&w, wstride * static_cast<size_t>(buffers)));
+  LLMK_CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(M * K) * 2));
+  LLMK_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(M * N) * out_es));
+  for (int b = 0; b < buffers; ++b) {
+    fill(static_cast<char*>(w) + wstride * static_cast<size_t>(b), N * K, 1000 + b,
+         1.0f / static_cast<float>(K));
+  }
+  fill(x, M * K, 7, 1.0f);
+
+  cuda::LinearArgs a;
+  a.out = out;
+  a.out_dtype = out_dtype;
+  a.ldo = N;
+  a.x = x;
+  a.ldx = K;
+  a.ldw = K;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  const auto calls = [&] {
+    for (int i = 0; i < batch; ++i) {
+      a.w = static_cast<char*>(w) + wstride * static_cast<size_t>(i % buffers);
+      cuda::linear(a);
+    }
+  };
+  calls();  // warm-up: plan, workspace, module loads
+  LLMK_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
+
+  std::vector<float> stream_ms, graph_ms;
+  for (int i = 0; i < samples; ++i) stream_ms.push_back(ev.time(calls));
+
+  const cudaStream_t s = cuda::current_stream();
+  cudaGraph_t graph = nullptr;
+  LLMK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  calls();
+  LLMK_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  LLMK_CUDA_CHECK(cudaGraphLaunch(exec, s));  // warm-up (uploads the graph)
+  for (int i = 0; i < samples; ++i) {
+    graph_ms.push_back(ev.time([&] { LLMK_CUDA_CHECK(cudaGraphLaunch(exec, s)); }));
+  }
+  LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
+  LLMK_CUDA_CHECK(cudaFree(w));
+  LLMK_CUDA_CHECK(cudaFree(x));
+  LLMK_CUDA_CHECK(cudaFree(out));
+
+  Result r{layer, M, out_dtype, buffers, batch, 0, 0, 0, 0};
+  r.us_graph = median(graph_ms) * 1e3 / batch;
+  r.us_stream = median(stream_ms) * 1e3 / batch;
+  r.weight_gbs = static_cast<double>(wbytes) / (r.us_graph * 1e-6) / 1e9;
+  r.tflops = 2.0 * static_cast<double>(M * N * K) / (r.us_graph * 1e-6) / 1e12;
+  return r;
+}
+
+int main_impl(int argc, char** argv) {
+  int samples = 25;
+  const char* json_path = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--samples") && i + 1 < argc) {
+      samples = std::max(3, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: linear_bench [--samples N] [--json FILE]\n");
+      return 2;
+    }
+  }
+  cuda::init();
+  const cuda::DeviceInfo& dev = cuda::device_info();
+  Events ev;
+  const double copy_gbs = copy_rate_gbs(ev, samples);
+  std::printf("device: %s, %d SMs, L2 %.1f MB; D2D copy %.0f GB/s (read + write)\n",
+              dev.name.c_str(), dev.sm_count, static_cast<double>(dev.l2_bytes) / 1e6, copy_gbs);
+
+  const Layer layers[] = {
+      {"qwen2.5-0.5b", "q/o", 896, 896},        {"qwen2.5-0.5b", "k/v", 128, 896},
+      {"qwen2.5-0.5b", "gate/up", 4864, 896},   {"qwen2.5-0.5b", "down", 896, 4864},
+      {"qwen2.5-0.5b", "lm_head", 151936, 896}, {"llama-3-8b", "q/o", 4096, 4096},
+      {"llama-3-8b", "k/v", 1024, 4096},        {"llama-3-8b", "gate/up", 14336, 4096},
+      {"llama-3-8b", "down", 4096, 14336},      {"llama-3-8b", "lm_head", 128256, 4096},
+  };
+  std::vector<Result> results;
+  for (const Layer& l : layers) {
+    results.push_back(run(l, 1, DType::BF16, samples, ev));
+    if (std::strcmp(l.name, "lm_head") == 0) results.push_back(run(l, 1, DType::F32, samples, ev));
+  }
+  for (const Layer& l : layers) results.push_back(run(l, 512, DType::BF16, samples, ev));
+
+  std::printf("\n%-13s %-8s %4s %15s %4s %9s %5s %10s %10s %9s %6s %8s\n", "model", "layer", "M",
+              "N x K", "out", "weight MB", "bufs", "us (graph)", "us (strm)", "GB/s", "%copy",
+              "TFLOP/s");
+  for (const Result& r : results) {
+    const std::string nk = std::to_string(r.layer.N) + " x " + std::to_string(r.layer.K);
+    std::printf("%-13s %-8s %4lld %15s %4s %9.2f %5d %10.2f %10.2f %9.0f %5.0f%% %8.1f\n",
+                r.layer.model, r.layer.name, static_cast<long long>(r.M), nk.c_str(),
+                r.out_dtype == DType::F32 ? "f32" : "bf16",
+                static_cast<double>(r.layer.N * r.layer.K * 2) / 1e6, r.buffers, r.us_graph,
+                r.us_stream, r.weight_gbs, 100.0 * r.weight_gbs / copy_gbs, r.tflops);
+  }
+  const cuda::LinearStats st = cuda::linear_stats();
+  std::printf("\ncuBLASLt plans %llu for %llu calls\n", static_cast<unsigned long long>(st.plans),
+              static_cast<unsigned long long>(st.calls));
+
+  if (json_path) {
+    FILE* f = std::fopen(json_path, "w");
+    if (!f) {
+      std::fprintf(stderr, "cannot write %s\n", json_path);
+      return 1;
+    }
+    std::fprintf(f, "{\"device\": \"%s\", \"l2_bytes\": %zu, \"copy_gbs\": %.1f, \"results\": [\n",
+                 dev.name.c_str(), dev.l2_bytes, copy_gbs);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::fprintf(f,
+                   "  {\"model\": \"%s\", \"layer\": \"%s\", \"M\": %lld, \"N\": %lld, \"K\": "
+                   "%lld, \"out\": \"%s\", \"buffers\": %d, \"batch\": %d, \"us_graph\": %.3f, "
+                   "\"us_stream\": %.3f, \"weight_gbs\": %.1f, \"tflops\": %.2f}%s\n",
+                   r.layer.model, r.layer.name, static_cast<long long>(r.M),
+                   static_cast<long long>(r.layer.N), static_cast<long long>(r.layer.K),
+                   r.out_dtype == DType::F32 ? "f32" : "bf16", r.buffers, r.batch, r.us_graph,
+                   r.us_stream, r.weight_gbs, r.tflops, i + 1 < results.size() ? "," : "");
+    }
+    std::fprintf(f, "]}\n");
+    std::fclose(f);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace llmk::bench
+
+int main(int argc, char** argv) {
+  try {
+    return llmk::bench::main_impl(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "linear_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,16 @@
+// KV cache writes: new keys or values land in the cache rows named by their positions.
+#pragma once
+
+#include <cstdint>
+
+namespace llmk::cpu {
+
+// For t in [0, T): cache row positions[t] <- src row t, each row [H, D] floats.
+// cache: [L, H, D], strides (ld_l, ld_h, 1); src: [T, H, D], strides (ld_t, ld_h, 1);
+// positions: [T], pos_stride apart, each already checked to be in [0, L). cache and src must
+// not overlap; with repeated positions the last row written wins.
+void kv_append(float* cache, int64_t cache_ld_l, int64_t cache_ld_h, const float* src,
+               int64_t src_ld_t, int64_t src_ld_h, const int32_t* positions, int64_t pos_stride,
+               int64_t T, int64_t H, int64_t D);
+
+}  // namespace llmk::cpu

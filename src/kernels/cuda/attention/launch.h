@@ -1,0 +1,23 @@
+// The per-head-dim launchers behind attention.h, instantiated in prefill.cu and decode.cu for
+// kD in {64, 128, 256}; attention.cpp checks the arguments and picks the instantiation. Internal
+// to this folder.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/cuda/attention/attention.h"
+
+namespace llmk::cuda::attn {
+
+template <int kD>
+void launch_prefill(const AttentionArgs& a);
+
+// Dynamic shared memory of one decode block serving `group` query heads.
+template <int kD>
+size_t decode_smem_bytes(int group);
+// `split` blocks (a cluster, 1..kDecodeMaxSplit) share the keys of one (query, KV head).
+constexpr int kDecodeMaxSplit = 8;  // the portable cluster size
+template <int kD>
+void launch_decode(const AttentionArgs& a, int split);
+
+}  // namespace llmk::cuda::attn

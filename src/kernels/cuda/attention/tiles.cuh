@@ -1,0 +1,88 @@
+// Device pieces shared by the attention kernels: asynchronous 16-byte tile copies into shared
+// memory (cp.async) and the warp-level bf16 tensor-core instructions (ldmatrix, mma.sync
+// m16n8k16) as inline PTX. Included by the attention .cu files only.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
+namespace llmk::cuda::attn {
+
+using bf16 = __nv_bfloat16;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; when !valid the destination is zero-filled and
+// nothing is read (src must still be a valid address).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `pending` of this thread's committed groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+}
+
+// Copies rows [0, kRows) of a [rows, kD] bf16 tile (row stride `stride` elements) into shared
+// memory with row pitch kPitch; rows >= valid_rows are zero-filled and not read.
+template <int kRows, int kD, int kPitch, int kThreads>
+__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, int64_t stride,
+                                                int valid_rows) {
+  constexpr int kChunksPerRow = kD / 8;
+  for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += kThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const bool valid = r < valid_rows;
+    cp_async_16(dst + r * kPitch + col, valid ? src + r * stride + col : src, valid);
+  }
+}
+
+// Four 8x8 b16 matrices; lane l supplies the address of row (l % 8) of matrix l / 8. Thread t
+// receives elements (t / 4, 2 (t % 4) + {0, 1}) of each matrix (.trans: the transpose).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c (16x8 f32) += a (16x16 bf16, row-major) * b (16x8 bf16, column-major).
+// Fragments (t = lane): a: {(t/4, 2(t%4)), (t/4+8, 2(t%4)), (t/4, 2(t%4)+8), (t/4+8, 2(t%4)+8)},
+// each two consecutive columns; b: {(k = 2(t%4), n = t/4), (k + 8, n)}, two consecutive k;
+// c: {(t/4, 2(t%4) + {0,1}), (t/4 + 8, 2(t%4) + {0,1})}.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as a bf16 pair (x in the low half), the register layout mma fragments use.
+__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The logit of a raw dot product q.k in the log2 domain (so softmax can use exp2).
+__device__ __forceinline__ float logit_log2(float dot, float scale, float softcap) {
+  float s = dot * scale;
+  if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+  return s * kLog2e;
+}
+
+}  // namespace llmk::cuda::attn

@@ -1,0 +1,130 @@
+// Shared device helpers for the CUDA kernels: bf16 conversion, warp/block reductions, sizes.
+// Included by .cu files only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/cuda/check.h"
+#include "core/cuda/stream.h"
+
+namespace llmk::cuda {
+
+constexpr int kWarp = 32;
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+// True when `p` is a multiple of `bytes` (a power of two): the condition for vector accesses.
+__host__ __device__ inline bool is_aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// N consecutive bf16 (N = 1, 2, 4 or 8, the address aligned to 2N bytes) <-> N floats, in one
+// access of 2N bytes (16 for N = 8).
+template <int N>
+__device__ __forceinline__ void load_bf16(const __nv_bfloat16* p, float (&f)[N]) {
+  static_assert(N == 1 || N == 2 || N == 4 || N == 8, "load_bf16: N must be 1, 2, 4 or 8");
+  if constexpr (N == 1) {
+    f[0] = __bfloat162float(*p);
+  } else {
+    using Raw = std::conditional_t<N == 2, uint32_t, std::conditional_t<N == 4, uint2, uint4>>;
+    const Raw raw = *reinterpret_cast<const Raw*>(p);
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      const float2 v = __bfloat1622float2(h[k]);
+      f[2 * k] = v.x;
+      f[2 * k + 1] = v.y;
+    }
+  }
+}
+template <int N>
+__device__ __forceinline__ void store_bf16(__nv_bfloat16* p, const float (&f)[N]) {
+  static_assert(N == 1 || N == 2 || N == 4 || N == 8, "store_bf16: N must be 1, 2, 4 or 8");
+  if constexpr (N == 1) {
+    *p = __float2bfloat16_rn(f[0]);
+  } else {
+    using Raw = std::conditional_t<N == 2, uint32_t, std::conditional_t<N == 4, uint2, uint4>>;
+    Raw raw;
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+    *reinterpret_cast<Raw*>(p) = raw;
+  }
+}
+// Rounds each value to bf16 and back, as storing and reloading would.
+template <int N>
+__device__ __forceinline__ void round_to_bf16(float (&f)[N]) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) f[k] = __bfloat162float(__float2bfloat16_rn(f[k]));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds blockDim.x / 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = (blockDim.x + kWarp - 1) / kWarp;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+// Maximum over the block; every thread gets the result. `scratch` holds blockDim.x / 32 floats.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = (blockDim.x + kWarp - 1) / kWarp;
+  v = warp_max(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+// Threads for a block that gives each of `work` items one thread: a multiple of the warp size
+// in [kWarp, max_threads].
+inline int block_threads_for(int64_t work, int max_threads) {
+  const int64_t t = ceil_div(work, kWarp) * kWarp;
+  return static_cast<int>(t < kWarp ? kWarp : (t > max_threads ? max_threads : t));
+}
+
+// gridDim.y and gridDim.z are at most 65535: kernels loop when there are more rows.
+constexpr int64_t kMaxGridY = 65535;
+
+}  // namespace llmk::cuda

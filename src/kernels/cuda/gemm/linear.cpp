@@ -1,0 +1,317 @@
+#include "kernels/cuda/gemm/linear.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "core/cuda/allocator.h"
+#include "core/cuda/check.h"
+#include "core/cuda/stream.h"
+#include "core/error.h"
+#include "kernels/cuda/gemm/bias.h"
+
+namespace llmk::cuda {
+
+namespace {
+
+// "M=7 N=896 K=896 (x bf16 ld 896, w bf16 ld 896, out f32 ld 896, bias bf16)"
+std::string describe(const LinearArgs& a) {
+  return fmt::format("M={} N={} K={} (x bf16 ld {}, w bf16 ld {}, out {} ld {}, bias {})", a.M, a.N,
+                     a.K, a.ldx, a.ldw, dtype_name(a.out_dtype), a.ldo,
+                     a.bias ? dtype_name(a.bias_dtype) : std::string_view("none"));
+}
+
+[[noreturn]] void throw_status(cublasStatus_t s, std::string_view call, std::string_view what) {
+  LLMK_FAIL("cuda::linear: {} failed: {} ({}) for {}", call, cublasLtGetStatusName(s),
+            cublasLtGetStatusString(s), what);
+}
+
+void check_status(cublasStatus_t s, std::string_view call, const LinearArgs& a) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw_status(s, call, describe(a));
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::BF16:
+      return CUDA_R_16BF;
+    case DType::F32:
+      return CUDA_R_32F;
+    default:
+      LLMK_FAIL("cuda::linear: dtype {} is not supported (bf16 or f32)", dtype_name(t));
+  }
+}
+
+// Largest power of two, up to 256, that divides the address: cuBLASLt's heuristic assumes 256
+// unless told, and a kernel that needs more alignment than a pointer has reads wrong addresses.
+uint32_t alignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  return v == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, v & (~v + 1)));
+}
+
+// The epilogue reads the bias with vector loads; a bias not 16-byte aligned takes the kernel.
+constexpr uint32_t kBiasEpilogueAlignment = 16;
+
+void add_bias(const LinearArgs& a, bool assign, cudaStream_t stream) {
+  LLMK_CHECK(
+      add_bias_rows(a.out, a.out_dtype, a.ldo, a.bias, a.bias_dtype, a.M, a.N, assign, stream),
+      "cuda::linear: no bias kernel for {}", describe(a));
+}
+
+template <typename T, auto Destroy>
+struct LtDeleter {
+  void operator()(T* p) const { (void)Destroy(p); }
+};
+using MatmulDesc = std::unique_ptr<
+    std::remove_pointer_t<cublasLtMatmulDesc_t>,
+    LtDeleter<std::remove_pointer_t<cublasLtMatmulDesc_t>, cublasLtMatmulDescDestroy>>;
+using Layout = std::unique_ptr<
+    std::remove_pointer_t<cublasLtMatrixLayout_t>,
+    LtDeleter<std::remove_pointer_t<cublasLtMatrixLayout_t>, cublasLtMatrixLayoutDestroy>>;
+using Preference = std::unique_ptr<
+    std::remove_pointer_t<cublasLtMatmulPreference_t>,
+    LtDeleter<std::remove_pointer_t<cublasLtMatmulPreference_t>, cublasLtMatmulPreferenceDestroy>>;
+
+struct Counters {
+  std::atomic<uint64_t> calls{0}, plans{0}, bias_epilogue{0}, bias_kernel{0};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+enum class BiasKind : uint8_t { None, BF16, F32 };
+
+// Everything the chosen algorithm depends on. Pointers enter only through their alignment.
+struct PlanKey {
+  int64_t M, N, K, ldx, ldw, ldo;
+  DType out_dtype;
+  BiasKind bias;
+  bool bias_aligned;
+  uint32_t align_x, align_w, align_out;
+  auto operator<=>(const PlanKey&) const = default;
+};
+
+struct Plan {
+  MatmulDesc desc;
+  Layout w_layout, x_layout, out_layout;
+  cublasLtMatmulAlgo_t algo{};
+  bool bias_in_epilogue = false;
+};
+
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v,
+              const LinearArgs& a) {
+  check_status(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v),
+               "cublasLtMatmulDescSetAttribute", a);
+}
+
+template <typename T>
+void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const T& v,
+              const LinearArgs& a) {
+  check_status(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof v),
+               "cublasLtMatmulPreferenceSetAttribute", a);
+}
+
+Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                   const LinearArgs& a) {
+  cublasLtMatrixLayout_t l = nullptr;
+  check_status(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows),
+                                          static_cast<uint64_t>(cols), ld),
+               "cublasLtMatrixLayoutCreate", a);
+  return Layout(l);
+}
+
+// The process-wide cuBLASLt state. Never destroyed: the handle and the workspace must outlive
+// tensors and graphs released during static destruction.
+class Lt {
+ public:
+  static Lt& get() {
+    static Lt* const lt = new Lt();
+    return *lt;
+  }
+
+  void run(const LinearArgs& a);
+
+ private:
+  Lt() {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    LLMK_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &capture));
+    LLMK_CHECK(capture == cudaStreamCaptureStatusNone,
+               "cuda::linear: the first call is inside CUDA graph capture, but it allocates the "
+               "{} MiB workspace; run one linear outside capture first",
+               kLinearWorkspaceBytes >> 20);
+    const cublasStatus_t s = cublasLtCreate(&handle_);
+    if (s != CUBLAS_STATUS_SUCCESS) throw_status(s, "cublasLtCreate", "the process-wide handle");
+    workspace_ = allocator().allocate(kLinearWorkspaceBytes);
+  }
+
+  const Plan& plan(const PlanKey& key, const LinearArgs& a);
+  bool find_algo(Plan& p, const PlanKey& key, const LinearArgs& a, bool lenient);
+
+  std::mutex mu_;  // guards plans_ and the bias pointer set on a shared descriptor
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<PlanKey, Plan> plans_;
+};
+
+// Asks the heuristic for its best algorithm under the plan's descriptor; false when it has none.
+// `lenient`: a descriptor the heuristic calls invalid also gives false (else that throws).
+bool Lt::find_algo(Plan& p, const PlanKey& key, const LinearArgs& a, bool lenient) {
+  cublasLtMatmulPreference_t raw = nullptr;
+  check_status(cublasLtMatmulPreferenceCreate(&raw), "cublasLtMatmulPreferenceCreate", a);
+  const Preference pref(raw);
+  set_pref(raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kLinearWorkspaceBytes}, a);
+  set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w, a);
+  set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x, a);
+  set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out, a);
+  set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out, a);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(
+      handle_, p.desc.get(), p.w_layout.get(), p.x_layout.get(), p.out_layout.get(),
+      p.out_layout.get(), raw, 1, &result, &found);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || (lenient && s == CUBLAS_STATUS_INVALID_VALUE)) {
+    return false;
+  }
+  check_status(s, "cublasLtMatmulAlgoGetHeuristic", a);
+  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) return false;
+  p.algo = result.algo;
+  return true;
+}
+
+// A matmul descriptor for out^T [N, M] = op(A) @ B in column-major terms, with A = w stored
+// [K, N] (transposed: [N, K]) and B = x stored [K, M]; with the bias epilogue when asked (its
+// bias has the output's dtype: cuBLASLt's default).
+MatmulDesc make_desc(bool bias_epilogue, const LinearArgs& a) {
+  cublasLtMatmulDesc_t raw = nullptr;
+  check_status(cublasLtMatmulDescCreate(&raw, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "cublasLtMatmulDescCreate", a);
+  MatmulDesc desc(raw);
+  set_desc(raw, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(CUBLAS_OP_T), a);
+  set_desc(raw, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(CUBLAS_OP_N), a);
+  if (bias_epilogue) {
+    set_desc(raw, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS), a);
+  }
+  return desc;
+}
+
+const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
+  if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
+
+  Plan p;
+  p.w_layout = make_layout(CUDA_R_16BF, a.K, a.N, a.ldw, a);
+  p.x_layout = make_layout(CUDA_R_16BF, a.K, a.M, a.ldx, a);
+  p.out_layout = make_layout(cuda_type(a.out_dtype), a.N, a.M, a.ldo, a);
+  // The bias goes in the epilogue when it has the output's dtype, the only bias dtype cuBLASLt
+  // documents for bf16/f32 outputs (asking for the other through BIAS_DATA_TYPE makes the
+  // heuristic answer CUBLAS_STATUS_INVALID_VALUE on cuBLASLt 13 / H100). Any other bias, an
+  // under-aligned one, or one whose epilogue the heuristic rejects, is added by a separate kernel.
+  bool found = false;
+  const bool same_dtype = (key.bias == BiasKind::BF16 && a.out_dtype == DType::BF16) ||
+                          (key.bias == BiasKind::F32 && a.out_dtype == DType::F32);
+  if (same_dtype && key.bias_aligned) {
+    p.desc = make_desc(true, a);
+    found = p.bias_in_epilogue = find_algo(p, key, a, /*lenient=*/true);
+  }
+  if (!found) {
+    p.desc = make_desc(false, a);
+    found = find_algo(p, key, a, /*lenient=*/false);
+  }
+  LLMK_CHECK(found,
+             "cuda::linear: cuBLASLt has no algorithm for {} (pointer alignments x {} B, w {} B, "
+             "out {} B)",
+             describe(a), key.align_x, key.align_w, key.align_out);
+  ++counters().plans;
+  return plans_.emplace(key, std::move(p)).first->second;
+}
+
+void Lt::run(const LinearArgs& a) {
+  const PlanKey key{a.M,
+                    a.N,
+                    a.K,
+                    a.ldx,
+                    a.ldw,
+                    a.ldo,
+                    a.out_dtype,
+                    !a.bias                       ? BiasKind::None
+                    : a.bias_dtype == DType::BF16 ? BiasKind::BF16
+                                                  : BiasKind::F32,
+                    alignment(a.bias) >= kBiasEpilogueAlignment,
+                    alignment(a.x),
+                    alignment(a.w),
+                    alignment(a.out)};
+  const cudaStream_t stream = current_stream();
+  bool bias_kernel = false;
+  {
+    std::lock_guard lock(mu_);
+    const Plan& p = plan(key, a);
+    if (p.bias_in_epilogue) {
+      set_desc(p.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias, a);
+      ++counters().bias_epilogue;
+    } else if (a.bias) {
+      bias_kernel = true;
+      ++counters().bias_kernel;
+    }
+    const float alpha = 1.0f, beta = 0.0f;  // beta = 0: out is not read (it may hold NaN)
+    check_status(
+        cublasLtMatmul(handle_, p.desc.get(), &alpha, a.w, p.w_layout.get(), a.x, p.x_layout.get(),
+                       &beta, a.out, p.out_layout.get(), a.out, p.out_layout.get(), &p.algo,
+                       workspace_, kLinearWorkspaceBytes, stream),
+        "cublasLtMatmul", a);
+    ++counters().calls;
+  }
+  if (bias_kernel) add_bias(a, false, stream);
+}
+
+void check_args(const LinearArgs& a) {
+  LLMK_CHECK(a.M >= 0 && a.N >= 0 && a.K >= 0, "cuda::linear: negative size in {}", describe(a));
+  LLMK_CHECK(a.out_dtype == DType::BF16 || a.out_dtype == DType::F32,
+             "cuda::linear: out must be bf16 or f32 in {}", describe(a));
+  LLMK_CHECK(!a.bias || a.bias_dtype == DType::BF16 || a.bias_dtype == DType::F32,
+             "cuda::linear: bias must be bf16 or f32 in {}", describe(a));
+  LLMK_CHECK(a.ldx >= a.K && a.ldw >= a.K && a.ldo >= a.N,
+             "cuda::linear: a leading dimension is shorter than its row in {}", describe(a));
+}
+
+}  // namespace
+
+void linear(const LinearArgs& args) {
+  LinearArgs a = args;
+  // A single row has no row stride to speak of: normalise it so that views with any stride share
+  // one plan, and cuBLASLt sees a valid leading dimension.
+  if (a.M <= 1) {
+    a.ldx = a.K;
+    a.ldo = a.N;
+  }
+  if (a.N <= 1) a.ldw = a.K;
+  check_args(a);
+  if (a.M == 0 || a.N == 0) return;
+  a.ldx = std::max<int64_t>(a.ldx, 1);
+  a.ldw = std::max<int64_t>(a.ldw, 1);
+  if (a.K == 0) {  // an empty sum: out = bias, or zeros
+    if (a.bias) {
+      add_bias(a, true, current_stream());
+    } else {
+      const size_t es = a.out_dtype == DType::F32 ? 4 : 2;
+      LLMK_CUDA_CHECK(cudaMemset2DAsync(a.out, static_cast<size_t>(a.ldo) * es, 0,
+                                        static_cast<size_t>(a.N) * es, static_cast<size_t>(a.M),
+                                        current_stream()));
+    }
+    return;
+  }
+  Lt::get().run(a);
+}
+
+LinearStats linear_stats() {
+  const Counters& c = counters();
+  return {c.calls.load(), c.plans.load(), c.bias_epilogue.load(), c.bias_kernel.load()};
+}
+
+}  // namespace llmk::cuda

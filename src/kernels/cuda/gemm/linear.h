@@ -1,0 +1,62 @@
+// Linear layer on the GPU through cuBLASLt: out = x @ w^T (+ bias), bf16 operands, fp32
+// accumulation, bf16 or f32 output.
+//
+// Bias: cuBLASLt's bias epilogue takes a bias of the output's dtype only (a bf16 bias for a bf16
+// out, f32 for f32; the other pairing is rejected by its heuristic). Such a bias is fused. A bias
+// of the other dtype is added by a small kernel after the GEMM (bias.h): one more launch, and the
+// output read and written once more; for a bf16 out the sum is then rounded twice. Keep biases
+// in the dtype of the outputs they feed (bf16 for Q/K/V) to stay on the fused path.
+//
+// Row-major in, row-major out: a row-major [R, C] matrix is the column-major [C, R] one, so the
+// product is computed as out^T [N, M] = w [N, K] @ x^T [K, M] in column-major terms ("TN": w
+// transposed, x not), which is also cuBLASLt's fastest layout for these operands.
+//
+// One process-wide cuBLASLt handle and one 32 MiB workspace (allocated once, from the caching
+// allocator, on the first call). Each distinct problem (shapes, leading dimensions, dtypes,
+// bias, pointer alignments) gets a plan on first sight: descriptors, layouts and the algorithm
+// cuBLASLt's heuristic picks; later calls reuse it, so a steady-state call does no heuristic
+// search, no allocation and no host synchronisation, and can be captured in a CUDA graph. Make
+// the first call outside graph capture (the workspace is allocated then); a later first sight of
+// a new problem inside a capture is fine (plans are host-only).
+//
+// The workspace is shared: calls run in order on one stream at a time (as everywhere in llmk);
+// two threads running linear on different streams at once would race on it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace llmk::cuda {
+
+inline constexpr size_t kLinearWorkspaceBytes = size_t{32} << 20;
+
+struct LinearArgs {
+  void* out = nullptr;  // [M, N] in out_dtype (BF16 or F32), rows ldo elements apart
+  DType out_dtype = DType::BF16;
+  int64_t ldo = 0;
+  const void* x = nullptr;  // [M, K] bf16, rows ldx elements apart
+  int64_t ldx = 0;
+  const void* w = nullptr;  // [N, K] bf16, rows ldw elements apart
+  int64_t ldw = 0;
+  const void* bias = nullptr;  // [N] in bias_dtype (BF16 or F32), contiguous; or null
+  DType bias_dtype = DType::BF16;
+  int64_t M = 0, N = 0, K = 0;
+};
+
+// out = x @ w^T + bias, enqueued on cuda::current_stream(). Leading dimensions must hold a row
+// (ldx, ldw >= K; ldo >= N) unless the matrix has a single row. Throws llmk::Error naming the
+// shapes and the cuBLASLt status on failure.
+void linear(const LinearArgs& a);
+
+// Counters since process start, for tests and benchmarks.
+struct LinearStats {
+  uint64_t calls = 0;          // linear() calls that ran a GEMM
+  uint64_t plans = 0;          // plans created (one heuristic search each)
+  uint64_t bias_epilogue = 0;  // calls whose bias was added in cuBLASLt's epilogue
+  uint64_t bias_kernel = 0;    // calls whose bias was added by a separate kernel (see linear.cpp)
+};
+LinearStats linear_stats();
+
+}  // namespace llmk::cuda

@@ -1,0 +1,162 @@
+// RMS norm, alone and fused with the residual add: one block per row.
+//
+// The vector kernel keeps its row in registers (each thread up to kMaxVecs 16-byte vectors of 8
+// bf16), so the row is read once and written once: 2 * D * 2 bytes per row for rms_norm, 5 * D *
+// 2 for add_rms_norm (x, delta read; x, out written). The scalar kernel takes any width and
+// alignment and reads the row twice (the second read mostly hits the cache).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/rms_norm.h"
+
+namespace llmk::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kVec = 8;      // bf16 per 16-byte access
+constexpr int kMaxVecs = 4;  // vectors a thread holds: rows up to 1024 * 4 * 8 = 32768 wide
+
+struct NormRows {
+  bf16* x;  // written only when delta is set (add_rms_norm)
+  int64_t x_ld;
+  const bf16* delta;  // null: plain rms_norm
+  int64_t delta_ld;
+  bf16* out;
+  int64_t out_ld;
+  int64_t D;
+  const float* w;
+  float eps;
+  bool add_one;
+};
+
+__device__ __forceinline__ float weight(const NormRows& a, float w) {
+  return a.add_one ? 1.0f + w : w;
+}
+
+template <bool kAdd>
+__global__ void rms_norm_vec_kernel(NormRows a) {
+  __shared__ float scratch[kWarp];
+  const int64_t row = blockIdx.x;
+  bf16* x = a.x + row * a.x_ld;
+  bf16* out = a.out + row * a.out_ld;
+  const int64_t nvec = a.D / kVec;
+  float v[kMaxVecs][kVec];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kMaxVecs; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < nvec) {
+      load_bf16<kVec>(x + j * kVec, v[k]);
+      if constexpr (kAdd) {
+        float d[kVec];
+        load_bf16<kVec>(a.delta + row * a.delta_ld + j * kVec, d);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) v[k][e] += d[e];
+        round_to_bf16(v[k]);  // the norm reads the sum as stored
+        store_bf16<kVec>(x + j * kVec, v[k]);
+      }
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) ss += v[k][e] * v[k][e];
+    }
+  }
+  ss = block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(a.D) + a.eps);
+#pragma unroll
+  for (int k = 0; k < kMaxVecs; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < nvec) {
+      const float4 w0 = reinterpret_cast<const float4*>(a.w + j * kVec)[0];
+      const float4 w1 = reinterpret_cast<const float4*>(a.w + j * kVec)[1];
+      const float w[kVec] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+      float y[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) y[e] = v[k][e] * inv * weight(a, w[e]);
+      store_bf16<kVec>(out + j * kVec, y);
+    }
+  }
+}
+
+// Any width and alignment. Each thread reads back only the elements it wrote itself, so x may
+// be updated in place (add) or aliased by out (rms_norm) without further barriers.
+template <bool kAdd>
+__global__ void rms_norm_scalar_kernel(NormRows a) {
+  __shared__ float scratch[kWarp];
+  const int64_t row = blockIdx.x;
+  bf16* x = a.x + row * a.x_ld;
+  bf16* out = a.out + row * a.out_ld;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < a.D; i += blockDim.x) {
+    float v = __bfloat162float(x[i]);
+    if constexpr (kAdd) {
+      const bf16 sum = __float2bfloat16_rn(v + __bfloat162float(a.delta[row * a.delta_ld + i]));
+      x[i] = sum;
+      v = __bfloat162float(sum);
+    }
+    ss += v * v;
+  }
+  ss = block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(a.D) + a.eps);
+  for (int64_t i = threadIdx.x; i < a.D; i += blockDim.x) {
+    out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * inv * weight(a, a.w[i]));
+  }
+}
+
+template <bool kAdd>
+void launch(const NormRows& a, int64_t rows, const char* op) {
+  if (rows == 0) return;
+  const int64_t nvec = a.D / kVec;
+  const bool vec = a.D % kVec == 0 && nvec <= int64_t{1024} * kMaxVecs && is_aligned(a.x, 16) &&
+                   is_aligned(a.out, 16) && is_aligned(a.w, 16) && a.x_ld % kVec == 0 &&
+                   a.out_ld % kVec == 0 &&
+                   (!kAdd || (is_aligned(a.delta, 16) && a.delta_ld % kVec == 0));
+  // One block per row, up to 2^31 - 1 rows.
+  if (vec) {
+    // Two vectors a thread while the row allows it (more loads in flight per row), up to 4.
+    const int threads = block_threads_for(ceil_div(nvec, 2), 1024);
+    rms_norm_vec_kernel<kAdd><<<static_cast<unsigned>(rows), threads, 0, current_stream()>>>(a);
+  } else {
+    const int threads = block_threads_for(a.D, 256);
+    rms_norm_scalar_kernel<kAdd><<<static_cast<unsigned>(rows), threads, 0, current_stream()>>>(a);
+  }
+  check_launch(op);
+}
+
+}  // namespace
+
+void rms_norm(void* out, int64_t out_ld, const void* x, int64_t x_ld, int64_t rows, int64_t D,
+              const float* w, float eps, bool add_one) {
+  // x is only read: the kernel writes x only when delta is set.
+  const NormRows a{static_cast<bf16*>(const_cast<void*>(x)),
+                   x_ld,
+                   nullptr,
+                   0,
+                   static_cast<bf16*>(out),
+                   out_ld,
+                   D,
+                   w,
+                   eps,
+                   add_one};
+  launch<false>(a, rows, "rms_norm");
+}
+
+void add_rms_norm(void* x, int64_t x_ld, const void* delta, int64_t delta_ld, void* out,
+                  int64_t out_ld, int64_t rows, int64_t D, const float* w, float eps,
+                  bool add_one) {
+  const NormRows a{static_cast<bf16*>(x),
+                   x_ld,
+                   static_cast<const bf16*>(delta),
+                   delta_ld,
+                   static_cast<bf16*>(out),
+                   out_ld,
+                   D,
+                   w,
+                   eps,
+                   add_one};
+  if (delta) {
+    launch<true>(a, rows, "add_rms_norm");
+  } else {
+    launch<false>(a, rows, "add_rms_norm");
+  }
+}
+
+}  // namespace llmk::cuda

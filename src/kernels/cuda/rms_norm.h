@@ -1,0 +1,20 @@
+// RMS normalisation on the GPU, alone and fused with the residual add before it. bf16 rows,
+// f32 weights, fp32 math; one block per row.
+#pragma once
+
+#include <cstdint>
+
+namespace llmk::cuda {
+
+// out, x: `rows` rows of D bf16, out_ld / x_ld elements apart (out may alias x exactly);
+// w: [D] f32. y = x / sqrt(mean(x^2) + eps) * w, or * (1 + w) when add_one.
+void rms_norm(void* out, int64_t out_ld, const void* x, int64_t x_ld, int64_t rows, int64_t D,
+              const float* w, float eps, bool add_one);
+
+// x += delta (the sum rounded to bf16 and stored in x), then out = rms_norm(x) of the rounded
+// sum. delta may be null (no add). x, delta, out: `rows` rows of D bf16, *_ld elements apart;
+// out overlaps neither x nor delta; delta may alias x exactly.
+void add_rms_norm(void* x, int64_t x_ld, const void* delta, int64_t delta_ld, void* out,
+                  int64_t out_ld, int64_t rows, int64_t D, const float* w, float eps, bool add_one);
+
+}  // namespace llmk::cuda

@@ -1,0 +1,461 @@
+// ops::linear on CUDA (cuBLASLt) against ops::linear on the CPU.
+//
+// Inputs are drawn fresh for every shape and rounded to bf16 first; the CPU computes in fp32 from
+// the same rounded values, so the comparison measures the GPU path, not the input rounding.
+// Outputs are poisoned (all bits set: NaN in bf16 and f32) before every call, so an element the
+// GPU never wrote fails. Tolerances, against the CPU result `ref`, with u = 2^-8 the unit
+// roundoff of bf16:
+//   bf16 out: ||out - ref|| / ||ref|| <= 5e-3 and max |out - ref| <= 4u * max |ref| (1.6e-2):
+//             one rounding to bf16 costs at most u of the value, and a bias of the other dtype
+//             (added by a kernel after the GEMM's own rounding) costs two;
+//   f32 out:  ||out - ref|| / ||ref|| <= 2e-4 and max |out - ref| <= 2e-3 * max |ref|
+//             (fp32 accumulation in another order, on tensor cores).
+#include "kernels/cuda/gemm/linear.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core/cuda/allocator.h"
+#include "core/cuda/check.h"
+#include "core/cuda/device.h"
+#include "core/cuda/stream.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace llmk {
+namespace {
+
+// splitmix64: fast, seedable, good enough for test data.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  float uniform(float lo, float hi) {  // in [lo, hi)
+    const double u = static_cast<double>(next() >> 11) * 0x1.0p-53;
+    return static_cast<float>(lo + (hi - lo) * u);
+  }
+
+ private:
+  uint64_t next() {
+    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  uint64_t s_;
+};
+
+// Host bf16 tensor of uniform values in [-scale, scale).
+Tensor random_bf16(const Shape& shape, Rng& rng, float scale) {
+  Tensor t = Tensor::empty(shape, DType::BF16);
+  auto* p = t.data<uint16_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = float_to_bf16(rng.uniform(-scale, scale));
+  return t;
+}
+
+Tensor random_f32(const Shape& shape, Rng& rng, float scale) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  auto* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = rng.uniform(-scale, scale);
+  return t;
+}
+
+// A contiguous f32 host copy of a 2-D or 1-D host tensor of bf16 or f32 (any row stride).
+Tensor to_f32(const Tensor& t) {
+  Tensor src = t.ndim() == 1 ? t.view({1, t.dim(0)}) : t;
+  Tensor out = Tensor::empty({src.dim(0), src.dim(1)}, DType::F32);
+  for (int64_t r = 0; r < src.dim(0); ++r) {
+    for (int64_t c = 0; c < src.dim(1); ++c) {
+      const int64_t off = r * src.stride(0) + c * src.stride(1);
+      out.data<float>()[r * src.dim(1) + c] = src.dtype() == DType::BF16
+                                                  ? bf16_to_float(src.data<uint16_t>()[off])
+                                                  : src.data<float>()[off];
+    }
+  }
+  return t.ndim() == 1 ? out.view({t.dim(0)}) : out;
+}
+
+// A device tensor whose every byte is 0xFF: NaN as bf16 and as f32.
+Tensor poisoned_cuda(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype, Device::CUDA);
+  LLMK_CUDA_CHECK(
+      cudaMemsetAsync(t.data(), 0xFF, static_cast<size_t>(t.nbytes()), cuda::current_stream()));
+  return t;
+}
+
+struct Diff {
+  double rel_l2 = 0, max_abs = 0, max_ref = 0;
+  int64_t nonfinite = 0;
+};
+
+// out, ref: f32 host tensors of one shape.
+Diff compare(const Tensor& out, const Tensor& ref) {
+  Diff e;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double o = out.data<float>()[i], r = ref.data<float>()[i];
+    if (!std::isfinite(o)) {
+      ++e.nonfinite;
+      continue;
+    }
+    num += (o - r) * (o - r);
+    den += r * r;
+    e.max_abs = std::max(e.max_abs, std::abs(o - r));
+    e.max_ref = std::max(e.max_ref, std::abs(r));
+  }
+  e.rel_l2 = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0);
+  return e;
+}
+
+struct Tolerance {
+  double rel_l2, max_abs_rel;
+};
+constexpr Tolerance kBf16Tol{5e-3, 4.0 / 256};
+constexpr Tolerance kF32Tol{2e-4, 2e-3};
+
+void expect_close(const Diff& e, DType out_dtype, const std::string& what) {
+  const Tolerance tol = out_dtype == DType::BF16 ? kBf16Tol : kF32Tol;
+  EXPECT_EQ(e.nonfinite, 0) << what << ": elements not written (or not finite)";
+  EXPECT_GT(e.max_ref, 0.0) << what << ": reference is all zeros";
+  EXPECT_LE(e.rel_l2, tol.rel_l2) << what;
+  EXPECT_LE(e.max_abs, tol.max_abs_rel * e.max_ref) << what;
+}
+
+std::string error_message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no llmk::Error thrown>";
+}
+
+class Linear : public ::testing::Test {
+ protected:
+  void SetUp() override { cuda::init(); }
+};
+
+// The output of one GPU call: a [M, N] view of a [M, N + pad] device tensor (pad 0: dense),
+// poisoned in full first.
+struct Out {
+  Tensor wide, view;
+  Out(int64_t M, int64_t N, int64_t pad, DType dtype)
+      : wide(poisoned_cuda({M, N + pad}, dtype)), view(wide.slice(1, 0, N)) {}
+  // The view's values as f32 on the host; checks that the padding kept its poison.
+  Tensor values() const {
+    const Tensor host = wide.to(Device::CPU);
+    const int64_t N = view.dim(1), es = static_cast<int64_t>(element_size(host.dtype()));
+    int64_t touched = 0;
+    for (int64_t m = 0; m < host.dim(0); ++m) {
+      const auto* row = host.data<const uint8_t>() + m * host.stride(0) * es;
+      for (int64_t b = N * es; b < host.dim(1) * es; ++b) touched += row[b] != 0xFF;
+    }
+    EXPECT_EQ(touched, 0) << "bytes written past the last column of out";
+    return to_f32(host.slice(1, 0, N));
+  }
+};
+
+// One (M, N, K) problem: fresh inputs; every bias kind x output dtype, each with dense x and
+// out, a strided x, and a strided out.
+void check_problem(int64_t M, int64_t N, int64_t K, uint64_t seed) {
+  Rng rng(seed);
+  // x is cut from a wider host matrix at column 1, so that the strided device view has an odd
+  // row stride and a 2-byte-aligned start: the least aligned x the op accepts.
+  constexpr int64_t kPad = 5;
+  const Tensor x_wide = random_bf16({M, K + kPad}, rng, 1.0f);
+  const Tensor x_host = x_wide.slice(1, 1, 1 + K);
+  const float w_scale = 1.0f / std::sqrt(static_cast<float>(K));  // outputs of order 1/sqrt(3)
+  const Tensor w_host = random_bf16({N, K}, rng, w_scale);
+  const Tensor b_bf16_host = random_bf16({N}, rng, 0.5f);
+  const Tensor b_f32_host = random_f32({N}, rng, 0.5f);
+
+  const Tensor x32 = to_f32(x_host), w32 = to_f32(w_host);
+  const Tensor x_dense = x_host.to(Device::CUDA);
+  const Tensor x_wide_dev = x_wide.to(Device::CUDA);
+  const Tensor x_strided = x_wide_dev.slice(1, 1, 1 + K);
+  const Tensor w = w_host.to(Device::CUDA);
+  const Tensor b_bf16 = b_bf16_host.to(Device::CUDA), b_f32 = b_f32_host.to(Device::CUDA);
+
+  struct BiasCase {
+    const char* name;
+    const Tensor* dev;
+    const Tensor* host;
+  };
+  const BiasCase biases[] = {
+      {"none", nullptr, nullptr}, {"bf16", &b_bf16, &b_bf16_host}, {"f32", &b_f32, &b_f32_host}};
+  struct Layout {
+    const char* name;
+    const Tensor* x;
+    int64_t out_pad;
+  };
+  const Layout layouts[] = {{"dense", &x_dense, 0},
+                            {"x strided (ld K+5, start +1)", &x_strided, 0},
+                            {"out strided (ld N+3)", &x_dense, 3}};
+  double worst[2] = {0, 0};  // rel-L2 for bf16 and f32 outputs
+  for (const BiasCase& b : biases) {
+    Tensor ref = Tensor::empty({M, N}, DType::F32);
+    if (b.host) {
+      const Tensor b32 = to_f32(*b.host);
+      ops::linear(ref, x32, w32, &b32);
+    } else {
+      ops::linear(ref, x32, w32);
+    }
+    for (DType out_dtype : {DType::BF16, DType::F32}) {
+      for (const Layout& l : layouts) {
+        const std::string what = fmt::format("M={} N={} K={} bias {} out {} {}", M, N, K, b.name,
+                                             dtype_name(out_dtype), l.name);
+        Out out(M, N, l.out_pad, out_dtype);
+        ops::linear(out.view, *l.x, w, b.dev);
+        const Diff e = compare(out.values(), ref);
+        expect_close(e, out_dtype, what);
+        double& wst = worst[out_dtype == DType::BF16 ? 0 : 1];
+        wst = std::max(wst, e.rel_l2);
+      }
+    }
+  }
+  std::printf("  M=%-5lld N=%-6lld K=%-5lld worst rel-L2: bf16 out %.2e, f32 out %.2e\n",
+              static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+              worst[0], worst[1]);
+}
+
+TEST_F(Linear, MatchesTheCpuOverShapesBiasesDtypesAndStrides) {
+  struct Problem {
+    int64_t N, K;
+    std::vector<int64_t> Ms;
+  };
+  // The large products keep to small M so that the CPU reference stays quick.
+  const Problem problems[] = {
+      {896, 896, {1, 2, 7, 64, 333, 2048}},
+      {17, 33, {1, 2, 7, 64, 333, 2048}},
+      {4864, 896, {1, 2, 7, 64, 333}},
+      {4096, 4096, {1, 2, 7, 64}},
+      {151936, 896, {1}},
+  };
+  uint64_t seed = 1;
+  for (const Problem& p : problems) {
+    for (int64_t M : p.Ms) check_problem(M, p.N, p.K, seed++);
+  }
+  const cuda::LinearStats s = cuda::linear_stats();
+  std::printf("  cuBLASLt calls %llu, plans %llu, bias in epilogue %llu, bias by kernel %llu\n",
+              static_cast<unsigned long long>(s.calls), static_cast<unsigned long long>(s.plans),
+              static_cast<unsigned long long>(s.bias_epilogue),
+              static_cast<unsigned long long>(s.bias_kernel));
+  EXPECT_GT(s.bias_epilogue, 0u) << "the epilogue bias path never ran";
+}
+
+// Which path each (out, bias) dtype pair takes; both are checked against the CPU above. A bias
+// of the output's dtype must fuse into the cuBLASLt epilogue; the other pairing takes the kernel.
+TEST_F(Linear, BiasOfTheOutputDtypeFusesIntoTheEpilogue) {
+  Rng rng(3);
+  const Tensor x = random_bf16({7, 896}, rng, 1.0f).to(Device::CUDA);
+  const Tensor w = random_bf16({896, 896}, rng, 0.03f).to(Device::CUDA);
+  for (DType out_dtype : {DType::BF16, DType::F32}) {
+    for (DType bias_dtype : {DType::BF16, DType::F32}) {
+      const Tensor b =
+          (bias_dtype == DType::BF16 ? random_bf16({896}, rng, 0.5f) : random_f32({896}, rng, 0.5f))
+              .to(Device::CUDA);
+      Tensor out = Tensor::empty({7, 896}, out_dtype, Device::CUDA);
+      const cuda::LinearStats s0 = cuda::linear_stats();
+      ops::linear(out, x, w, &b);
+      const cuda::LinearStats s1 = cuda::linear_stats();
+      const bool fused = s1.bias_epilogue == s0.bias_epilogue + 1;
+      EXPECT_TRUE(fused || s1.bias_kernel == s0.bias_kernel + 1);
+      std::printf("  out %s, bias %s: bias %s\n", std::string(dtype_name(out_dtype)).c_str(),
+                  std::string(dtype_name(bias_dtype)).c_str(),
+                  fused ? "in the cuBLASLt epilogue" : "by the separate kernel");
+      EXPECT_EQ(fused, out_dtype == bias_dtype);
+    }
+  }
+  cuda::synchronize();
+}
+
+TEST_F(Linear, EmptyProblems) {
+  Rng rng(7);
+  // K = 0: out = bias (or zeros), written in full.
+  const Tensor x = Tensor::empty({3, 0}, DType::BF16, Device::CUDA);
+  const Tensor w = Tensor::empty({5, 0}, DType::BF16, Device::CUDA);
+  const Tensor b_host = random_bf16({5}, rng, 1.0f);
+  const Tensor b = b_host.to(Device::CUDA);
+  for (DType out_dtype : {DType::BF16, DType::F32}) {
+    Tensor out = poisoned_cuda({3, 5}, out_dtype);
+    ops::linear(out, x, w, &b);
+    const Tensor got = to_f32(out.to(Device::CPU));
+    const Tensor want = to_f32(b_host);
+    for (int64_t m = 0; m < 3; ++m) {
+      for (int64_t n = 0; n < 5; ++n)
+        EXPECT_EQ(got.data<float>()[m * 5 + n], want.data<float>()[n]);
+    }
+    Tensor zeros = poisoned_cuda({3, 5}, out_dtype);
+    ops::linear(zeros, x, w);
+    const Tensor z = to_f32(zeros.to(Device::CPU));
+    for (int64_t i = 0; i < z.numel(); ++i) EXPECT_EQ(z.data<float>()[i], 0.0f);
+  }
+  // M = 0: nothing to do.
+  Tensor none = Tensor::empty({0, 5}, DType::BF16, Device::CUDA);
+  const Tensor x0 = Tensor::empty({0, 8}, DType::BF16, Device::CUDA);
+  const Tensor w8 = random_bf16({5, 8}, rng, 1.0f).to(Device::CUDA);
+  EXPECT_NO_THROW(ops::linear(none, x0, w8));
+  cuda::synchronize();
+}
+
+TEST_F(Linear, SteadyStateCallsNeitherPlanNorAllocate) {
+  Rng rng(11);
+  const Tensor x = random_bf16({3, 320}, rng, 1.0f).to(Device::CUDA);
+  const Tensor w = random_bf16({192, 320}, rng, 0.05f).to(Device::CUDA);
+  const Tensor b = random_bf16({192}, rng, 0.5f).to(Device::CUDA);
+  Tensor out = Tensor::empty({3, 192}, DType::BF16, Device::CUDA);
+  ops::linear(out, x, w, &b);  // first sight: plans
+  const cuda::LinearStats s0 = cuda::linear_stats();
+  const cuda::AllocatorStats a0 = cuda::allocator().stats();
+  for (int i = 0; i < 5; ++i) ops::linear(out, x, w, &b);
+  const cuda::LinearStats s1 = cuda::linear_stats();
+  const cuda::AllocatorStats a1 = cuda::allocator().stats();
+  EXPECT_EQ(s1.plans, s0.plans);
+  EXPECT_EQ(s1.calls, s0.calls + 5);
+  EXPECT_EQ(a1.num_allocs, a0.num_allocs);
+  EXPECT_EQ(a1.num_device_allocs, a0.num_device_allocs);
+  cuda::synchronize();
+}
+
+// Ends a stream capture left open by an exception, so later tests see a usable stream.
+struct CaptureGuard {
+  cudaStream_t stream;
+  bool open = true;
+  ~CaptureGuard() {
+    if (!open) return;
+    cudaGraph_t g = nullptr;
+    (void)cudaStreamEndCapture(stream, &g);
+    if (g) (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+  }
+};
+
+TEST_F(Linear, TwoCallsCapturedInAGraphReplayOnNewInputs) {
+  Rng rng(21);
+  constexpr int64_t M = 5, K = 896, H = 1536, V = 640;  // shapes no other test uses
+  // h = x @ w1^T + b1 (bf16); logits = h @ w2^T (f32): the second reads the first's output.
+  const Tensor w1_host = random_bf16({H, K}, rng, 1.0f / std::sqrt(static_cast<float>(K)));
+  const Tensor b1_host = random_bf16({H}, rng, 0.5f);
+  const Tensor w2_host = random_bf16({V, H}, rng, 1.0f / std::sqrt(static_cast<float>(H)));
+  const Tensor w1 = w1_host.to(Device::CUDA), b1 = b1_host.to(Device::CUDA);
+  const Tensor w2 = w2_host.to(Device::CUDA);
+  Tensor x = Tensor::empty({M, K}, DType::BF16, Device::CUDA);
+  Tensor h = Tensor::empty({M, H}, DType::BF16, Device::CUDA);
+  Tensor logits = Tensor::empty({M, V}, DType::F32, Device::CUDA);
+
+  {  // the workspace exists before capture (as after any eager step)
+    Tensor warm = Tensor::empty({1, 8}, DType::BF16, Device::CUDA);
+    const Tensor xw = random_bf16({1, 16}, rng, 1.0f).to(Device::CUDA);
+    const Tensor ww = random_bf16({8, 16}, rng, 1.0f).to(Device::CUDA);
+    ops::linear(warm, xw, ww);
+    cuda::synchronize();
+  }
+  const cuda::LinearStats s0 = cuda::linear_stats();
+  const cuda::AllocatorStats a0 = cuda::allocator().stats();
+
+  const cudaStream_t stream = cuda::current_stream();
+  cudaGraph_t graph = nullptr;
+  {
+    LLMK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    CaptureGuard guard{stream};
+    ops::linear(h, x, w1, &b1);
+    ops::linear(logits, h, w2);
+    guard.open = false;
+    LLMK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  }
+  cudaGraphExec_t exec = nullptr;
+  LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cuda::LinearStats s1 = cuda::linear_stats();
+  EXPECT_EQ(s1.plans, s0.plans + 2);  // both planned during capture
+  EXPECT_EQ(s1.calls, s0.calls + 2);
+
+  const Tensor w1_32 = to_f32(w1_host), b1_32 = to_f32(b1_host), w2_32 = to_f32(w2_host);
+  for (int replay = 0; replay < 3; ++replay) {
+    const Tensor x_host = random_bf16({M, K}, rng, 1.0f);  // new inputs, same buffer
+    cuda::memcpy_sync(x.data(), x_host.data(), static_cast<size_t>(x_host.nbytes()),
+                      cudaMemcpyHostToDevice);
+    LLMK_CUDA_CHECK(cudaMemsetAsync(h.data(), 0xFF, static_cast<size_t>(h.nbytes()), stream));
+    LLMK_CUDA_CHECK(
+        cudaMemsetAsync(logits.data(), 0xFF, static_cast<size_t>(logits.nbytes()), stream));
+    LLMK_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    cuda::synchronize();
+
+    Tensor h_ref = Tensor::empty({M, H}, DType::F32);
+    ops::linear(h_ref, to_f32(x_host), w1_32, &b1_32);
+    expect_close(compare(to_f32(h.to(Device::CPU)), h_ref), DType::BF16,
+                 fmt::format("replay {}: h", replay));
+    // The second product's reference starts from the GPU's own bf16 h, as the GPU did.
+    Tensor logits_ref = Tensor::empty({M, V}, DType::F32);
+    ops::linear(logits_ref, to_f32(h.to(Device::CPU)), w2_32);
+    expect_close(compare(logits.to(Device::CPU), logits_ref), DType::F32,
+                 fmt::format("replay {}: logits", replay));
+  }
+  const cuda::AllocatorStats a1 = cuda::allocator().stats();
+  EXPECT_EQ(a1.num_device_allocs, a0.num_device_allocs);
+  EXPECT_EQ(cuda::linear_stats().plans, s1.plans);
+  LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+TEST_F(Linear, ArgumentErrors) {
+  Rng rng(31);
+  const Tensor x = random_bf16({3, 64}, rng, 1.0f).to(Device::CUDA);
+  const Tensor w = random_bf16({10, 64}, rng, 1.0f).to(Device::CUDA);
+  Tensor out = Tensor::empty({3, 10}, DType::BF16, Device::CUDA);
+
+  const Tensor wq = Tensor::empty({10, 256}, DType::Q4_K, Device::CUDA);
+  const Tensor x256 = random_bf16({3, 256}, rng, 1.0f).to(Device::CUDA);
+  std::string msg = error_message([&] { ops::linear(out, x256, wq); });
+  EXPECT_NE(msg.find("ops::linear: w is q4_k"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("convert block-quantised weights to bf16 at load"), std::string::npos) << msg;
+
+  const Tensor x_f32 = Tensor::empty({3, 64}, DType::F32, Device::CUDA);
+  msg = error_message([&] { ops::linear(out, x_f32, w); });
+  EXPECT_NE(msg.find("ops::linear: x is f32[3, 64]@cuda but must be bf16"), std::string::npos)
+      << msg;
+
+  Tensor out_f16 = Tensor::empty({3, 10}, DType::F16, Device::CUDA);
+  msg = error_message([&] { ops::linear(out_f16, x, w); });
+  EXPECT_NE(msg.find("out is f16[3, 10]@cuda but must be bf16 or f32 on CUDA"), std::string::npos)
+      << msg;
+
+  const Tensor b_bad = Tensor::empty({11}, DType::BF16, Device::CUDA);
+  msg = error_message([&] { ops::linear(out, x, w, &b_bad); });
+  EXPECT_NE(msg.find("bias"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[10]"), std::string::npos) << msg;
+
+  const Tensor b_i32 = Tensor::empty({10}, DType::I32, Device::CUDA);
+  msg = error_message([&] { ops::linear(out, x, w, &b_i32); });
+  EXPECT_NE(msg.find("bias is i32[10]@cuda but must be bf16 or f32"), std::string::npos) << msg;
+
+  const Tensor x_cpu = Tensor::empty({3, 64}, DType::BF16);
+  msg = error_message([&] { ops::linear(out, x_cpu, w); });
+  EXPECT_NE(msg.find("one device"), std::string::npos) << msg;
+
+  Tensor out_bad = Tensor::empty({3, 11}, DType::BF16, Device::CUDA);
+  msg = error_message([&] { ops::linear(out_bad, x, w); });
+  EXPECT_NE(msg.find("out"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[3, 10]"), std::string::npos) << msg;
+
+  const Tensor xt = Tensor::empty({64, 3}, DType::BF16, Device::CUDA).transpose(0, 1);
+  msg = error_message([&] { ops::linear(out, xt, w); });
+  EXPECT_NE(msg.find("contiguous last dimension"), std::string::npos) << msg;
+
+  Tensor xy = Tensor::empty({3, 74}, DType::BF16, Device::CUDA);
+  Tensor xa = xy.slice(1, 0, 64), ya = xy.slice(1, 64, 74);
+  msg = error_message([&] { ops::linear(ya, xa, w); });
+  EXPECT_NE(msg.find("overlaps"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace llmk

@@ -1,0 +1,294 @@
+// ops::rms_norm, ops::add_rms_norm and ops::rope on CUDA against the same ops on the CPU, fed
+// the same bf16-rounded inputs (tolerances in ops_gpu_util.h: kBf16Out, rel L2 <= 4.5e-3 and
+// max abs <= 2^-7 max |ref|, for bf16 outputs of fp32 math; RoPE's angle accuracy has its own
+// sharper test). Views start at column 0 (16-byte
+// aligned, the vector kernels) and at column 1 (odd offsets, the scalar kernels); outputs are
+// poisoned and their padding must stay so. CudaOpBench prints achieved bandwidth.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ops_gpu_util.h"
+
+namespace llmk::gpu_test {
+namespace {
+
+std::string label(const char* op, int64_t rows, int64_t D, int64_t offset, bool add_one) {
+  return std::string(op) + " rows=" + std::to_string(rows) + " D=" + std::to_string(D) +
+         " offset=" + std::to_string(offset) + " add_one=" + std::to_string(add_one);
+}
+
+using CudaOpRmsNorm = CudaOpTest;
+
+TEST_F(CudaOpRmsNorm, MatchesCpu) {
+  uint32_t seed = 1;
+  for (int64_t rows : {1, 3, 17, 300}) {
+    for (int64_t D : {1, 3, 17, 127, 576, 1000, 4096, 4099}) {
+      for (int64_t offset : {0, 1}) {
+        const bool add_one = (seed & 1) != 0;
+        const std::string what = label("rms_norm", rows, D, offset, add_one);
+        // x: columns [offset, offset + D) of a [rows, D + 8] bf16 buffer; out likewise.
+        const Tensor x_host = random_host({rows, D + 8}, DType::BF16, seed++, -3, 3);
+        const Tensor w_host = random_host({D}, DType::F32, seed++, -2, 2);
+        const Tensor x_dev = x_host.to(Device::CUDA), w = w_host.to(Device::CUDA);
+        Tensor out_dev = poisoned_cuda({rows, D + 8}, DType::BF16);
+        Tensor out = out_dev.slice(1, offset, offset + D);
+        ops::rms_norm(out, x_dev.slice(1, offset, offset + D), w, 1e-5f, add_one);
+        Tensor ref = Tensor::empty({rows, D}, DType::F32);
+        ops::rms_norm(ref, to_f32(x_host.slice(1, offset, offset + D)), w_host, 1e-5f, add_one);
+        const Tensor got = out_dev.to(Device::CPU);
+        expect_close(got.slice(1, offset, offset + D), ref, kBf16Out, what);
+        EXPECT_EQ(unpoisoned(got.slice(1, 0, offset)) + unpoisoned(got.slice(1, offset + D, D + 8)),
+                  0)
+            << what << ": wrote outside out";
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpRmsNorm, InPlaceAndLeadingDims) {
+  // x: [2, 3, 640] normalised in place, as a view that merges into one run of 6 rows.
+  const Tensor x_host = random_host({2, 3, 640}, DType::BF16, 5, -2, 2);
+  const Tensor w_host = random_host({640}, DType::F32, 6);
+  Tensor x = x_host.to(Device::CUDA);
+  const Tensor w = w_host.to(Device::CUDA);
+  ops::rms_norm(x, x, w, 1e-6f);
+  Tensor ref = Tensor::empty({2, 3, 640}, DType::F32);
+  ops::rms_norm(ref, to_f32(x_host), w_host, 1e-6f);
+  expect_close(x.to(Device::CPU), ref, kBf16Out, "rms_norm in place");
+}
+
+using CudaOpAddRmsNorm = CudaOpTest;
+
+TEST_F(CudaOpAddRmsNorm, MatchesSeparateAddAndNormOnCpu) {
+  uint32_t seed = 100;
+  for (int64_t rows : {1, 3, 17, 300}) {
+    for (int64_t D : {1, 3, 17, 127, 576, 1000, 4096, 4099}) {
+      for (int64_t offset : {0, 1}) {
+        for (bool with_delta : {true, false}) {
+          const bool add_one = (seed & 2) != 0;
+          const std::string what = label("add_rms_norm", rows, D, offset, add_one) +
+                                   (with_delta ? " delta" : " no delta");
+          const Tensor x_host = random_host({rows, D + 8}, DType::BF16, seed++, -3, 3);
+          const Tensor d_host = random_host({rows, D + 8}, DType::BF16, seed++, -3, 3);
+          const Tensor w_host = random_host({D}, DType::F32, seed++, -2, 2);
+          Tensor x_dev = x_host.to(Device::CUDA);
+          const Tensor d_dev = d_host.to(Device::CUDA), w = w_host.to(Device::CUDA);
+          Tensor out_dev = poisoned_cuda({rows, D + 8}, DType::BF16);
+          Tensor x = x_dev.slice(1, offset, offset + D);
+          Tensor out = out_dev.slice(1, offset, offset + D);
+          ops::add_rms_norm(x, with_delta ? d_dev.slice(1, offset, offset + D) : Tensor(), out, w,
+                            1e-5f, add_one);
+          // CPU: the f32 sum, rounded to bf16 as the contract says, then the norm of that.
+          Tensor sum = to_f32(x_host.slice(1, offset, offset + D));
+          if (with_delta) ops::add(sum, sum, to_f32(d_host.slice(1, offset, offset + D)));
+          Tensor sum_bf16 = Tensor::empty({rows, D}, DType::BF16);
+          ops::copy(sum_bf16, sum);
+          Tensor ref = Tensor::empty({rows, D}, DType::F32);
+          ops::rms_norm(ref, to_f32(sum_bf16), w_host, 1e-5f, add_one);
+          const Tensor x_got = x_dev.to(Device::CPU), out_got = out_dev.to(Device::CPU);
+          expect_bf16_exact(x_got.slice(1, offset, offset + D), sum, what + " (x)");
+          expect_close(out_got.slice(1, offset, offset + D), ref, kBf16Out, what);
+          // x outside the view is untouched; out outside the view still poisoned.
+          EXPECT_EQ(compare(x_got.slice(1, 0, offset), x_host.slice(1, 0, offset)).max_abs, 0.0);
+          EXPECT_EQ(compare(x_got.slice(1, offset + D, D + 8), x_host.slice(1, offset + D, D + 8))
+                        .max_abs,
+                    0.0)
+              << what;
+          EXPECT_EQ(unpoisoned(out_got.slice(1, 0, offset)) +
+                        unpoisoned(out_got.slice(1, offset + D, D + 8)),
+                    0)
+              << what << ": wrote outside out";
+        }
+      }
+    }
+  }
+}
+
+using CudaOpRope = CudaOpTest;
+
+struct RopeCase {
+  int64_t T, H, D;
+  int rot_dim;
+  ops::RopeLayout layout;
+  float freq_scale;
+  bool factors;
+  bool unaligned;  // odd strides and start: the element-by-element kernels
+};
+
+TEST_F(CudaOpRope, MatchesCpu) {
+  using L = ops::RopeLayout;
+  const RopeCase cases[] = {
+      {1, 32, 128, 0, L::HalfSplit, 1.0f, false, false},    // Llama decode
+      {17, 9, 64, 0, L::Adjacent, 1.0f, false, false},      // SmolLM2 from GGUF
+      {300, 14, 64, 0, L::HalfSplit, 1.0f, true, false},    // llama3 factors
+      {33, 4, 128, 64, L::HalfSplit, 0.25f, false, false},  // partial, scaled
+      {5, 3, 80, 40, L::Adjacent, 1.0f, true, false},       // rot/2 = 20: not a multiple of 8
+      {7, 5, 96, 48, L::HalfSplit, 1.0f, false, false},     // half 24: vectors of 8
+      {9, 3, 18, 0, L::HalfSplit, 1.0f, false, false},      // half 9: element by element
+      {9, 3, 18, 10, L::Adjacent, 0.5f, true, true},
+      {64, 8, 128, 0, L::HalfSplit, 1.0f, true, true},
+      {3, 2, 256, 0, L::Adjacent, 1.0f, false, false},  // Gemma-sized head
+  };
+  uint32_t seed = 500;
+  for (const RopeCase& c : cases) {
+    const int rot = c.rot_dim == 0 ? static_cast<int>(c.D) : c.rot_dim;
+    const std::string what = "rope T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
+                             " D=" + std::to_string(c.D) + " rot=" + std::to_string(rot) +
+                             (c.layout == L::HalfSplit ? " half-split" : " adjacent") +
+                             (c.unaligned ? " unaligned" : "");
+    // x: heads [0, H) of a [T, H + 2, D + 1] buffer, columns [u, u + D): row strides that
+    // are not multiples of 8 when unaligned (u = 1), else a [T, H + 2, D] buffer (fused QKV).
+    const int64_t u = c.unaligned ? 1 : 0;
+    const Tensor buf_host = random_host({c.T, c.H + 2, c.D + u}, DType::BF16, seed++, -2, 2);
+    const Tensor x_host = buf_host.slice(1, 0, c.H).slice(2, u, u + c.D);
+    // Positions up to 2^17 + a few thousand, in no order.
+    std::mt19937 rng(seed++);
+    Tensor pos_host = Tensor::empty({c.T}, DType::I32);
+    for (int64_t t = 0; t < c.T; ++t) {
+      pos_host.data<int32_t>()[t] = t == 0 ? 0 : static_cast<int32_t>(rng() % 135000);
+    }
+    const Tensor ff_host = random_host({rot / 2}, DType::F32, seed++, 1, 8);
+    Tensor buf_dev = buf_host.to(Device::CUDA);
+    Tensor x = buf_dev.slice(1, 0, c.H).slice(2, u, u + c.D);
+    const Tensor pos = pos_host.to(Device::CUDA), ff = ff_host.to(Device::CUDA);
+    ops::RopeParams p;
+    p.rot_dim = c.rot_dim;
+    p.theta = 500000.0f;
+    p.layout = c.layout;
+    p.freq_scale = c.freq_scale;
+    p.freq_factors = c.factors ? &ff : nullptr;
+    ops::rope(x, pos, p);
+    Tensor ref = to_f32(x_host);
+    ops::RopeParams pc = p;
+    pc.freq_factors = c.factors ? &ff_host : nullptr;
+    ops::rope(ref, pos_host, pc);
+    const Tensor got = buf_dev.to(Device::CPU);
+    expect_close(got.slice(1, 0, c.H).slice(2, u, u + c.D), ref, kBf16Out, what);
+    // The unrotated dims [rot, D) and the other heads come back bit for bit.
+    if (rot < c.D) {
+      EXPECT_EQ(compare(got.slice(1, 0, c.H).slice(2, u + rot, u + c.D),
+                        buf_host.slice(1, 0, c.H).slice(2, u + rot, u + c.D))
+                    .max_abs,
+                0.0)
+          << what;
+    }
+    EXPECT_EQ(compare(got.slice(1, c.H, c.H + 2), buf_host.slice(1, c.H, c.H + 2)).max_abs, 0.0)
+        << what;
+  }
+}
+
+// Unit vectors (1, 0) rotate to (cos, sin) of the angle: at positions near 2^17 the output must
+// be cos and sin of the double-precision angle rounded to bf16 (an fp32 angle would be off by up
+// to 0.01 radians there, several bf16 steps). One bf16 step of slack for values that sit on a
+// rounding boundary.
+TEST_F(CudaOpRope, AngleAccurateAtLongPositions) {
+  const int64_t T = 64, H = 1, D = 128, half = D / 2;
+  Tensor x_host = Tensor::empty({T, H, D}, DType::BF16);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < D; ++i) x_host.data<uint16_t>()[t * D + i] = float_to_bf16(i < half);
+  }
+  Tensor pos_host = Tensor::empty({T}, DType::I32);
+  for (int64_t t = 0; t < T; ++t)
+    pos_host.data<int32_t>()[t] = static_cast<int32_t>(131072 - 37 * t);
+  Tensor x = x_host.to(Device::CUDA);
+  const Tensor pos = pos_host.to(Device::CUDA);
+  ops::RopeParams p;
+  p.theta = 10000.0f;
+  ops::rope(x, pos, p);
+  const Tensor got = x.to(Device::CPU);
+  int64_t off_by_one = 0, worse = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle =
+          pos_host.data<int32_t>()[t] * std::pow(10000.0, -2.0 * static_cast<double>(i) / D);
+      const float want[2] = {static_cast<float>(std::cos(angle)),
+                             static_cast<float>(std::sin(angle))};
+      const uint16_t got_bits[2] = {got.data<uint16_t>()[t * D + i],
+                                    got.data<uint16_t>()[t * D + i + half]};
+      for (int k = 0; k < 2; ++k) {
+        const int diff = std::abs(static_cast<int>(got_bits[k]) - float_to_bf16(want[k]));
+        // Same sign: a bit-pattern difference counts bf16 steps.
+        off_by_one += diff == 1;
+        worse += diff > 1;
+      }
+    }
+  }
+  EXPECT_EQ(worse, 0) << "rotations off by more than one bf16 step";
+  EXPECT_LE(off_by_one, T * half * 2 / 100) << "more than 1% one step off";
+}
+
+// Achieved bandwidth (bytes each kernel must move / median time), printed for docs/perf.md.
+// Several input sets rotate so that the prefill shapes are not served from L2.
+TEST(CudaOpBench, NormAndRopeBandwidth) {
+  cuda::init();
+  cudaEvent_t start, stop;
+  LLMK_CUDA_CHECK(cudaEventCreate(&start));
+  LLMK_CUDA_CHECK(cudaEventCreate(&stop));
+  auto time_us = [&](auto&& fn) {
+    for (int i = 0; i < 5; ++i) fn(i);
+    std::vector<float> ms;
+    for (int rep = 0; rep < 21; ++rep) {
+      LLMK_CUDA_CHECK(cudaEventRecord(start, cuda::current_stream()));
+      constexpr int kIters = 20;
+      for (int i = 0; i < kIters; ++i) fn(i);
+      LLMK_CUDA_CHECK(cudaEventRecord(stop, cuda::current_stream()));
+      LLMK_CUDA_CHECK(cudaEventSynchronize(stop));
+      float m = 0;
+      LLMK_CUDA_CHECK(cudaEventElapsedTime(&m, start, stop));
+      ms.push_back(m * 1000.0f / kIters);
+    }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(ms[ms.size() / 2]);
+  };
+  std::printf("%-34s %10s %10s %9s\n", "kernel (shape)", "MB moved", "us", "GB/s");
+  auto report = [](const std::string& name, double bytes, double us) {
+    std::printf("%-34s %10.3f %10.2f %9.1f\n", name.c_str(), bytes / 1e6, us, bytes / us / 1e3);
+  };
+  constexpr int kSets = 4;
+  for (int64_t T : {1, 4096}) {
+    const int64_t D = 4096;
+    std::vector<Tensor> xs, ds, outs;
+    for (int s = 0; s < kSets; ++s) {
+      xs.push_back(random_host({T, D}, DType::BF16, 900 + s, -2, 2).to(Device::CUDA));
+      ds.push_back(random_host({T, D}, DType::BF16, 950 + s, -0.01f, 0.01f).to(Device::CUDA));
+      outs.push_back(Tensor::empty({T, D}, DType::BF16, Device::CUDA));
+    }
+    const Tensor w = random_host({D}, DType::F32, 990).to(Device::CUDA);
+    const std::string shape = shape_str({T, D});
+    double us = time_us([&](int i) { ops::rms_norm(outs[i % kSets], xs[i % kSets], w, 1e-5f); });
+    report("rms_norm " + shape, 2.0 * T * D * 2, us);
+    us = time_us(
+        [&](int i) { ops::add_rms_norm(xs[i % kSets], ds[i % kSets], outs[i % kSets], w, 1e-5f); });
+    report("add_rms_norm " + shape, 5.0 * T * D * 2, us);
+  }
+  for (int64_t T : {1, 4096}) {
+    const int64_t H = 32, D = 128;
+    std::vector<Tensor> xs;
+    for (int s = 0; s < kSets; ++s) {
+      xs.push_back(random_host({T, H, D}, DType::BF16, 800 + s).to(Device::CUDA));
+    }
+    Tensor pos_host = Tensor::empty({T}, DType::I32);
+    for (int64_t t = 0; t < T; ++t) pos_host.data<int32_t>()[t] = static_cast<int32_t>(1000 + t);
+    const Tensor pos = pos_host.to(Device::CUDA);
+    const std::string shape = shape_str({T, H, D});
+    for (auto layout : {ops::RopeLayout::HalfSplit, ops::RopeLayout::Adjacent}) {
+      ops::RopeParams p;
+      p.layout = layout;
+      const double us = time_us([&](int i) { ops::rope(xs[i % kSets], pos, p); });
+      report(
+          std::string("rope ") + (layout == ops::RopeLayout::HalfSplit ? "half " : "adj ") + shape,
+          2.0 * T * H * D * 2, us);
+    }
+  }
+  LLMK_CUDA_CHECK(cudaEventDestroy(start));
+  LLMK_CUDA_CHECK(cudaEventDestroy(stop));
+}
+
+}  // namespace
+}  // namespace llmk::gpu_test

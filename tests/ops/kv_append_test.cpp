@@ -1,0 +1,84 @@
+// ops::kv_append on the CPU: rows land at their positions (in any order, in strided caches),
+// every other cache row keeps its contents, and bad positions and shapes are errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ops/ops.h"
+#include "ops/ops_test_util.h"
+
+namespace llmk {
+namespace {
+
+using test::elem;
+using test::expect_error;
+using test::i32_tensor;
+using test::random_tensor;
+
+TEST(OpsKvAppend, WritesRowsAtTheirPositionsOnly) {
+  for (int64_t D : {1, 3, 17, 64}) {
+    const int64_t L = 11, H = 3;
+    // k_cache and v_cache interleaved in one [L, 2, H, D] buffer; k, v heads of a fused
+    // [T, 3 * H, D] projection.
+    Tensor kv = random_tensor({L, 2, H, D}, 1);
+    const Tensor kv0 = kv.contiguous();
+    Tensor k_cache = kv.select(1, 0), v_cache = kv.select(1, 1);
+    Tensor qkv = random_tensor({3, 3 * H, D}, 2);
+    Tensor k = qkv.slice(1, H, 2 * H), v = qkv.slice(1, 2 * H, 3 * H);
+    Tensor pos = i32_tensor({7, 0, 10});
+    ops::kv_append(k_cache, v_cache, k, v, pos);
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t t = l == 7 ? 0 : l == 0 ? 1 : l == 10 ? 2 : -1;
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          if (t < 0) {
+            ASSERT_EQ(elem(k_cache, {l, h, d}), elem(kv0, {l, 0, h, d})) << "row " << l;
+            ASSERT_EQ(elem(v_cache, {l, h, d}), elem(kv0, {l, 1, h, d})) << "row " << l;
+          } else {
+            ASSERT_EQ(elem(k_cache, {l, h, d}), elem(k, {t, h, d})) << "row " << l;
+            ASSERT_EQ(elem(v_cache, {l, h, d}), elem(v, {t, h, d})) << "row " << l;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(OpsKvAppend, EmptyStepWritesNothing) {
+  Tensor kc = random_tensor({4, 2, 8}, 1), vc = random_tensor({4, 2, 8}, 2);
+  const Tensor kc0 = kc.contiguous();
+  Tensor k = random_tensor({0, 2, 8}, 3), v = random_tensor({0, 2, 8}, 4);
+  Tensor pos = Tensor::empty({0}, DType::I32);
+  ops::kv_append(kc, vc, k, v, pos);
+  for (int64_t i = 0; i < kc.numel(); ++i) EXPECT_EQ(kc.data<float>()[i], kc0.data<float>()[i]);
+}
+
+TEST(OpsKvAppend, ArgumentErrors) {
+  Tensor kc = random_tensor({12, 2, 8}, 1), vc = random_tensor({12, 2, 8}, 2);
+  Tensor k = random_tensor({2, 2, 8}, 3), v = random_tensor({2, 2, 8}, 4);
+  Tensor pos = i32_tensor({3, 12});
+  expect_error([&] { ops::kv_append(kc, vc, k, v, pos); },
+               {"ops::kv_append", "positions[1] = 12", "12 rows"});
+  Tensor neg = i32_tensor({-1, 0});
+  expect_error([&] { ops::kv_append(kc, vc, k, v, neg); }, {"positions[0] = -1"});
+  Tensor ok = i32_tensor({0, 1});
+  Tensor k_bad = random_tensor({2, 3, 8}, 3);
+  expect_error([&] { ops::kv_append(kc, vc, k_bad, v, ok); }, {"ops::kv_append", "k", "[2, 2, 8]"});
+  Tensor vc_bad = random_tensor({12, 2, 4}, 2);
+  expect_error([&] { ops::kv_append(kc, vc_bad, k, v, ok); }, {"ops::kv_append", "v_cache"});
+  Tensor pos3 = i32_tensor({0, 1, 2});
+  expect_error([&] { ops::kv_append(kc, vc, k, v, pos3); }, {"ops::kv_append", "positions", "[2]"});
+  Tensor posf = Tensor::zeros({2}, DType::F32);
+  expect_error([&] { ops::kv_append(kc, vc, k, v, posf); }, {"ops::kv_append", "positions", "i32"});
+  Tensor k16 = Tensor::zeros({2, 2, 8}, DType::BF16);
+  expect_error([&] { ops::kv_append(kc, vc, k16, v, ok); }, {"ops::kv_append", "k", "f32"});
+  expect_error([&] { ops::kv_append(kc, kc, k, v, ok); }, {"ops::kv_append", "same address"});
+  Tensor kc_in = kc.slice(0, 0, 2);
+  expect_error([&] { ops::kv_append(kc, vc, kc_in, v, ok); }, {"ops::kv_append", "overlaps"});
+  Tensor k2 = random_tensor({2, 16}, 3);
+  expect_error([&] { ops::kv_append(kc, vc, k2, v, ok); }, {"ops::kv_append", "3 dimensions"});
+}
+
+}  // namespace
+}  // namespace llmk

@@ -3,13 +3,17 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
 namespace llmk::test {
 
+// The repository: $LLMK_SOURCE_DIR when set (test binaries carried to another machine), else
+// where the tests were built from.
 inline std::string source_path(const std::string& rel) {
-  return std::string(LLMK_SOURCE_DIR) + "/" + rel;
+  const char* env = std::getenv("LLMK_SOURCE_DIR");
+  return std::string(env && *env ? env : LLMK_SOURCE_DIR) + "/" + rel;
 }
 
 // The SmolLM2 test model. A missing file is a failure with the fix in the message, not a skip:

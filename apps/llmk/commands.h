@@ -7,6 +7,9 @@
 #include <functional>
 #include <string>
 
+#include "core/tensor.h"
+#include "model/weights.h"
+
 namespace llmk::cli {
 
 using Command = std::function<int()>;
@@ -14,6 +17,8 @@ using Command = std::function<int()>;
 Command add_run(CLI::App& app);
 Command add_inspect(CLI::App& app);
 Command add_tokenize(CLI::App& app);
+Command add_bench(CLI::App& app);
+Command add_logits(CLI::App& app);
 
 // The default model: $LLMK_MODELS_DIR (or ./models) /SmolLM2-135M-Instruct.Q4_1.gguf.
 std::string default_model_path();
@@ -23,5 +28,10 @@ CLI::Option* add_model_option(CLI::App& cmd, std::string& path, bool positional 
 void add_threads_option(CLI::App& cmd, int& threads);
 // Checks the model path exists and applies the thread count.
 void prepare(const std::string& model_path, int threads);
+// Adds --device cpu|cuda|auto (default auto: cuda where a GPU and a CUDA build exist).
+void add_device_option(CLI::App& cmd, std::string& device);
+Device resolve_device(const std::string& device);
+// Progress of weight loading: a line on stderr that updates itself, on a terminal only.
+ProgressFn load_progress();
 
 }  // namespace llmk::cli

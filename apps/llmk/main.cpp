@@ -21,6 +21,10 @@ int main(int argc, char** argv) {
       llmk::cli::add_run(*app.add_subcommand("run", "Generate text from a prompt, streamed to stdout"));
   const llmk::cli::Command inspect =
       llmk::cli::add_inspect(*app.add_subcommand("inspect", "Show a GGUF file's metadata and tensor table"));
+  const llmk::cli::Command bench = llmk::cli::add_bench(
+      *app.add_subcommand("bench", "Time prefill and decode on random token ids (no tokenizer)"));
+  const llmk::cli::Command logits = llmk::cli::add_logits(*app.add_subcommand(
+      "logits", "Write the logits of a token sequence to a file (for comparisons)"));
   const llmk::cli::Command tokenize =
       llmk::cli::add_tokenize(*app.add_subcommand("tokenize", "Show the token ids and pieces of a text"));
   try {
@@ -32,6 +36,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("run")) return run();
     if (app.got_subcommand("inspect")) return inspect();
     if (app.got_subcommand("tokenize")) return tokenize();
+    if (app.got_subcommand("bench")) return bench();
+    if (app.got_subcommand("logits")) return logits();
   } catch (const llmk::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "llmk: error: {}\n", e.what());

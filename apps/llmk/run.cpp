@@ -30,7 +30,7 @@ std::string read_file(const std::string& path) {
 
 Command add_run(CLI::App& cmd) {
   struct Args {
-    std::string model, prompt, prompt_file, system;
+    std::string model, prompt, prompt_file, system, device;
     int n_predict = 128;
     int64_t ctx = 0;
     int threads = 0;
@@ -64,6 +64,12 @@ Command add_run(CLI::App& cmd) {
   cmd.add_flag("--echo", a->echo, "Print the prompt before the generated text");
   cmd.add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-generation tokens");
   add_threads_option(cmd, a->threads);
+  add_device_option(cmd, a->device);
+  cmd.footer(
+      "Examples:\n"
+      "  llmk run -p \"The capital of France is\" --temp 0\n"
+      "  llmk run --chat -p \"Write a haiku about rain\" --temp 0.7 --seed 1\n"
+      "  llmk run -m model.gguf -f prompt.txt -n 256 --device cpu -t 8");
 
   return [a] {
     LLMK_CHECK(a->prompt.empty() || a->prompt_file.empty(), "give -p or -f, not both");
@@ -74,8 +80,14 @@ Command add_run(CLI::App& cmd) {
     prepare(a->model, a->threads);
 
     const auto t0 = std::chrono::steady_clock::now();
-    auto model = Model::load(a->model, LoadOptions{.context = a->ctx});
-    const Tokenizer tok = Tokenizer::from_gguf(model->file());
+    auto model = Model::load(a->model, LoadOptions{.context = a->ctx,
+                                                   .device = resolve_device(a->device),
+                                                   .progress = load_progress()});
+    LLMK_CHECK(model->gguf().has_value(),
+               "{}: reading a tokenizer from a Hugging Face folder is not supported yet; use a "
+               "GGUF file (or `llmk bench`, which needs none)",
+               a->model);
+    const Tokenizer tok = Tokenizer::from_gguf(*model->gguf());
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -111,9 +123,12 @@ Command add_run(CLI::App& cmd) {
     std::fflush(stdout);
     fmt::print(stderr,
                "[llmk] load {:.2f} s | prompt {} tokens, {:.1f} tokens/s | generation {} tokens, "
-               "{:.1f} tokens/s | stop: {} | seed {} | threads {}\n",
+               "{:.1f} tokens/s | stop: {} | seed {} | {}\n",
                load_s, st.prompt_tokens, st.prompt_tps(), st.generated_tokens, st.generate_tps(),
-               st.stop_reason, a->s.seed, cpu_pool().num_threads());
+               st.stop_reason, a->s.seed,
+               model->device() == Device::CPU
+                   ? fmt::format("cpu, {} threads", cpu_pool().num_threads())
+                   : std::string("cuda"));
     return 0;
   };
 }

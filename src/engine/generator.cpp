@@ -5,7 +5,12 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "ops/ops.h"
 #include "tokenizer/tokenizer.h"
+
+#ifdef LLMK_HAS_CUDA
+#include "core/cuda/graph.h"
+#endif
 
 namespace llmk {
 
@@ -22,6 +27,73 @@ double GenerateStats::generate_tps() const {
                                                       : 0;
 }
 
+struct Decoder::GraphState {
+#ifdef LLMK_HAS_CUDA
+  cuda::Graph graph;
+#endif
+  Tensor logits;  // the captured step's output (fixed address)
+};
+
+Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph)
+    : model_(model),
+      sampler_(sampler),
+      greedy_on_device_(model.device() != Device::CPU && sampler.temperature <= 0 &&
+                        sampler.repeat_penalty == 1.0f),
+      use_graph_(cuda_graph && model.device() == Device::CUDA),
+      graph_(new GraphState) {
+#ifndef LLMK_HAS_CUDA
+  use_graph_ = false;
+#endif
+  if (greedy_on_device_) {
+    argmax_dev_ = Tensor::empty({1}, DType::I32, model.device());
+    argmax_host_ = Tensor::empty({1}, DType::I32);
+  }
+}
+
+Decoder::~Decoder() { delete graph_; }
+
+int32_t Decoder::choose(const Tensor& logits) {
+  last_logits_ = logits;
+  int32_t id;
+  if (greedy_on_device_) {
+    ops::argmax(argmax_dev_, logits);
+    ops::transfer(argmax_host_, argmax_dev_);
+    id = argmax_host_.data<int32_t>()[0];
+  } else if (logits.device() == Device::CPU) {
+    id = sampler_.sample({logits.data<float>(), static_cast<size_t>(logits.dim(-1))}, history_);
+  } else {
+    if (!logits_host_.defined()) logits_host_ = Tensor::empty(logits.shape(), DType::F32);
+    ops::transfer(logits_host_, logits);
+    id = sampler_.sample({logits_host_.data<float>(), static_cast<size_t>(logits.dim(-1))},
+                         history_);
+  }
+  history_.push_back(id);
+  return id;
+}
+
+int32_t Decoder::prefill(const std::vector<int32_t>& tokens, int64_t pos) {
+  history_.insert(history_.end(), tokens.begin(), tokens.end());
+  return choose(model_.forward(tokens, pos, /*all_logits=*/false));
+}
+
+int32_t Decoder::step(int32_t token, int64_t pos) {
+  if (!use_graph_) return choose(model_.forward({&token, 1}, pos, false));
+#ifdef LLMK_HAS_CUDA
+  model_.stage({&token, 1}, pos);
+  if (!graph_->graph.ready()) {
+    // One plain run first: it sizes the activations and lets every op settle its one-time
+    // setup (cuBLASLt algorithms), so that the captured step allocates nothing. Capturing then
+    // records the same work; replaying it rewrites this position's KV rows with equal values.
+    model_.compute(1, false);
+    graph_->graph.capture([&] { graph_->logits = model_.compute(1, false); });
+  }
+  graph_->graph.replay();
+  return choose(graph_->logits);
+#else
+  return choose(model_.forward({&token, 1}, pos, false));
+#endif
+}
+
 GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int32_t>& prompt,
                        const GenerateOptions& opts, const TokenCallback& on_token) {
   LLMK_CHECK(!prompt.empty(), "the prompt is empty (no tokens to start from)");
@@ -31,22 +103,18 @@ GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int
              "the prompt has {} tokens but the context holds {} (raise --ctx, at most {})",
              n_prompt, model.context(), model.config().context_length);
   const std::vector<int32_t> eog = tok.end_of_generation_ids();
-  Sampler sampler(opts.sampler);
-  std::vector<int32_t> history = prompt;
+  Decoder dec(model, opts.sampler, opts.cuda_graph);
   GenerateStats st;
   st.prompt_tokens = n_prompt;
   st.stop_reason = "length";
   if (opts.max_tokens == 0) return st;
 
   auto t0 = Clock::now();
-  Tensor logits = model.forward(prompt, 0, /*all_logits=*/false);
+  int32_t id = dec.prefill(prompt, 0);
   st.prompt_seconds = seconds_since(t0);
   auto t1 = Clock::now();
   int64_t pos = n_prompt;
   for (;;) {
-    const auto vocab = static_cast<size_t>(logits.dim(-1));
-    const int32_t id = sampler.sample({logits.data<float>(), vocab}, history);
-    history.push_back(id);
     ++st.generated_tokens;
     if (opts.stop_at_eog && std::find(eog.begin(), eog.end(), id) != eog.end()) {
       st.stop_reason = "eog";
@@ -57,11 +125,11 @@ GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int
       break;
     }
     if (st.generated_tokens >= opts.max_tokens) break;
-    if (pos + 1 > model.context()) {
+    if (pos >= model.context()) {
       st.stop_reason = "context";
       break;
     }
-    logits = model.forward({&id, 1}, pos, false);
+    id = dec.step(id, pos);
     ++pos;
   }
   st.generate_seconds = seconds_since(t1);

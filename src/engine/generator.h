@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "engine/sampler.h"
 
 namespace llmk {
@@ -18,6 +19,7 @@ struct GenerateOptions {
   int max_tokens = 128;     // tokens to generate at most
   SamplerConfig sampler;
   bool stop_at_eog = true;  // stop at the tokenizer's end-of-generation tokens
+  bool cuda_graph = true;   // on CUDA, replay one captured decode step per token
 };
 
 struct GenerateStats {
@@ -36,6 +38,35 @@ using TokenCallback = std::function<bool(int32_t id, const std::string& bytes)>;
 // Runs `prompt` (token ids) from position 0 of the model's cache and generates.
 GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int32_t>& prompt,
                        const GenerateOptions& opts, const TokenCallback& on_token);
+
+// One token at a time through a model: prefill, then decode steps (graph-replayed on CUDA),
+// with the choice of the next token made on the device when it is a plain argmax. Used by
+// generate() and by `llmk bench`, which has no tokenizer.
+class Decoder {
+ public:
+  Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph);
+  ~Decoder();
+  // Runs tokens from position `pos` and returns the next token.
+  int32_t prefill(const std::vector<int32_t>& tokens, int64_t pos);
+  // Runs one token at position `pos` and returns the next token.
+  int32_t step(int32_t token, int64_t pos);
+  // All tokens seen so far (for the repetition penalty).
+  const std::vector<int32_t>& history() const { return history_; }
+  // The logits the last prefill or step chose from ([1, vocab] f32, on the model's device).
+  const Tensor& last_logits() const { return last_logits_; }
+
+ private:
+  int32_t choose(const Tensor& logits);
+
+  Model& model_;
+  Sampler sampler_;
+  bool greedy_on_device_;
+  bool use_graph_;
+  std::vector<int32_t> history_;
+  Tensor argmax_dev_, argmax_host_, logits_host_, last_logits_;
+  struct GraphState;
+  GraphState* graph_ = nullptr;
+};
 
 // Splits a byte stream into pieces that end on UTF-8 character boundaries, so a terminal
 // never receives half a character. Bytes that can never form a valid character pass through.

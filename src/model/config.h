@@ -10,9 +10,10 @@ namespace llmk {
 namespace gguf {
 class File;
 }
+class HfConfig;
 
 struct ModelConfig {
-  std::string arch;  // "llama"
+  std::string arch;  // "llama" or "qwen2"
   std::string name;  // general.name, for display
   int64_t n_layers = 0;
   int64_t d_model = 0;
@@ -31,6 +32,10 @@ struct ModelConfig {
   // Reads `<arch>.*` keys; throws llmk::Error naming the file and key for missing or
   // inconsistent values, and for architectures llmk does not run.
   static ModelConfig from_gguf(const gguf::File& f);
+  // Reads a Hugging Face config.json (model_type llama or qwen2; transformers 4 and 5 layouts).
+  static ModelConfig from_hf(const HfConfig& c);
+  // Checks sizes for consistency; `where` names the file in errors.
+  void validate(const std::string& where) const;
   std::string summary() const;
 };
 

@@ -5,5 +5,6 @@
 #include "model/model.h"
 
 namespace llmk {
-std::unique_ptr<Model> make_llama(gguf::File file, ModelConfig config, int64_t context);
+std::unique_ptr<Model> make_llama(const std::string& path, ModelConfig config, int64_t context,
+                                  const LoadOptions& opts, const WeightSource& src);
 }

@@ -1,23 +1,66 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "core/error.h"
+#include "formats/hf_config.h"
+#include "formats/safetensors.h"
 #include "model/llama.h"
+#include "ops/ops.h"
 
 namespace llmk {
 
-std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& opts) {
-  gguf::File file = gguf::File::open(path);
-  ModelConfig config = ModelConfig::from_gguf(file);
+void Model::stage(std::span<const int32_t> tokens, int64_t pos) {
+  const auto t = static_cast<int64_t>(tokens.size());
+  LLMK_CHECK(t > 0, "forward: no tokens");
+  LLMK_CHECK(pos >= 0 && pos + t <= context_,
+             "forward: {} tokens at position {} do not fit the context of {} tokens", t, pos,
+             context_);
+  for (int32_t id : tokens) {
+    LLMK_CHECK(id >= 0 && id < config_.vocab_size, "forward: token id {} is outside the vocabulary of {}",
+               id, config_.vocab_size);
+  }
+  reserve(t, false);
+  host_positions_.resize(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(pos + i);
+  Tensor ids = ids_.slice(0, 0, t), positions = positions_.slice(0, 0, t);
+  ops::transfer(ids, Tensor::borrow(const_cast<int32_t*>(tokens.data()), {t}, DType::I32));
+  ops::transfer(positions, Tensor::borrow(host_positions_.data(), {t}, DType::I32));
+  staged_ = t;
+}
+
+std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::unique_ptr<WeightSource> src;
+  std::optional<gguf::File> file;
+  ModelConfig config;
+  std::optional<safetensors::Folder> folder;
+  if (fs::is_directory(path, ec)) {
+    const HfConfig hf = HfConfig::open(path);
+    config = ModelConfig::from_hf(hf);
+    folder = safetensors::Folder::open(path);
+    src = hf_source(*folder);
+  } else {
+    file = gguf::File::open(path);
+    config = ModelConfig::from_gguf(*file);
+    src = gguf_source(*file);
+  }
   LLMK_CHECK(opts.context >= 0, "context {} must not be negative", opts.context);
   const int64_t context =
       opts.context > 0 ? opts.context : std::min<int64_t>(config.context_length, 4096);
   LLMK_CHECK(context <= config.context_length,
              "{}: a context of {} tokens exceeds the model's {} tokens", path, context,
              config.context_length);
-  // ModelConfig::from_gguf has rejected every architecture but those below.
-  return make_llama(std::move(file), std::move(config), context);
+  // ModelConfig has rejected every architecture but the Llama family.
+  std::unique_ptr<Model> m = make_llama(path, std::move(config), context, opts, *src);
+  m->gguf_ = std::move(file);
+  return m;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& opts) {
+  return load_model(path, opts);
 }
 
 }  // namespace llmk

@@ -1,11 +1,14 @@
 // A loaded model: configuration, weights, KV cache and the forward pass.
 //
-// forward() runs T tokens at positions pos..pos+T-1, appends their keys and values to the
-// cache and returns logits. The model code calls ops only; it never branches on the device.
+// forward() = stage() + compute(). stage() copies the token ids and their positions into
+// device buffers (it checks them on the host); compute() runs the network on whatever is
+// staged, calling ops only, so on CUDA one compute(1, false) can be captured in a graph and
+// replayed after each stage(). The model never branches on the device.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -13,36 +16,59 @@
 #include "core/tensor.h"
 #include "formats/gguf.h"
 #include "model/config.h"
+#include "model/weights.h"
 
 namespace llmk {
 
 struct LoadOptions {
-  int64_t context = 0;  // KV cache length in tokens; 0 = min(model's context, 4096)
+  int64_t context = 0;            // KV cache length in tokens; 0 = min(model's context, 4096)
+  Device device = Device::CPU;
+  ProgressFn progress = nullptr;  // called after each tensor is placed
 };
 
 class Model {
  public:
   virtual ~Model() = default;
 
-  // Opens a GGUF file and builds the model for its architecture.
+  // Opens a GGUF file, or a Hugging Face folder (config.json + safetensors), and builds the
+  // model for its architecture on opts.device. On CUDA the bytes needed (weights, KV cache,
+  // activations) are checked against free GPU memory before anything is copied.
   static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& opts = {});
 
   const ModelConfig& config() const { return config_; }
-  const gguf::File& file() const { return file_; }
+  // The GGUF file the model came from (tokenizer, metadata); nullopt for Hugging Face folders.
+  const std::optional<gguf::File>& gguf() const { return gguf_; }
+  const std::string& path() const { return path_; }
   int64_t context() const { return context_; }
+  Device device() const { return device_; }
 
-  // tokens: T ids at positions pos..pos+T-1 (pos + T <= context()). Returns logits
-  // [T, vocab] f32 when all_logits, else [1, vocab] for the last token. The returned tensor is
-  // a view into model-owned scratch, valid until the next forward().
-  virtual Tensor forward(std::span<const int32_t> tokens, int64_t pos, bool all_logits) = 0;
+  // Runs tokens at positions pos..pos+T-1 (pos + T <= context()), appending their keys and
+  // values to the cache. Returns logits [T, vocab] f32 when all_logits, else [1, vocab] for the
+  // last token, on the model's device, in model-owned memory valid until the next call.
+  Tensor forward(std::span<const int32_t> tokens, int64_t pos, bool all_logits) {
+    stage(tokens, pos);
+    return compute(static_cast<int64_t>(tokens.size()), all_logits);
+  }
+  void stage(std::span<const int32_t> tokens, int64_t pos);
+  virtual Tensor compute(int64_t t, bool all_logits) = 0;
+  // Makes sure activations for `t` tokens exist (compute() allocates nothing after this).
+  virtual void reserve(int64_t t, bool all_logits) = 0;
 
  protected:
-  Model(gguf::File file, ModelConfig config, int64_t context)
-      : file_(std::move(file)), config_(std::move(config)), context_(context) {}
+  Model(std::string path, ModelConfig config, int64_t context, Device device)
+      : path_(std::move(path)), config_(std::move(config)), context_(context), device_(device) {}
+  // Device buffers compute() reads: ids and positions of the staged tokens.
+  Tensor ids_, positions_;
+  int64_t staged_ = 0;
 
-  gguf::File file_;
+ private:
+  friend std::unique_ptr<Model> load_model(const std::string&, const LoadOptions&);
+  std::string path_;
+  std::optional<gguf::File> gguf_;
   ModelConfig config_;
   int64_t context_;
+  Device device_;
+  std::vector<int32_t> host_positions_;
 };
 
 }  // namespace llmk

@@ -1,32 +1,146 @@
 #include "model/weights.h"
 
+#include <fmt/format.h>
+
+#include <regex>
+
 #include "core/error.h"
 #include "ops/ops.h"
 
 namespace llmk {
 
-Tensor optional_tensor(const gguf::File& f, const std::string& name, const Shape& shape) {
-  if (f.find_tensor(name) == nullptr) return Tensor();
-  Tensor t = f.tensor(name);
+namespace {
+
+class GgufSource final : public WeightSource {
+ public:
+  explicit GgufSource(const gguf::File& f) : f_(f) {}
+  const std::string& path() const override { return f_.path(); }
+  std::string file_name(const std::string& n) const override { return n; }
+  Tensor find(const std::string& n) const override {
+    return f_.find_tensor(n) ? f_.tensor(n) : Tensor();
+  }
+
+ private:
+  gguf::File f_;
+};
+
+// GGUF names -> transformers names for the Llama-family layout (Llama, Qwen2, SmolLM2).
+std::string to_hf_name(const std::string& n) {
+  static const std::pair<const char*, const char*> kTop[] = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+  };
+  for (const auto& [g, h] : kTop) {
+    if (n == g) return h;
+  }
+  static const std::pair<const char*, const char*> kLayer[] = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"},
+  };
+  static const std::regex kBlk(R"(blk\.(\d+)\.(.+))");
+  std::smatch m;
+  if (std::regex_match(n, m, kBlk)) {
+    for (const auto& [g, h] : kLayer) {
+      if (m[2] == g) return fmt::format("model.layers.{}.{}", m[1].str(), h);
+    }
+  }
+  return n;
+}
+
+class HfSource final : public WeightSource {
+ public:
+  explicit HfSource(const safetensors::Folder& f) : f_(f) {}
+  const std::string& path() const override { return f_.path(); }
+  std::string file_name(const std::string& n) const override { return to_hf_name(n); }
+  Tensor find(const std::string& n) const override {
+    const std::string h = to_hf_name(n);
+    return f_.find(h) ? f_.tensor(h) : Tensor();
+  }
+
+ private:
+  safetensors::Folder f_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> gguf_source(const gguf::File& f) {
+  return std::make_unique<GgufSource>(f);
+}
+std::unique_ptr<WeightSource> hf_source(const safetensors::Folder& f) {
+  return std::make_unique<HfSource>(f);
+}
+
+WeightLoader::WeightLoader(const WeightSource& src, Device device, ProgressFn progress)
+    : src_(src), device_(device), progress_(std::move(progress)) {}
+
+bool WeightLoader::has(const std::string& name) const { return src_.find(name).defined(); }
+
+void WeightLoader::finish_plan() {
+  planning_ = false;
+  prog_ = LoadProgress{};
+  prog_.total = plan_count_;
+  prog_.bytes_total = planned_bytes_;
+}
+
+Tensor WeightLoader::place(const std::string& name, const Shape& shape, bool is_vector,
+                           bool required) {
+  Tensor t = src_.find(name);
+  if (!t.defined()) {
+    LLMK_CHECK(!required, "{}: missing tensor '{}'", src_.path(), src_.file_name(name));
+    return Tensor();
+  }
   LLMK_CHECK(t.shape() == shape, "{}: tensor '{}' has shape {} but the model config needs {}",
-             f.path(), name, shape_str(t.shape()), shape_str(shape));
-  return t;
-}
-
-Tensor require_tensor(const gguf::File& f, const std::string& name, const Shape& shape) {
-  LLMK_CHECK(f.find_tensor(name) != nullptr, "{}: missing tensor '{}'", f.path(), name);
-  return optional_tensor(f, name, shape);
-}
-
-Tensor require_f32(const gguf::File& f, const std::string& name, const Shape& shape) {
-  Tensor t = require_tensor(f, name, shape);
-  if (t.dtype() == DType::F32) return t;
-  LLMK_CHECK(t.dtype() == DType::F16 || t.dtype() == DType::BF16,
-             "{}: tensor '{}' is {}; norms and biases must be f32, f16 or bf16", f.path(), name,
-             dtype_name(t.dtype()));
-  Tensor out = Tensor::empty(shape, DType::F32);
-  ops::copy(out, t);
+             src_.path(), src_.file_name(name), shape_str(t.shape()), shape_str(shape));
+  const DType want = is_vector ? DType::F32 : (device_ == Device::CPU ? t.dtype() : DType::BF16);
+  if (planning_) {
+    planned_bytes_ += static_cast<uint64_t>(bytes_for(want, t.numel()));
+    ++plan_count_;
+    return Tensor();
+  }
+  Tensor out;
+  if (t.dtype() == want && device_ == Device::CPU) {
+    out = t;  // borrowed from the mapping
+  } else {
+    Tensor host = t;
+    if (t.dtype() != want) {
+      host = Tensor::empty(shape, want);
+      ops::dequantize(host, t);
+    }
+    if (device_ == Device::CPU) {
+      out = host;
+    } else {
+      out = Tensor::empty(shape, want, device_);
+      ops::transfer(out, host);
+    }
+  }
+  ++prog_.done;
+  prog_.bytes_done += static_cast<uint64_t>(out.nbytes());
+  if (progress_) progress_(prog_);
   return out;
+}
+
+Tensor WeightLoader::matrix(const std::string& name, const Shape& shape) {
+  return place(name, shape, false, true);
+}
+Tensor WeightLoader::vector(const std::string& name, const Shape& shape) {
+  return place(name, shape, true, true);
+}
+Tensor WeightLoader::optional_matrix(const std::string& name, const Shape& shape) {
+  return place(name, shape, false, false);
+}
+Tensor WeightLoader::optional_vector(const std::string& name, const Shape& shape) {
+  return place(name, shape, true, false);
 }
 
 }  // namespace llmk

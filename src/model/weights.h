@@ -1,19 +1,72 @@
-// Looking up model tensors by name with their expected shapes checked.
+// Where a model's weights come from, and how they are placed on the device.
+//
+// The model asks for tensors by their GGUF names ("blk.3.attn_q.weight"); a WeightSource finds
+// them in a GGUF file, or in a Hugging Face folder under transformers' names
+// ("model.layers.3.self_attn.q_proj.weight"). A WeightLoader checks each tensor's shape and
+// places it: on the CPU matrices stay in the file's dtype (borrowed from the mapping) and
+// vectors become f32; on CUDA matrices become bf16 and vectors f32, copied to the device.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
 #include "formats/gguf.h"
+#include "formats/safetensors.h"
 
 namespace llmk {
 
-// The tensor `name` of `f`, which must have exactly `shape` (row-major); a missing tensor or a
-// different shape throws llmk::Error naming the file, the tensor and both shapes.
-Tensor require_tensor(const gguf::File& f, const std::string& name, const Shape& shape);
-// Like require_tensor, but an absent tensor gives an undefined Tensor.
-Tensor optional_tensor(const gguf::File& f, const std::string& name, const Shape& shape);
-// Norm weights and biases are used in f32; other dtypes are converted once at load.
-Tensor require_f32(const gguf::File& f, const std::string& name, const Shape& shape);
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual const std::string& path() const = 0;
+  // The name the file uses for a GGUF-named tensor, for messages.
+  virtual std::string file_name(const std::string& gguf_name) const = 0;
+  // A borrowed CPU view of the tensor, or an undefined Tensor when the file lacks it.
+  virtual Tensor find(const std::string& gguf_name) const = 0;
+};
+
+std::unique_ptr<WeightSource> gguf_source(const gguf::File& f);
+std::unique_ptr<WeightSource> hf_source(const safetensors::Folder& f);
+
+struct LoadProgress {
+  int64_t done = 0, total = 0;       // tensors
+  uint64_t bytes_done = 0, bytes_total = 0;
+};
+using ProgressFn = std::function<void(const LoadProgress&)>;
+
+class WeightLoader {
+ public:
+  WeightLoader(const WeightSource& src, Device device, ProgressFn progress = nullptr);
+
+  // A weight matrix [rows, cols] (also embeddings): CPU keeps the stored dtype, CUDA bf16.
+  Tensor matrix(const std::string& name, const Shape& shape);
+  // Norm weights and biases: f32 on either device.
+  Tensor vector(const std::string& name, const Shape& shape);
+  // Like the above but an absent tensor gives an undefined Tensor.
+  Tensor optional_matrix(const std::string& name, const Shape& shape);
+  Tensor optional_vector(const std::string& name, const Shape& shape);
+  bool has(const std::string& name) const;
+
+  // Planning: in a first pass (planning() true) nothing is copied and undefined tensors come
+  // back; the loader only adds up the bytes the device will need. finish_plan() ends it.
+  bool planning() const { return planning_; }
+  uint64_t planned_bytes() const { return planned_bytes_; }
+  void finish_plan();
+
+ private:
+  Tensor place(const std::string& name, const Shape& shape, bool is_vector, bool required);
+
+  const WeightSource& src_;
+  Device device_;
+  ProgressFn progress_;
+  bool planning_ = true;
+  uint64_t planned_bytes_ = 0;
+  int64_t plan_count_ = 0;
+  LoadProgress prog_;
+};
 
 }  // namespace llmk

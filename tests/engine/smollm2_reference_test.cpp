@@ -43,7 +43,7 @@ class SmolLM2Reference : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_ = Model::load(test::smollm2_path(), LoadOptions{.context = 256}).release();
-    tok_ = new Tokenizer(Tokenizer::from_gguf(model_->file()));
+    tok_ = new Tokenizer(Tokenizer::from_gguf(*model_->gguf()));
   }
   static void TearDownTestSuite() {
     delete model_;

@@ -1,0 +1,126 @@
+// llmk bench: prefill and decode speed on random token ids, with no tokenizer involved.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <random>
+
+#include "apps/llmk/commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/generator.h"
+#include "model/model.h"
+
+#ifdef LLMK_HAS_CUDA
+#include "core/cuda/allocator.h"
+#include "core/cuda/device.h"
+#endif
+
+namespace llmk::cli {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+}  // namespace
+
+Command add_bench(CLI::App& cmd) {
+  struct Args {
+    std::string model, device, json;
+    int prompt_tokens = 512, gen_tokens = 128, batch = 1, reps = 3, threads = 0;
+    bool no_graph = false;
+    uint64_t seed = 1;
+  };
+  auto a = std::make_shared<Args>();
+  add_model_option(cmd, a->model);
+  cmd.add_option("--prompt-tokens", a->prompt_tokens, "Tokens in the prompt (prefill)")
+      ->default_val(512)
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--gen-tokens", a->gen_tokens, "Tokens to decode after the prompt")
+      ->default_val(128)
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--batch", a->batch, "Sequences at once (only 1 so far)")->default_val(1);
+  cmd.add_option("--reps", a->reps, "Timed repetitions (after one warm-up); medians reported")
+      ->default_val(3)
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--json", a->json, "Also write the results to this JSON file");
+  cmd.add_option("--seed", a->seed, "Seed of the random token ids")->default_val(1);
+  cmd.add_flag("--no-graph", a->no_graph, "On CUDA, launch each decode step without a graph");
+  add_threads_option(cmd, a->threads);
+  add_device_option(cmd, a->device);
+  return [a] {
+    LLMK_CHECK(a->batch == 1, "--batch {}: batched generation is not implemented yet (use 1)",
+               a->batch);
+    prepare(a->model, a->threads);
+    const Device device = resolve_device(a->device);
+    const int64_t ctx = a->prompt_tokens + a->gen_tokens + 1;
+    auto model = Model::load(a->model, LoadOptions{.context = ctx,
+                                                   .device = device,
+                                                   .progress = load_progress()});
+    const ModelConfig& c = model->config();
+    std::mt19937_64 rng(a->seed);
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.vocab_size - 1));
+    std::vector<int32_t> prompt(static_cast<size_t>(a->prompt_tokens));
+    for (int32_t& id : prompt) id = pick(rng);
+
+    SamplerConfig greedy;
+    greedy.temperature = 0;
+    std::vector<double> prefill_ms, step_ms;
+    for (int rep = 0; rep <= a->reps; ++rep) {  // rep 0 warms up (graph capture, algorithms)
+      Decoder dec(*model, greedy, !a->no_graph);
+      auto t0 = Clock::now();
+      int32_t id = dec.prefill(prompt, 0);  // waits for the device: the next id is read back
+      const double p_ms = ms_since(t0);
+      if (rep > 0) prefill_ms.push_back(p_ms);
+      for (int i = 0; i < a->gen_tokens - 1; ++i) {
+        auto t1 = Clock::now();
+        id = dec.step(id, a->prompt_tokens + i);
+        if (rep > 0) step_ms.push_back(ms_since(t1));
+      }
+    }
+    const double p_med = median(prefill_ms), s_med = median(step_ms);
+    nlohmann::json out = {
+        {"model", a->model},
+        {"config", c.summary()},
+        {"device", device == Device::CPU ? "cpu" : "cuda"},
+        {"prompt_tokens", a->prompt_tokens},
+        {"gen_tokens", a->gen_tokens},
+        {"reps", a->reps},
+        {"prefill_ms_median", p_med},
+        {"prefill_tokens_per_s", a->prompt_tokens / (p_med / 1000)},
+        {"decode_ms_per_step_median", s_med},
+        {"decode_tokens_per_s", 1000 / s_med},
+        {"cuda_graph", device == Device::CUDA && !a->no_graph},
+    };
+    std::string where = fmt::format("cpu, {} threads", cpu_pool().num_threads());
+#ifdef LLMK_HAS_CUDA
+    if (device == Device::CUDA) {
+      const auto st = cuda::allocator().stats();
+      out["peak_gpu_memory_mib"] = st.peak_reserved / 1048576.0;
+      out["gpu"] = cuda::device_info().name;
+      where = fmt::format("{}, peak GPU memory {:.0f} MiB", cuda::device_info().name,
+                          st.peak_reserved / 1048576.0);
+    }
+#endif
+    fmt::print("model: {}\n{}\nprefill: {} tokens in {:.2f} ms = {:.0f} tokens/s\n"
+               "decode:  {:.3f} ms/step = {:.1f} tokens/s (median of {} steps)\n",
+               c.summary(), where, a->prompt_tokens, p_med, a->prompt_tokens / (p_med / 1000),
+               s_med, 1000 / s_med, step_ms.size());
+    if (!a->json.empty()) {
+      std::ofstream f(a->json);
+      LLMK_CHECK(f.good(), "{}: cannot write the JSON output", a->json);
+      f << out.dump(2) << "\n";
+    }
+    return 0;
+  };
+}
+
+}  // namespace llmk::cli

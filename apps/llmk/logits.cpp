@@ -1,0 +1,68 @@
+// llmk logits: the logits of a fixed token sequence, for comparisons with other engines.
+// The first --prefill tokens run as one batched pass; every later token runs as a decode step
+// (graph-replayed on CUDA), exactly as generation would run it. Writes float32 [n_ids, vocab]
+// row-major to --out: row i holds the logits after token i.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iterator>
+
+#include "apps/llmk/commands.h"
+#include "core/error.h"
+#include "engine/generator.h"
+#include "model/model.h"
+#include "ops/ops.h"
+
+namespace llmk::cli {
+
+Command add_logits(CLI::App& cmd) {
+  struct Args {
+    std::string model, device, ids_file, out;
+    int prefill = 0, threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  add_model_option(cmd, a->model);
+  cmd.add_option("--ids", a->ids_file, "File of whitespace-separated token ids")->required();
+  cmd.add_option("--prefill", a->prefill,
+                 "How many of the ids run as one prefill pass (default: all); the rest run one "
+                 "decode step each")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--out", a->out,
+                 "Output file: float32 logits [n_ids, vocab], row i predicting id i+1")
+      ->required();
+  add_threads_option(cmd, a->threads);
+  add_device_option(cmd, a->device);
+  return [a] {
+    prepare(a->model, a->threads);
+    std::ifstream in(a->ids_file);
+    LLMK_CHECK(in.good(), "{}: cannot read the token ids", a->ids_file);
+    std::vector<int32_t> ids{std::istream_iterator<int32_t>(in), std::istream_iterator<int32_t>()};
+    LLMK_CHECK(!ids.empty(), "{}: no token ids", a->ids_file);
+    const auto n = static_cast<int64_t>(ids.size());
+    const int64_t prefill = a->prefill > 0 ? std::min<int64_t>(a->prefill, n) : n;
+    auto model = Model::load(a->model, LoadOptions{.context = n,
+                                                   .device = resolve_device(a->device),
+                                                   .progress = load_progress()});
+    const int64_t vocab = model->config().vocab_size;
+    Tensor host = Tensor::empty({n, vocab}, DType::F32);
+    Tensor all = model->forward({ids.data(), static_cast<size_t>(prefill)}, 0, true);
+    Tensor first = host.slice(0, 0, prefill);
+    ops::transfer(first, all);
+    SamplerConfig greedy;
+    greedy.temperature = 0;
+    Decoder dec(*model, greedy, /*cuda_graph=*/true);
+    for (int64_t i = prefill; i < n; ++i) {
+      dec.step(ids[static_cast<size_t>(i)], i);
+      Tensor row = host.slice(0, i, i + 1);
+      ops::transfer(row, dec.last_logits());
+    }
+    std::ofstream out(a->out, std::ios::binary);
+    LLMK_CHECK(out.good(), "{}: cannot write", a->out);
+    out.write(static_cast<const char*>(host.data()), host.nbytes());
+    fmt::print(stderr, "[llmk] wrote logits [{}, {}] ({} prefill + {} decode steps) to {}\n", n,
+               vocab, prefill, n - prefill, a->out);
+    return 0;
+  };
+}
+
+}  // namespace llmk::cli

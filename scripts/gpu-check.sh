@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The one command for the GPU machine: build (CUDA, sm_90a, all cores), GPU tests normally and
+# once under compute-sanitizer memcheck, the CPU tests of that build, benchmarks, and the
+# comparison with transformers. Writes logs, JSON and summary.md to $OUT (or build/gpu-check).
+#
+#   scripts/gpu-check.sh                 # build test sanitize bench
+#   scripts/gpu-check.sh e2e             # bench/e2e_vs_hf.py (needs torch + transformers)
+#   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e
+#
+# The SmolLM2 model (98 MB) is larger than what one device call carries: it travels in parts
+# under .xfer/ (scripts/split-model.sh) and is put together here into models/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build/gpu-check}
+mkdir -p "$out"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build test sanitize bench)
+has() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+status=0
+summary=$out/summary.md
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$model" ] && ls .xfer/smol.part* >/dev/null 2>&1; then
+  mkdir -p models && cat .xfer/smol.part* > "$model.tmp" && mv "$model.tmp" "$model"
+fi
+[ -f "$model" ] && note "model: $model ($(sha256sum "$model" | cut -c1-12))" || note "model: $model missing"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu: /' | tee -a "$summary"
+
+if has build; then
+  t0=$(date +%s)
+  cmake --preset cuda >"$out/configure.log" 2>&1 &&
+    cmake --build --preset cuda -j "$(nproc)" >"$out/build.log" 2>&1
+  rc=$?
+  note "build: rc=$rc in $(( $(date +%s) - t0 )) s"
+  [ $rc -ne 0 ] && { tail -n 40 "$out/build.log"; exit 1; }
+fi
+
+if has test; then
+  build/cuda/tests/gpu_tests 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |GPU tests on|SmolLM2 CUDA|Failure" | head -60
+  rc=${PIPESTATUS[0]}
+  note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]' "$out/gpu_tests.log" | head -1)"
+  [ $rc -ne 0 ] && status=1
+  (cd build/cuda && ctest -L cpu -j "$(nproc)" >"$out/cpu_tests.log" 2>&1)
+  rc=$?
+  note "cpu tests (cuda build): rc=$rc, $(grep 'tests passed' "$out/cpu_tests.log")"
+  [ $rc -ne 0 ] && status=1
+fi
+
+if has sanitize; then
+  compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 \
+    build/cuda/tests/gpu_tests ${SANITIZE_FILTER:+--gtest_filter=$SANITIZE_FILTER} >"$out/memcheck.log" 2>&1
+  rc=$?
+  note "compute-sanitizer memcheck: rc=$rc, $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
+  [ $rc -ne 0 ] && { status=1; grep -E -m 20 "Invalid|ERROR|FAILED" "$out/memcheck.log"; }
+fi
+
+if has bench; then
+  if [ -f "$model" ]; then
+    build/cuda/llmk bench -m "$model" --prompt-tokens 512 --gen-tokens 256 --json "$out/bench_smollm2.json" \
+      2>&1 | tee "$out/bench_smollm2.log" | grep -E "prefill|decode|peak"
+    note "bench smollm2: $(grep -E 'decode:' "$out/bench_smollm2.log")"
+  fi
+  [ -x build/cuda/bench/linear_bench ] && build/cuda/bench/linear_bench | tee "$out/linear_bench.log"
+fi
+
+if has e2e; then
+  PYTHONUNBUFFERED=1 python3 bench/e2e_vs_hf.py --llmk build/cuda/llmk --out "$out" 2>&1 | tee "$out/e2e.log" | grep -v -E "it/s|Warning"
+  rc=${PIPESTATUS[0]}
+  note "e2e vs transformers: rc=$rc"
+  grep -E "^\|" "$out/e2e.log" >> "$summary"
+  [ $rc -ne 0 ] && status=1
+fi
+
+echo "---- summary"; cat "$summary"
+exit $status

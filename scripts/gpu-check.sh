@@ -7,6 +7,8 @@
 #   scripts/gpu-check.sh e2e             # bench/e2e_vs_hf.py (needs torch + transformers)
 #   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e
 #
+# Binaries: build/cuda (step `build`), or .devbin/ made by scripts/pack-devbin.sh on a machine
+# that could build them (the GPU machine lacks PCRE2's development files).
 # The SmolLM2 model (98 MB) is larger than what one device call carries: it travels in parts
 # under .xfer/ (scripts/split-model.sh) and is put together here into models/.
 set -uo pipefail
@@ -37,20 +39,32 @@ if has build; then
   [ $rc -ne 0 ] && { tail -n 40 "$out/build.log"; exit 1; }
 fi
 
+bin=build/cuda
+tests=build/cuda/tests
+if [ ! -x build/cuda/llmk ] && [ -x .devbin/llmk ]; then
+  bin=.devbin
+  tests=.devbin
+  export LD_LIBRARY_PATH=$PWD/.devbin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LLMK_SOURCE_DIR=$PWD
+  note "binaries: prebuilt in .devbin"
+fi
+
 if has test; then
-  build/cuda/tests/gpu_tests 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |GPU tests on|SmolLM2 CUDA|Failure" | head -60
+  $tests/gpu_tests 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |GPU tests on|SmolLM2 CUDA|Failure" | head -60
   rc=${PIPESTATUS[0]}
   note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]' "$out/gpu_tests.log" | head -1)"
   [ $rc -ne 0 ] && status=1
-  (cd build/cuda && ctest -L cpu -j "$(nproc)" >"$out/cpu_tests.log" 2>&1)
-  rc=$?
-  note "cpu tests (cuda build): rc=$rc, $(grep 'tests passed' "$out/cpu_tests.log")"
-  [ $rc -ne 0 ] && status=1
+  if [ "$bin" = build/cuda ]; then
+    (cd build/cuda && ctest -L cpu -j "$(nproc)" >"$out/cpu_tests.log" 2>&1)
+    rc=$?
+    note "cpu tests (cuda build): rc=$rc, $(grep 'tests passed' "$out/cpu_tests.log")"
+    [ $rc -ne 0 ] && status=1
+  fi
 fi
 
 if has sanitize; then
-  compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 \
-    build/cuda/tests/gpu_tests ${SANITIZE_FILTER:+--gtest_filter=$SANITIZE_FILTER} >"$out/memcheck.log" 2>&1
+  timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 \
+    $tests/gpu_tests ${SANITIZE_FILTER:+--gtest_filter=$SANITIZE_FILTER} >"$out/memcheck.log" 2>&1
   rc=$?
   note "compute-sanitizer memcheck: rc=$rc, $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
   [ $rc -ne 0 ] && { status=1; grep -E -m 20 "Invalid|ERROR|FAILED" "$out/memcheck.log"; }
@@ -58,15 +72,17 @@ fi
 
 if has bench; then
   if [ -f "$model" ]; then
-    build/cuda/llmk bench -m "$model" --prompt-tokens 512 --gen-tokens 256 --json "$out/bench_smollm2.json" \
+    $bin/llmk bench -m "$model" --prompt-tokens 512 --gen-tokens 256 --json "$out/bench_smollm2.json" \
       2>&1 | tee "$out/bench_smollm2.log" | grep -E "prefill|decode|peak"
     note "bench smollm2: $(grep -E 'decode:' "$out/bench_smollm2.log")"
   fi
-  [ -x build/cuda/bench/linear_bench ] && build/cuda/bench/linear_bench | tee "$out/linear_bench.log"
+  lb=$bin/linear_bench
+  [ -x "$lb" ] || lb=$bin/bench/linear_bench
+  [ -x "$lb" ] && "$lb" | tee "$out/linear_bench.log" | tail -n 16
 fi
 
 if has e2e; then
-  PYTHONUNBUFFERED=1 python3 bench/e2e_vs_hf.py --llmk build/cuda/llmk --out "$out" 2>&1 | tee "$out/e2e.log" | grep -v -E "it/s|Warning"
+  PYTHONUNBUFFERED=1 python3 bench/e2e_vs_hf.py --llmk $bin/llmk --out "$out" 2>&1 | tee "$out/e2e.log" | grep -v -E "it/s|Warning"
   rc=${PIPESTATUS[0]}
   note "e2e vs transformers: rc=$rc"
   grep -E "^\|" "$out/e2e.log" >> "$summary"

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -39,6 +40,8 @@ def main():
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     model.eval()
+    model_bf16 = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+    model_bf16.eval()
 
     cases = []
     for text in PROMPTS:
@@ -52,6 +55,10 @@ def main():
             cont = seq[len(ids):]
             # One full forward pass over prompt + continuation gives the logits at every position.
             logits = model(torch.tensor([seq])).logits[0].float()
+            bf16 = model_bf16(torch.tensor([seq])).logits[0].double()
+        ref = logits.double()
+        bf16_err = ((bf16 - ref).norm(dim=-1) / ref.norm(dim=-1)).tolist()
+        bf16_top1 = (bf16.argmax(-1) == ref.argmax(-1)).tolist()
         vals, idx = torch.topk(logits, TOP_K, dim=-1)
         cases.append({
             "text": text,
@@ -60,6 +67,8 @@ def main():
             "continuation_text": tok.decode(cont),
             "top_ids": idx.tolist(),
             "top_logits": [[round(v, 5) for v in row] for row in vals.tolist()],
+            "hf_bf16_rel_err": [round(e, 6) for e in bf16_err],
+            "hf_bf16_top1_agrees": bf16_top1,
         })
         print(repr(text[:40]), "->", repr(tok.decode(cont)[:60]))
 

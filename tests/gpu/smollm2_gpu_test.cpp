@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 #include <fstream>
 
 #include "core/cuda/device.h"
@@ -15,13 +17,20 @@
 namespace llmk {
 namespace {
 
-// Relative L2 error of one position's logits. The CUDA path rounds weights (dequantised Q4_1)
-// and every activation to bf16 (8-bit mantissa, relative rounding 2^-9 = 0.2%), about ten
-// roundings per layer over 30 layers; independent roundings add up like a random walk, to a few
-// percent at most. Bound: 5e-2. The measured figure is printed.
-constexpr double kMaxRelErr = 5e-2;
-// Positions whose CPU top-1 the CUDA path must reproduce; near-ties may flip under bf16.
-constexpr double kMinTop1 = 0.95;
+// The yardstick is transformers itself in bf16: scripts/make-fixtures.py records, per position,
+// its relative logit error against its float32 run and whether its top-1 agrees. llmk's CUDA
+// path (bf16 weights and activations, fp32 accumulation) is compared with llmk's CPU path, which
+// matches transformers' float32 to 6e-5 (tests/engine), and must lose no more than 1.5x what
+// transformers loses in bf16: worst and median error over all positions, and top-1 agreement
+// at most 2 points below. SmolLM2's residual stream carries large activations that bf16 holds
+// coarsely, so both engines reach ~0.1 relative error at a few positions.
+constexpr double kErrRatio = 1.5;
+constexpr double kTop1Slack = 0.02;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 double rel_err(const float* a, const float* ref, int64_t n) {
   double num = 0, den = 0;
@@ -44,14 +53,17 @@ TEST(SmolLM2Gpu, CudaLogitsMatchTheCpuPath) {
   auto cpu = Model::load(test::smollm2_path(), {.context = 128, .device = Device::CPU});
   auto gpu = Model::load(test::smollm2_path(), {.context = 128, .device = Device::CUDA});
   const int64_t vocab = cpu->config().vocab_size;
-  double worst = 0;
-  int64_t agree = 0, total = 0;
+  std::vector<double> errs, hf_errs;
+  int64_t agree = 0, hf_agree = 0;
   for (const auto& c : ref.at("cases")) {
     std::vector<int32_t> seq = c.at("ids").get<std::vector<int32_t>>();
     const auto cont = c.at("continuation").get<std::vector<int32_t>>();
     const auto n_prompt = static_cast<int64_t>(seq.size());
     seq.insert(seq.end(), cont.begin(), cont.end());
     const auto n = static_cast<int64_t>(seq.size());
+    const auto hf_err = c.at("hf_bf16_rel_err").get<std::vector<double>>();
+    const auto hf_top1 = c.at("hf_bf16_top1_agrees").get<std::vector<bool>>();
+    ASSERT_EQ(hf_err.size(), static_cast<size_t>(n));
     // CPU: every position in one pass.
     const Tensor cpu_logits = cpu->forward(seq, 0, true);
     // CUDA: the prompt as one prefill, then each continuation token as a graph-replayed step.
@@ -70,18 +82,23 @@ TEST(SmolLM2Gpu, CudaLogitsMatchTheCpuPath) {
       const float* g = gpu_logits.data<float>() + p * vocab;
       const float* r = cpu_logits.data<float>() + p * vocab;
       ASSERT_TRUE(std::isfinite(g[0]) && std::isfinite(g[vocab - 1])) << "position " << p;
-      const double e = rel_err(g, r, vocab);
-      worst = std::max(worst, e);
-      EXPECT_LE(e, kMaxRelErr) << "position " << p << " of " << c.at("text");
+      errs.push_back(rel_err(g, r, vocab));
+      hf_errs.push_back(hf_err[static_cast<size_t>(p)]);
       agree += argmax(g, vocab) == argmax(r, vocab);
-      ++total;
+      hf_agree += hf_top1[static_cast<size_t>(p)];
     }
   }
-  const double top1 = static_cast<double>(agree) / static_cast<double>(total);
-  std::printf("SmolLM2 CUDA vs CPU: worst relative logit error %.4f, top-1 agreement %.3f over %ld "
-              "positions\n",
-              worst, top1, static_cast<long>(total));
-  EXPECT_GE(top1, kMinTop1);
+  const auto total = static_cast<double>(errs.size());
+  const double worst = *std::max_element(errs.begin(), errs.end());
+  const double hf_worst = *std::max_element(hf_errs.begin(), hf_errs.end());
+  const double top1 = agree / total, hf_top1 = hf_agree / total;
+  std::printf("SmolLM2 CUDA vs CPU over %.0f positions: relative logit error worst %.4f, median "
+              "%.4f, top-1 agreement %.3f; transformers bf16 vs f32: worst %.4f, median %.4f, "
+              "top-1 %.3f\n",
+              total, worst, median(errs), top1, hf_worst, median(hf_errs), hf_top1);
+  EXPECT_LE(worst, kErrRatio * hf_worst);
+  EXPECT_LE(median(errs), kErrRatio * median(hf_errs));
+  EXPECT_GE(top1, hf_top1 - kTop1Slack);
   EXPECT_GT(worst, 0.0);
 }
 

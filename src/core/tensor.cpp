@@ -207,6 +207,28 @@ Tensor Tensor::transpose(int a, int b) const {
   return t;
 }
 
+Tensor Tensor::unflatten(int d, const Shape& sizes) const {
+  LLMK_CHECK(!is_quantized(dtype_), "unflatten() of block type {}", dtype_name(dtype_));
+  const int n = ndim();
+  const int j = d < 0 ? d + n : d;
+  LLMK_CHECK(j >= 0 && j < n, "unflatten(): dimension {} out of range for {}", d, str());
+  LLMK_CHECK(!sizes.empty() && shape_numel(sizes) == shape_[static_cast<size_t>(j)],
+             "unflatten(): {} does not split dimension {} of {}", shape_str(sizes), d, str());
+  Tensor t = *this;
+  const int64_t base = strides_[static_cast<size_t>(j)];
+  std::vector<int64_t> st(sizes.size());
+  int64_t acc = base;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= sizes[i];
+  }
+  t.shape_.erase(t.shape_.begin() + j);
+  t.strides_.erase(t.strides_.begin() + j);
+  t.shape_.insert(t.shape_.begin() + j, sizes.begin(), sizes.end());
+  t.strides_.insert(t.strides_.begin() + j, st.begin(), st.end());
+  return t;
+}
+
 Tensor Tensor::contiguous() const {
   LLMK_CHECK(device_ == Device::CPU, "contiguous() is host-only");
   if (is_contiguous()) {

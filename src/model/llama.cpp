@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/blocks.h"
 #include "model/memory_check.h"
 #include "ops/ops.h"
 
@@ -15,22 +16,20 @@ namespace llmk {
 namespace {
 
 struct LayerWeights {
-  Tensor attn_norm;        // [d_model] f32
-  Tensor wq, wk, wv, wo;   // [Hq*D, d_model], [Hkv*D, d_model] x2, [d_model, Hq*D]
-  Tensor bq, bk, bv;       // optional [Hq*D], [Hkv*D] x2 f32 (Qwen2)
-  Tensor ffn_norm;         // [d_model] f32
-  Tensor w_gate, w_up;     // [d_ff, d_model]
-  Tensor w_down;           // [d_model, d_ff]
+  Tensor attn_norm;    // [d_model] f32
+  Projection qkv;      // Q|K|V: [Hq*D + 2*Hkv*D, d_model], biases for Qwen2
+  Tensor wo;           // [d_model, Hq*D]
+  Tensor ffn_norm;     // [d_model] f32
+  Projection gate_up;  // gate|up: [2*d_ff, d_model]
+  Tensor w_down;       // [d_model, d_ff]
 };
 
 // Activations for up to `capacity` tokens (act dtype: f32 on the CPU, bf16 on CUDA), reused
 // across calls so that steady-state decoding allocates nothing.
 struct Scratch {
   int64_t capacity = 0;
-  Tensor x, h, q, k, v, attn, o, gate, up, logits;
+  Tensor x, h, qkv, attn, o, gate_up, act, logits;
 };
-
-const Tensor* maybe(const Tensor& t) { return t.defined() ? &t : nullptr; }
 
 class LlamaModel final : public Model {
  public:
@@ -82,16 +81,12 @@ void LlamaModel::load_weights(WeightLoader& w) {
     const std::string b = fmt::format("blk.{}.", i);
     LayerWeights& l = layers_[static_cast<size_t>(i)];
     l.attn_norm = w.vector(b + "attn_norm.weight", {d});
-    l.wq = w.matrix(b + "attn_q.weight", {qd, d});
-    l.wk = w.matrix(b + "attn_k.weight", {kvd, d});
-    l.wv = w.matrix(b + "attn_v.weight", {kvd, d});
-    l.bq = w.optional_vector(b + "attn_q.bias", {qd});
-    l.bk = w.optional_vector(b + "attn_k.bias", {kvd});
-    l.bv = w.optional_vector(b + "attn_v.bias", {kvd});
+    l.qkv.load(w, {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"},
+               {{qd, d}, {kvd, d}, {kvd, d}},
+               {b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"});
     l.wo = w.matrix(b + "attn_output.weight", {d, qd});
     l.ffn_norm = w.vector(b + "ffn_norm.weight", {d});
-    l.w_gate = w.matrix(b + "ffn_gate.weight", {c.d_ff, d});
-    l.w_up = w.matrix(b + "ffn_up.weight", {c.d_ff, d});
+    l.gate_up.load(w, {b + "ffn_gate.weight", b + "ffn_up.weight"}, {{c.d_ff, d}, {c.d_ff, d}});
     l.w_down = w.matrix(b + "ffn_down.weight", {d, c.d_ff});
   }
 }
@@ -105,7 +100,7 @@ uint64_t LlamaModel::kv_cache_bytes() const {
 uint64_t LlamaModel::activation_bytes(int64_t t) const {
   const ModelConfig& c = config();
   const int64_t per_token = 3 * c.d_model + 2 * c.n_heads * c.head_dim +
-                            2 * c.n_kv_heads * c.head_dim + 2 * c.d_ff;
+                            2 * c.n_kv_heads * c.head_dim + 3 * c.d_ff;
   return static_cast<uint64_t>(bytes_for(act_, t * per_token) + 4 * c.vocab_size);
 }
 
@@ -122,15 +117,14 @@ void LlamaModel::reserve(int64_t t, bool all_logits) {
   const Device dev = device();
   if (t > s_.capacity) {
     s_.capacity = t;
+    const int64_t qkv = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
     s_.x = Tensor::empty({t, c.d_model}, act_, dev);
     s_.h = Tensor::empty({t, c.d_model}, act_, dev);
     s_.o = Tensor::empty({t, c.d_model}, act_, dev);
-    s_.q = Tensor::empty({t, c.n_heads, c.head_dim}, act_, dev);
+    s_.qkv = Tensor::empty({t, qkv}, act_, dev);
     s_.attn = Tensor::empty({t, c.n_heads, c.head_dim}, act_, dev);
-    s_.k = Tensor::empty({t, c.n_kv_heads, c.head_dim}, act_, dev);
-    s_.v = Tensor::empty({t, c.n_kv_heads, c.head_dim}, act_, dev);
-    s_.gate = Tensor::empty({t, c.d_ff}, act_, dev);
-    s_.up = Tensor::empty({t, c.d_ff}, act_, dev);
+    s_.gate_up = Tensor::empty({t, 2 * c.d_ff}, act_, dev);
+    s_.act = Tensor::empty({t, c.d_ff}, act_, dev);
   }
   const int64_t rows = all_logits ? t : 1;
   if (!s_.logits.defined() || s_.logits.dim(0) < rows) {
@@ -142,13 +136,19 @@ Tensor LlamaModel::compute(int64_t t, bool all_logits) {
   const ModelConfig& c = config();
   LLMK_CHECK(t > 0 && t == staged_, "compute: {} tokens requested but {} staged", t, staged_);
   reserve(t, all_logits);
-  const int64_t qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
+  const int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
+  const int64_t qd = H * D, kvd = Hkv * D, F = c.d_ff;
   const Tensor ids = ids_.slice(0, 0, t), positions = positions_.slice(0, 0, t);
   Tensor x = s_.x.slice(0, 0, t), h = s_.h.slice(0, 0, t), o = s_.o.slice(0, 0, t);
-  Tensor q = s_.q.slice(0, 0, t), k = s_.k.slice(0, 0, t), v = s_.v.slice(0, 0, t);
-  Tensor q2 = q.view({t, qd}), k2 = k.view({t, kvd}), v2 = v.view({t, kvd});
+  // Views into the Q|K|V output: [T, heads, D] with the row stride of the whole projection.
+  Tensor qkv = s_.qkv.slice(0, 0, t);
+  Tensor q = qkv.slice(1, 0, qd).unflatten(1, {H, D});
+  Tensor k = qkv.slice(1, qd, qd + kvd).unflatten(1, {Hkv, D});
+  Tensor v = qkv.slice(1, qd + kvd, qd + 2 * kvd).unflatten(1, {Hkv, D});
+  Tensor qk = qkv.slice(1, 0, qd + kvd).unflatten(1, {H + Hkv, D});  // RoPE for both at once
   Tensor attn = s_.attn.slice(0, 0, t), attn2 = attn.view({t, qd});
-  Tensor gate = s_.gate.slice(0, 0, t), up = s_.up.slice(0, 0, t);
+  Tensor gate_up = s_.gate_up.slice(0, 0, t), act = s_.act.slice(0, 0, t);
+  const Tensor gate = gate_up.slice(1, 0, F), up = gate_up.slice(1, F, 2 * F);
 
   const ops::RopeParams rope{.rot_dim = static_cast<int>(c.rope_dim),
                              .theta = c.rope_theta,
@@ -160,20 +160,16 @@ Tensor LlamaModel::compute(int64_t t, bool all_logits) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerWeights& l = layers_[i];
     // h holds attn_norm(x) here.
-    ops::linear(q2, h, l.wq, maybe(l.bq));
-    ops::linear(k2, h, l.wk, maybe(l.bk));
-    ops::linear(v2, h, l.wv, maybe(l.bv));
-    ops::rope(q, positions, rope);
-    ops::rope(k, positions, rope);
+    l.qkv.apply(qkv, h);
+    ops::rope(qk, positions, rope);
     ops::kv_append(k_cache_[i], v_cache_[i], k, v, positions);
     ops::attention(attn, q, k_cache_[i], v_cache_[i], positions, attn_params);
     ops::linear(o, attn2, l.wo);
     ops::add_rms_norm(x, o, h, l.ffn_norm, c.rms_eps);
 
-    ops::linear(gate, h, l.w_gate);
-    ops::linear(up, h, l.w_up);
-    ops::gated_act(gate, gate, up, ops::Activation::SiLU);
-    ops::linear(o, gate, l.w_down);
+    l.gate_up.apply(gate_up, h);
+    ops::gated_act(act, gate, up, ops::Activation::SiLU);
+    ops::linear(o, act, l.w_down);
     const Tensor& next_norm = i + 1 < layers_.size() ? layers_[i + 1].attn_norm : output_norm_;
     ops::add_rms_norm(x, o, h, next_norm, c.rms_eps);
   }

@@ -112,19 +112,78 @@ Tensor WeightLoader::place(const std::string& name, const Shape& shape, bool is_
   if (t.dtype() == want && device_ == Device::CPU) {
     out = t;  // borrowed from the mapping
   } else {
-    Tensor host = t;
-    if (t.dtype() != want) {
-      host = Tensor::empty(shape, want);
-      ops::dequantize(host, t);
-    }
-    if (device_ == Device::CPU) {
-      out = host;
-    } else {
-      out = Tensor::empty(shape, want, device_);
-      ops::transfer(out, host);
-    }
+    out = Tensor::empty(shape, want, device_);
+    put(out, t, want);
   }
+  count(out);
+  return out;
+}
+
+void WeightLoader::put(Tensor& dst, const Tensor& t, DType want) {
+  Tensor host = t;
+  if (t.dtype() != want) {
+    host = Tensor::empty(t.shape(), want);
+    ops::dequantize(host, t);
+  }
+  ops::transfer(dst, host);
+}
+
+void WeightLoader::count(const Tensor& placed) {
   ++prog_.done;
+  prog_.bytes_done += static_cast<uint64_t>(placed.nbytes());
+  if (progress_) progress_(prog_);
+}
+
+bool WeightLoader::can_stack(const std::vector<std::string>& names) const {
+  if (device_ != Device::CPU) return true;
+  DType first = DType::F32;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Tensor t = src_.find(names[i]);
+    if (!t.defined()) return false;
+    if (i == 0) first = t.dtype();
+    if (t.dtype() != first) return false;
+  }
+  return true;
+}
+
+Tensor WeightLoader::stacked(const std::vector<std::string>& names,
+                             const std::vector<Shape>& shapes, bool is_vector) {
+  LLMK_CHECK(names.size() == shapes.size() && !names.empty(), "stacked(): {} names, {} shapes",
+             names.size(), shapes.size());
+  std::vector<Tensor> parts;
+  int64_t rows = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    Tensor t = src_.find(names[i]);
+    if (!t.defined()) {
+      LLMK_CHECK(parts.empty(), "{}: tensor '{}' is missing but '{}' is there", src_.path(),
+                 src_.file_name(names[i]), src_.file_name(names[0]));
+      if (is_vector) return Tensor();  // e.g. no q/k/v biases at all
+      LLMK_FAIL("{}: missing tensor '{}'", src_.path(), src_.file_name(names[i]));
+    }
+    LLMK_CHECK(t.shape() == shapes[i], "{}: tensor '{}' has shape {} but the model config needs {}",
+               src_.path(), src_.file_name(names[i]), shape_str(t.shape()), shape_str(shapes[i]));
+    LLMK_CHECK(is_vector ? t.ndim() == 1 : t.ndim() == 2 && t.dim(1) == shapes[0][1],
+               "{}: tensor '{}' of shape {} cannot be stacked with '{}'", src_.path(),
+               src_.file_name(names[i]), shape_str(t.shape()), src_.file_name(names[0]));
+    rows += t.dim(0);
+    parts.push_back(std::move(t));
+  }
+  const DType want =
+      is_vector ? DType::F32 : (device_ == Device::CPU ? parts[0].dtype() : DType::BF16);
+  const Shape shape = is_vector ? Shape{rows} : Shape{rows, shapes[0][1]};
+  if (planning_) {
+    planned_bytes_ += static_cast<uint64_t>(bytes_for(want, shape_numel(shape)));
+    plan_count_ += static_cast<int64_t>(parts.size());
+    return Tensor();
+  }
+  Tensor out = Tensor::empty(shape, want, device_);
+  int64_t at = 0;
+  for (const Tensor& t : parts) {
+    Tensor dst = out.slice(0, at, at + t.dim(0));
+    put(dst, t, want);
+    at += t.dim(0);
+    ++prog_.done;
+  }
   prog_.bytes_done += static_cast<uint64_t>(out.nbytes());
   if (progress_) progress_(prog_);
   return out;

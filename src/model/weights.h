@@ -51,6 +51,14 @@ class WeightLoader {
   Tensor optional_vector(const std::string& name, const Shape& shape);
   bool has(const std::string& name) const;
 
+  // Several matrices (or vectors) stacked along their rows into one tensor, so that one linear
+  // computes all their outputs. Shapes must share their columns. Possible when the parts can end
+  // in one dtype: always on CUDA (bf16) and for vectors (f32); on the CPU when the parts' stored
+  // dtypes are equal. stacked() of parts that are absent gives an undefined Tensor.
+  bool can_stack(const std::vector<std::string>& names) const;
+  Tensor stacked(const std::vector<std::string>& names, const std::vector<Shape>& shapes,
+                 bool is_vector = false);
+
   // Planning: in a first pass (planning() true) nothing is copied and undefined tensors come
   // back; the loader only adds up the bytes the device will need. finish_plan() ends it.
   bool planning() const { return planning_; }
@@ -59,6 +67,9 @@ class WeightLoader {
 
  private:
   Tensor place(const std::string& name, const Shape& shape, bool is_vector, bool required);
+  // Converts `t` to `want` (dequantising as needed) and copies it into `dst` on the device.
+  void put(Tensor& dst, const Tensor& t, DType want);
+  void count(const Tensor& placed);
 
   const WeightSource& src_;
   Device device_;

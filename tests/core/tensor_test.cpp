@@ -41,6 +41,21 @@ TEST(Tensor, ViewsShareStorageAndCheckBounds) {
   EXPECT_THROW(col.view({3}), Error);
 }
 
+TEST(Tensor, UnflattenSplitsStridedColumns) {
+  Tensor t = Tensor::empty({2, 10}, DType::F32);
+  float* p = t.data<float>();
+  std::iota(p, p + 20, 0.0f);
+  // Columns 4..9 of each row as [2, 3 heads, 2].
+  Tensor v = t.slice(1, 4, 10).unflatten(1, {3, 2});
+  ASSERT_EQ(v.shape(), (Shape{2, 3, 2}));
+  EXPECT_EQ(v.strides(), (std::vector<int64_t>{10, 2, 1}));
+  Tensor c = v.contiguous();
+  EXPECT_EQ(c.data<float>()[0], 4.0f);
+  EXPECT_EQ(c.data<float>()[5], 9.0f);
+  EXPECT_EQ(c.data<float>()[6], 14.0f);
+  EXPECT_THROW(t.unflatten(1, {3, 3}), Error);
+}
+
 TEST(Tensor, BlockTypesSliceByRows) {
   Tensor q = Tensor::empty({4, 64}, DType::Q8_0);
   EXPECT_EQ(q.nbytes(), 4 * 2 * 34);

@@ -1,0 +1,44 @@
+#include "model/blocks.h"
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace llmk {
+
+void Projection::load(WeightLoader& loader, const std::vector<std::string>& weight_names,
+                      const std::vector<Shape>& shapes, const std::vector<std::string>& bias_names) {
+  rows = 0;
+  std::vector<Shape> bias_shapes;
+  for (const Shape& s : shapes) {
+    rows += s[0];
+    bias_shapes.push_back({s[0]});
+  }
+  ws.clear();
+  bs.clear();
+  if (loader.can_stack(weight_names)) {
+    w = loader.stacked(weight_names, shapes);
+    b = bias_names.empty() ? Tensor() : loader.stacked(bias_names, bias_shapes, /*is_vector=*/true);
+    return;
+  }
+  w = b = Tensor();
+  for (size_t i = 0; i < weight_names.size(); ++i) {
+    ws.push_back(loader.matrix(weight_names[i], shapes[i]));
+    bs.push_back(bias_names.empty() ? Tensor()
+                                    : loader.optional_vector(bias_names[i], bias_shapes[i]));
+  }
+}
+
+void Projection::apply(Tensor& out, const Tensor& x) const {
+  if (ws.empty()) {
+    ops::linear(out, x, w, b.defined() ? &b : nullptr);
+    return;
+  }
+  int64_t at = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    Tensor cols = out.slice(1, at, at + ws[i].dim(0));
+    ops::linear(cols, x, ws[i], bs[i].defined() ? &bs[i] : nullptr);
+    at += ws[i].dim(0);
+  }
+}
+
+}  // namespace llmk

@@ -1,0 +1,29 @@
+// Building blocks shared by the architectures.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/weights.h"
+
+namespace llmk {
+
+// A linear layer whose output columns are several projections side by side (Q|K|V, gate|up).
+// Loaded as one stacked matrix when the parts can share a dtype (always on CUDA), so one GEMM
+// computes them all; otherwise the parts stay separate and write their column ranges of the
+// output. Biases, when present, follow the same layout.
+struct Projection {
+  Tensor w, b;                 // stacked [rows, cols] and [rows], or undefined
+  std::vector<Tensor> ws, bs;  // the parts, when not stacked
+  int64_t rows = 0;
+
+  // weight_names/shapes: the parts in output order; bias_names: empty or one per part (all
+  // absent is allowed: no bias).
+  void load(WeightLoader& loader, const std::vector<std::string>& weight_names,
+            const std::vector<Shape>& shapes, const std::vector<std::string>& bias_names = {});
+  // out: [T, rows] (row stride free); x: [T, cols].
+  void apply(Tensor& out, const Tensor& x) const;
+};
+
+}  // namespace llmk

@@ -51,8 +51,7 @@ def timed_generate(model, ids, new_tokens):
     return time.perf_counter() - t, out
 
 
-def run_config(name, args):
-    log(f"== {name}")
+def build_model(name, args):
     folder = os.path.join(args.work, name)
     torch.manual_seed(0)
     cfg = CONFIGS[name]()
@@ -61,6 +60,12 @@ def run_config(name, args):
     model.eval()
     model.save_pretrained(folder, safe_serialization=True)
     log(f"saved {folder} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters)")
+    return cfg, model, folder
+
+
+def run_config(name, args):
+    log(f"== {name}")
+    cfg, model, folder = build_model(name, args)
 
     gen = torch.Generator().manual_seed(1)
     n = args.prompt + args.decode
@@ -132,8 +137,13 @@ def main():
     ap.add_argument("--gen", type=int, default=256, help="tokens generated for the speed test")
     ap.add_argument("--work", default="/tmp/llmk-e2e")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--save-only", action="store_true", help="only write the models to --work")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    if args.save_only:
+        for c in args.configs.split(","):
+            build_model(c, args)
+        return
     results = [run_config(c, args) for c in args.configs.split(",")]
     with open(os.path.join(args.out, "e2e_vs_hf.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -5,7 +5,8 @@
 #
 #   scripts/gpu-check.sh                 # build test sanitize bench
 #   scripts/gpu-check.sh e2e             # bench/e2e_vs_hf.py (needs torch + transformers)
-#   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e
+#   scripts/gpu-check.sh profile         # Nsight Compute: per-kernel time of a decode step
+#   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e profile
 #
 # Binaries: build/cuda (step `build`), or .devbin/ made by scripts/pack-devbin.sh on a machine
 # that could build them (the GPU machine lacks PCRE2's development files).
@@ -89,6 +90,19 @@ if has e2e; then
   note "e2e vs transformers: rc=$rc"
   grep -E "^\|" "$out/e2e.log" >> "$summary"
   [ $rc -ne 0 ] && status=1
+fi
+
+if has profile; then
+  # One-token forward passes of the Qwen2.5-0.5B configuration, without graphs so each kernel
+  # is timed alone; clocks are left as they are (--clock-control none). bench with
+  # --prompt-tokens 1 --gen-tokens 2 --reps 1 runs 4 identical one-token passes.
+  qwen=/tmp/llmk-e2e/qwen2.5-0.5b
+  [ -d "$qwen" ] || python3 bench/e2e_vs_hf.py --configs qwen2.5-0.5b --save-only >/dev/null 2>&1
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu_qwen_decode.csv" \
+    $bin/llmk bench -m "$qwen" --prompt-tokens 1 --gen-tokens 2 --reps 1 --no-graph --device cuda \
+    >"$out/ncu_run.log" 2>&1
+  note "profile: rc=$?"
+  python3 bench/profile_summary.py "$out/ncu_qwen_decode.csv" --passes 4 | tee -a "$summary"
 fi
 
 echo "---- summary"; cat "$summary"

@@ -17,7 +17,7 @@ void Projection::load(WeightLoader& loader, const std::vector<std::string>& weig
   bs.clear();
   if (loader.can_stack(weight_names)) {
     w = loader.stacked(weight_names, shapes);
-    b = bias_names.empty() ? Tensor() : loader.stacked(bias_names, bias_shapes, /*is_vector=*/true);
+    b = bias_names.empty() ? Tensor() : loader.stacked(bias_names, bias_shapes, /*is_bias=*/true);
     return;
   }
   w = b = Tensor();

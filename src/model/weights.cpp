@@ -147,7 +147,8 @@ bool WeightLoader::can_stack(const std::vector<std::string>& names) const {
 }
 
 Tensor WeightLoader::stacked(const std::vector<std::string>& names,
-                             const std::vector<Shape>& shapes, bool is_vector) {
+                             const std::vector<Shape>& shapes, bool is_bias) {
+  const bool is_vector = is_bias;
   LLMK_CHECK(names.size() == shapes.size() && !names.empty(), "stacked(): {} names, {} shapes",
              names.size(), shapes.size());
   std::vector<Tensor> parts;
@@ -168,8 +169,9 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
     rows += t.dim(0);
     parts.push_back(std::move(t));
   }
-  const DType want =
-      is_vector ? DType::F32 : (device_ == Device::CPU ? parts[0].dtype() : DType::BF16);
+  const DType want = device_ != Device::CPU ? DType::BF16
+                     : is_vector                ? DType::F32
+                                                : parts[0].dtype();
   const Shape shape = is_vector ? Shape{rows} : Shape{rows, shapes[0][1]};
   if (planning_) {
     planned_bytes_ += static_cast<uint64_t>(bytes_for(want, shape_numel(shape)));

@@ -44,20 +44,21 @@ class WeightLoader {
 
   // A weight matrix [rows, cols] (also embeddings): CPU keeps the stored dtype, CUDA bf16.
   Tensor matrix(const std::string& name, const Shape& shape);
-  // Norm weights and biases: f32 on either device.
+  // Norm weights: f32 on either device.
   Tensor vector(const std::string& name, const Shape& shape);
   // Like the above but an absent tensor gives an undefined Tensor.
   Tensor optional_matrix(const std::string& name, const Shape& shape);
   Tensor optional_vector(const std::string& name, const Shape& shape);
   bool has(const std::string& name) const;
 
-  // Several matrices (or vectors) stacked along their rows into one tensor, so that one linear
-  // computes all their outputs. Shapes must share their columns. Possible when the parts can end
-  // in one dtype: always on CUDA (bf16) and for vectors (f32); on the CPU when the parts' stored
-  // dtypes are equal. stacked() of parts that are absent gives an undefined Tensor.
+  // Several matrices (or bias vectors) stacked along their rows into one tensor, so that one
+  // linear computes all their outputs. Shapes must share their columns. Possible when the parts
+  // can end in one dtype: always on CUDA (bf16) and for biases (CPU f32, CUDA bf16, the dtype
+  // cuBLASLt's bias epilogue takes with bf16 outputs); on the CPU when the parts' stored dtypes
+  // are equal. Biases that are all absent give an undefined Tensor.
   bool can_stack(const std::vector<std::string>& names) const;
   Tensor stacked(const std::vector<std::string>& names, const std::vector<Shape>& shapes,
-                 bool is_vector = false);
+                 bool is_bias = false);
 
   // Planning: in a first pass (planning() true) nothing is copied and undefined tensors come
   // back; the loader only adds up the bytes the device will need. finish_plan() ends it.

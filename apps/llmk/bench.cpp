@@ -1,10 +1,10 @@
 // llmk bench: prefill and decode speed on random token ids, with no tokenizer involved.
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "apps/llmk/commands.h"
@@ -62,9 +62,8 @@ Command add_bench(CLI::App& cmd) {
     prepare(a->model, a->threads);
     const Device device = resolve_device(a->device);
     const int64_t ctx = a->prompt_tokens + a->gen_tokens + 1;
-    auto model = Model::load(a->model, LoadOptions{.context = ctx,
-                                                   .device = device,
-                                                   .progress = load_progress()});
+    auto model = Model::load(
+        a->model, LoadOptions{.context = ctx, .device = device, .progress = load_progress()});
     const ModelConfig& c = model->config();
     std::mt19937_64 rng(a->seed);
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -110,10 +109,11 @@ Command add_bench(CLI::App& cmd) {
                           st.peak_reserved / 1048576.0);
     }
 #endif
-    fmt::print("model: {}\n{}\nprefill: {} tokens in {:.2f} ms = {:.0f} tokens/s\n"
-               "decode:  {:.3f} ms/step = {:.1f} tokens/s (median of {} steps)\n",
-               c.summary(), where, a->prompt_tokens, p_med, a->prompt_tokens / (p_med / 1000),
-               s_med, 1000 / s_med, step_ms.size());
+    fmt::print(
+        "model: {}\n{}\nprefill: {} tokens in {:.2f} ms = {:.0f} tokens/s\n"
+        "decode:  {:.3f} ms/step = {:.1f} tokens/s (median of {} steps)\n",
+        c.summary(), where, a->prompt_tokens, p_med, a->prompt_tokens / (p_med / 1000), s_med,
+        1000 / s_med, step_ms.size());
     if (!a->json.empty()) {
       std::ofstream f(a->json);
       LLMK_CHECK(f.good(), "{}: cannot write the JSON output", a->json);

@@ -50,7 +50,8 @@ Device resolve_device(const std::string& device) {
   }
   return cuda::available() ? Device::CUDA : Device::CPU;
 #else
-  LLMK_CHECK(device != "cuda", "--device cuda: this llmk was built without CUDA (cmake --preset cuda)");
+  LLMK_CHECK(device != "cuda",
+             "--device cuda: this llmk was built without CUDA (cmake --preset cuda)");
   return Device::CPU;
 #endif
 }

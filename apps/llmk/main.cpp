@@ -8,25 +8,26 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"llmk: a lean engine for Llama-family language models (GGUF), CPU and CUDA.\n"
-               "Run 'llmk <command> --help' for a command's options.",
-               "llmk"};
+  CLI::App app{
+      "llmk: a lean engine for Llama-family language models (GGUF), CPU and CUDA.\n"
+      "Run 'llmk <command> --help' for a command's options.",
+      "llmk"};
   app.set_version_flag("--version", std::string("llmk ") + LLMK_VERSION);
   app.require_subcommand(1);
   // Usage errors get the same one-line form as every other error.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return std::string("llmk: error: ") + e.what() + " (see --help)\n";
   });
-  const llmk::cli::Command run =
-      llmk::cli::add_run(*app.add_subcommand("run", "Generate text from a prompt, streamed to stdout"));
-  const llmk::cli::Command inspect =
-      llmk::cli::add_inspect(*app.add_subcommand("inspect", "Show a GGUF file's metadata and tensor table"));
+  const llmk::cli::Command run = llmk::cli::add_run(
+      *app.add_subcommand("run", "Generate text from a prompt, streamed to stdout"));
+  const llmk::cli::Command inspect = llmk::cli::add_inspect(
+      *app.add_subcommand("inspect", "Show a GGUF file's metadata and tensor table"));
   const llmk::cli::Command bench = llmk::cli::add_bench(
       *app.add_subcommand("bench", "Time prefill and decode on random token ids (no tokenizer)"));
   const llmk::cli::Command logits = llmk::cli::add_logits(*app.add_subcommand(
       "logits", "Write the logits of a token sequence to a file (for comparisons)"));
-  const llmk::cli::Command tokenize =
-      llmk::cli::add_tokenize(*app.add_subcommand("tokenize", "Show the token ids and pieces of a text"));
+  const llmk::cli::Command tokenize = llmk::cli::add_tokenize(
+      *app.add_subcommand("tokenize", "Show the token ids and pieces of a text"));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

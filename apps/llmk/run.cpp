@@ -11,8 +11,8 @@
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "model/model.h"
-#include "tokenizer/tokenizer.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace llmk::cli {
 
@@ -96,7 +96,8 @@ Command add_run(CLI::App& cmd) {
       std::vector<ChatMessage> msgs;
       if (!a->system.empty()) msgs.push_back({"system", a->system});
       msgs.push_back({"user", a->prompt});
-      text = ChatTemplate::from_jinja(tok.chat_template()).apply(msgs, /*add_generation_prompt=*/true);
+      text =
+          ChatTemplate::from_jinja(tok.chat_template()).apply(msgs, /*add_generation_prompt=*/true);
     }
     // Special tokens in the text are parsed only when it comes from the chat template: a user's
     // raw prompt that happens to contain "<|im_end|>" is text.

@@ -11,13 +11,20 @@ namespace {
 std::string quoted(const std::string& bytes) {
   std::string s = "'";
   for (unsigned char c : bytes) {
-    if (c == '\n') s += "\\n";
-    else if (c == '\t') s += "\\t";
-    else if (c == '\r') s += "\\r";
-    else if (c == '\\') s += "\\\\";
-    else if (c == '\'') s += "\\'";
-    else if (c < 0x20 || c == 0x7f) s += fmt::format("\\x{:02x}", c);
-    else s += static_cast<char>(c);
+    if (c == '\n')
+      s += "\\n";
+    else if (c == '\t')
+      s += "\\t";
+    else if (c == '\r')
+      s += "\\r";
+    else if (c == '\\')
+      s += "\\\\";
+    else if (c == '\'')
+      s += "\\'";
+    else if (c < 0x20 || c == 0x7f)
+      s += fmt::format("\\x{:02x}", c);
+    else
+      s += static_cast<char>(c);
   }
   return s + "'";
 }

@@ -167,8 +167,8 @@ Tensor Tensor::slice(int d, int64_t begin, int64_t end) const {
   const int j = d < 0 ? d + n : d;
   LLMK_CHECK(j >= 0 && j < n, "slice(): dimension {} out of range for {}", d, str());
   const int64_t size = shape_[static_cast<size_t>(j)];
-  LLMK_CHECK(0 <= begin && begin <= end && end <= size, "slice(): [{}, {}) out of range 0..{} of {}",
-             begin, end, size, str());
+  LLMK_CHECK(0 <= begin && begin <= end && end <= size,
+             "slice(): [{}, {}) out of range 0..{} of {}", begin, end, size, str());
   Tensor t = *this;
   t.shape_[static_cast<size_t>(j)] = end - begin;
   int64_t offset_bytes;
@@ -178,8 +178,8 @@ Tensor Tensor::slice(int d, int64_t begin, int64_t end) const {
     offset_bytes = begin * strides_[static_cast<size_t>(j)] / block_size(dtype_) *
                    dtype_info(dtype_).block_bytes;
   } else {
-    offset_bytes = begin * strides_[static_cast<size_t>(j)] *
-                   static_cast<int64_t>(element_size(dtype_));
+    offset_bytes =
+        begin * strides_[static_cast<size_t>(j)] * static_cast<int64_t>(element_size(dtype_));
   }
   t.data_ = static_cast<char*>(data_) + offset_bytes;
   return t;
@@ -199,8 +199,8 @@ Tensor Tensor::transpose(int a, int b) const {
   const int n = ndim();
   const int ja = a < 0 ? a + n : a;
   const int jb = b < 0 ? b + n : b;
-  LLMK_CHECK(ja >= 0 && ja < n && jb >= 0 && jb < n, "transpose({}, {}) out of range for {}", a,
-             b, str());
+  LLMK_CHECK(ja >= 0 && ja < n && jb >= 0 && jb < n, "transpose({}, {}) out of range for {}", a, b,
+             str());
   Tensor t = *this;
   std::swap(t.shape_[static_cast<size_t>(ja)], t.shape_[static_cast<size_t>(jb)]);
   std::swap(t.strides_[static_cast<size_t>(ja)], t.strides_[static_cast<size_t>(jb)]);
@@ -244,8 +244,10 @@ Tensor Tensor::contiguous() const {
   const int64_t total = numel();
   for (int64_t i = 0; i < total; ++i) {
     int64_t off = 0;
-    for (int k = 0; k < n; ++k) off += idx[static_cast<size_t>(k)] * strides_[static_cast<size_t>(k)];
-    std::memcpy(dst + static_cast<size_t>(i) * es, static_cast<const char*>(data_) + off * static_cast<int64_t>(es), es);
+    for (int k = 0; k < n; ++k)
+      off += idx[static_cast<size_t>(k)] * strides_[static_cast<size_t>(k)];
+    std::memcpy(dst + static_cast<size_t>(i) * es,
+                static_cast<const char*>(data_) + off * static_cast<int64_t>(es), es);
     for (int k = n - 1; k >= 0; --k) {
       if (++idx[static_cast<size_t>(k)] < shape_[static_cast<size_t>(k)]) break;
       idx[static_cast<size_t>(k)] = 0;

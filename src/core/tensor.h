@@ -60,10 +60,10 @@ class Tensor {
   }
 
   // Views sharing storage.
-  Tensor view(const Shape& shape) const;              // contiguous only; one dim may be -1
+  Tensor view(const Shape& shape) const;                    // contiguous only; one dim may be -1
   Tensor slice(int dim, int64_t begin, int64_t end) const;  // [begin, end) along dim
-  Tensor select(int dim, int64_t index) const;        // drops dim
-  Tensor transpose(int a, int b) const;               // plain types only
+  Tensor select(int dim, int64_t index) const;              // drops dim
+  Tensor transpose(int a, int b) const;                     // plain types only
   // Splits dimension `dim` into `sizes` (their product must equal it); works on strided views
   // too, e.g. [T, H*D] columns of a wider row -> [T, H, D]. Plain types only.
   Tensor unflatten(int dim, const Shape& sizes) const;

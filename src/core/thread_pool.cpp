@@ -135,6 +135,8 @@ ThreadPool& cpu_pool() {
   return *p;
 }
 
-void set_num_threads(int n) { pool_slot() = std::make_unique<ThreadPool>(n > 0 ? n : default_threads()); }
+void set_num_threads(int n) {
+  pool_slot() = std::make_unique<ThreadPool>(n > 0 ? n : default_threads());
+}
 
 }  // namespace llmk

@@ -16,7 +16,7 @@ class Model;
 class Tokenizer;
 
 struct GenerateOptions {
-  int max_tokens = 128;     // tokens to generate at most
+  int max_tokens = 128;  // tokens to generate at most
   SamplerConfig sampler;
   bool stop_at_eog = true;  // stop at the tokenizer's end-of-generation tokens
   bool cuda_graph = true;   // on CUDA, replay one captured decode step per token

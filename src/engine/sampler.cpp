@@ -14,8 +14,8 @@ void SamplerConfig::validate() const {
   LLMK_CHECK(top_k >= 0, "top-k {} must be >= 0", top_k);
   LLMK_CHECK(top_p > 0 && top_p <= 1, "top-p {} must be in (0, 1]", top_p);
   LLMK_CHECK(min_p >= 0 && min_p < 1, "min-p {} must be in [0, 1)", min_p);
-  LLMK_CHECK(std::isfinite(repeat_penalty) && repeat_penalty > 0,
-             "repeat penalty {} must be > 0", repeat_penalty);
+  LLMK_CHECK(std::isfinite(repeat_penalty) && repeat_penalty > 0, "repeat penalty {} must be > 0",
+             repeat_penalty);
   LLMK_CHECK(repeat_last_n >= 0, "repeat-last-n {} must be >= 0", repeat_last_n);
 }
 
@@ -37,13 +37,15 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   const auto n = static_cast<int32_t>(logits.size());
   LLMK_CHECK(n > 0, "sampler: empty logits");
   cand_.resize(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) cand_[static_cast<size_t>(i)] = {logits[static_cast<size_t>(i)], i};
+  for (int32_t i = 0; i < n; ++i)
+    cand_[static_cast<size_t>(i)] = {logits[static_cast<size_t>(i)], i};
 
   if (cfg_.repeat_penalty != 1.0f && cfg_.repeat_last_n > 0) {
     const size_t from = history.size() > static_cast<size_t>(cfg_.repeat_last_n)
                             ? history.size() - static_cast<size_t>(cfg_.repeat_last_n)
                             : 0;
-    std::unordered_set<int32_t> seen(history.begin() + static_cast<std::ptrdiff_t>(from), history.end());
+    std::unordered_set<int32_t> seen(history.begin() + static_cast<std::ptrdiff_t>(from),
+                                     history.end());
     for (int32_t id : seen) {
       if (id < 0 || id >= n) continue;
       float& l = cand_[static_cast<size_t>(id)].first;
@@ -60,8 +62,10 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
 
   size_t keep = cand_.size();
-  if (cfg_.top_k > 0 && static_cast<size_t>(cfg_.top_k) < keep) keep = static_cast<size_t>(cfg_.top_k);
-  std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(), by_logit);
+  if (cfg_.top_k > 0 && static_cast<size_t>(cfg_.top_k) < keep)
+    keep = static_cast<size_t>(cfg_.top_k);
+  std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(),
+                    by_logit);
   cand_.resize(keep);
 
   // Softmax at the temperature, in double for a stable sum.

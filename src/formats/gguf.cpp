@@ -1,5 +1,7 @@
 #include "formats/gguf.h"
 
+#include "formats/mapped_file.h"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -39,7 +41,6 @@ constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
 // Smallest encoding of one tensor info: empty name, n_dims, one dim, type, offset.
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 
-std::string errno_message(int err) { return std::generic_category().message(err); }
 
 // ---- ggml types ---------------------------------------------------------------------------
 
@@ -194,55 +195,20 @@ std::string format_float(double v, ValueType t) {
 
 // ---- the mapping --------------------------------------------------------------------------
 
-struct Mapping {
-  const uint8_t* data = nullptr;
-  size_t size = 0;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  Mapping(const uint8_t* d, size_t n) : data(d), size(n) {}
-  ~Mapping() {
-    if (data != nullptr) munmap(const_cast<uint8_t*>(data), size);
-  }
-};
+using Mapping = formats::MappedFile;
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-std::shared_ptr<Mapping> map_file(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is rejected as not a regular file.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (fd.get() < 0) LLMK_FAIL("{}: cannot open: {}", path, errno_message(errno));
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) LLMK_FAIL("{}: cannot stat: {}", path, errno_message(errno));
-  if (!S_ISREG(st.st_mode)) LLMK_FAIL("{}: not a regular file", path);
-  const auto size = static_cast<uint64_t>(st.st_size);
+std::shared_ptr<Mapping> map_gguf(const std::string& path) {
+  std::shared_ptr<Mapping> m = formats::map_file(path);
+  const uint64_t size = m->size;
   if (size < kHeaderBytes) {
-    // Too small to map usefully; still say what the first bytes are when there are any.
-    std::array<char, 4> head{};
-    const ssize_t got = size >= 4 ? pread(fd.get(), head.data(), 4, 0) : 0;
-    if (got == 4 && std::memcmp(head.data(), "GGUF", 4) != 0) {
+    // Too small to hold a header; still say what the first bytes are when there are any.
+    if (size >= 4 && std::memcmp(m->data, "GGUF", 4) != 0) {
       LLMK_FAIL("{}: not a GGUF file (bad magic) and only {} bytes long", path, size);
     }
     LLMK_FAIL("{}: file is too small to be GGUF: {} bytes, the header alone takes {}", path, size,
               kHeaderBytes);
   }
-  LLMK_CHECK(size <= std::numeric_limits<size_t>::max(), "{}: file too large to map", path);
-  void* p = mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (p == MAP_FAILED) {
-    LLMK_FAIL("{}: cannot map {} bytes: {}", path, size, errno_message(errno));
-  }
-  return std::make_shared<Mapping>(static_cast<const uint8_t*>(p), static_cast<size_t>(size));
+  return m;
 }
 
 // ---- the parser ---------------------------------------------------------------------------
@@ -715,7 +681,7 @@ void check_tensor_data(const Contents& s) {
 
 void parse(const std::string& path, Contents* s) {
   s->path = path;
-  s->mapping = map_file(path);
+  s->mapping = map_gguf(path);
   s->file_size = s->mapping->size;
   Reader r(s->path, s->mapping->data, s->file_size);
 

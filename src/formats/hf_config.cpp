@@ -1,5 +1,7 @@
 #include "formats/hf_config.h"
 
+#include "formats/mapped_file.h"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -22,21 +24,6 @@ namespace json_io {
 
 namespace {
 
-std::string errno_message(int err) { return std::generic_category().message(err); }
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // What nlohmann says after its "[json.exception.parse_error.101] parse error at line 1,
 // column 2: " prefix; the position is recomputed by the caller.
@@ -106,25 +93,7 @@ class DuplicateKeyCheck {
 }  // namespace
 
 std::string read_file(const std::string& path, size_t max_bytes) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (fd.get() < 0) LLMK_FAIL("{}: cannot open: {}", path, errno_message(errno));
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) LLMK_FAIL("{}: cannot stat: {}", path, errno_message(errno));
-  if (!S_ISREG(st.st_mode)) LLMK_FAIL("{}: not a regular file", path);
-  const auto size = static_cast<uint64_t>(st.st_size);
-  LLMK_CHECK(size <= max_bytes, "{}: file is {} bytes, larger than the {} bytes expected", path,
-             size, max_bytes);
-  std::string text(static_cast<size_t>(size), '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) LLMK_FAIL("{}: cannot read: {}", path, errno_message(errno));
-    if (n == 0) break;  // shrank while reading
-    got += static_cast<size_t>(n);
-  }
-  text.resize(got);
-  return text;
+  return formats::read_file(path, max_bytes);
 }
 
 TextPosition text_position(std::string_view text, size_t offset) {

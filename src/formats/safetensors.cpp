@@ -1,5 +1,7 @@
 #include "formats/safetensors.h"
 
+#include "formats/mapped_file.h"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -32,7 +34,6 @@ constexpr uint64_t kSizeFieldBytes = 8;  // the u64 header size
 constexpr std::string_view kIndexName = "model.safetensors.index.json";
 constexpr std::string_view kSingleName = "model.safetensors";
 
-std::string errno_message(int err) { return std::generic_category().message(err); }
 
 // ---- dtypes ---------------------------------------------------------------------------------
 
@@ -62,46 +63,14 @@ const StDType* find_dtype(std::string_view name) {
 
 // ---- the mapping ----------------------------------------------------------------------------
 
-struct Mapping {
-  const uint8_t* data = nullptr;
-  size_t size = 0;
-  Mapping(const uint8_t* d, size_t n) : data(d), size(n) {}
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (data != nullptr) munmap(const_cast<uint8_t*>(data), size);
-  }
-};
+using Mapping = formats::MappedFile;
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-std::shared_ptr<Mapping> map_file(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is rejected as not a regular file.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (fd.get() < 0) LLMK_FAIL("{}: cannot open: {}", path, errno_message(errno));
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) LLMK_FAIL("{}: cannot stat: {}", path, errno_message(errno));
-  if (!S_ISREG(st.st_mode)) LLMK_FAIL("{}: not a regular file", path);
-  const auto size = static_cast<uint64_t>(st.st_size);
-  LLMK_CHECK(size >= kSizeFieldBytes,
+std::shared_ptr<Mapping> map_safetensors(const std::string& path) {
+  std::shared_ptr<Mapping> m = formats::map_file(path);
+  LLMK_CHECK(m->size >= kSizeFieldBytes,
              "{}: file is too small to be safetensors: {} bytes, the header size alone takes {}",
-             path, size, kSizeFieldBytes);
-  LLMK_CHECK(size <= std::numeric_limits<size_t>::max(), "{}: file too large to map", path);
-  void* p = mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (p == MAP_FAILED) LLMK_FAIL("{}: cannot map {} bytes: {}", path, size, errno_message(errno));
-  return std::make_shared<Mapping>(static_cast<const uint8_t*>(p), static_cast<size_t>(size));
+             path, m->size, kSizeFieldBytes);
+  return m;
 }
 
 // A hint for a header size that makes no sense: what the first bytes look like instead.
@@ -303,7 +272,7 @@ uint64_t read_header_size(const Contents& s) {
 
 void parse(const std::string& path, Contents* s) {
   s->path = path;
-  s->mapping = map_file(path);
+  s->mapping = map_safetensors(path);
   s->file_size = s->mapping->size;
   const uint64_t n = read_header_size(*s);
   s->data_offset = kSizeFieldBytes + n;

@@ -6,7 +6,8 @@
 namespace llmk {
 
 void Projection::load(WeightLoader& loader, const std::vector<std::string>& weight_names,
-                      const std::vector<Shape>& shapes, const std::vector<std::string>& bias_names) {
+                      const std::vector<Shape>& shapes,
+                      const std::vector<std::string>& bias_names) {
   rows = 0;
   std::vector<Shape> bias_shapes;
   for (const Shape& s : shapes) {

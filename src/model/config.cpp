@@ -83,21 +83,20 @@ void ModelConfig::validate(const std::string& where) const {
              where, d_model, n_heads, n_kv_heads, d_ff, vocab_size);
   LLMK_CHECK(n_heads % n_kv_heads == 0, "{}: {} heads are not a multiple of {} kv heads", where,
              n_heads, n_kv_heads);
-  LLMK_CHECK(head_dim > 0 && head_dim % 2 == 0, "{}: head dim {} must be even and positive",
-             where, head_dim);
+  LLMK_CHECK(head_dim > 0 && head_dim % 2 == 0, "{}: head dim {} must be even and positive", where,
+             head_dim);
   LLMK_CHECK(rope_dim > 0 && rope_dim <= head_dim && rope_dim % 2 == 0,
              "{}: rope dimension {} must be even and at most the head dim {}", where, rope_dim,
              head_dim);
-  LLMK_CHECK(context_length > 0, "{}: context length {} must be positive", where,
-             context_length);
+  LLMK_CHECK(context_length > 0, "{}: context length {} must be positive", where, context_length);
 }
 
 std::string ModelConfig::summary() const {
   return fmt::format(
       "{} ({}): {} layers, d_model {}, heads {}/{} (kv), head dim {}, ffn {}, vocab {}, "
       "context {}, rope theta {}{}",
-      name.empty() ? "unnamed" : name, arch, n_layers, d_model, n_heads, n_kv_heads, head_dim,
-      d_ff, vocab_size, context_length, rope_theta, tied_embeddings ? ", tied embeddings" : "");
+      name.empty() ? "unnamed" : name, arch, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff,
+      vocab_size, context_length, rope_theta, tied_embeddings ? ", tied embeddings" : "");
 }
 
 }  // namespace llmk

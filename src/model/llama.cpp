@@ -74,8 +74,9 @@ void LlamaModel::load_weights(WeightLoader& w) {
   tok_embd_ = w.matrix("token_embd.weight", {c.vocab_size, d});
   output_norm_ = w.vector("output_norm.weight", {d});
   // GGUF files leave out output.weight when it is tied; HF configs say so explicitly.
-  output_ = c.tied_embeddings || !w.has("output.weight") ? tok_embd_
-                                                         : w.matrix("output.weight", {c.vocab_size, d});
+  output_ = c.tied_embeddings || !w.has("output.weight")
+                ? tok_embd_
+                : w.matrix("output.weight", {c.vocab_size, d});
   layers_.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string b = fmt::format("blk.{}.", i);
@@ -99,8 +100,8 @@ uint64_t LlamaModel::kv_cache_bytes() const {
 
 uint64_t LlamaModel::activation_bytes(int64_t t) const {
   const ModelConfig& c = config();
-  const int64_t per_token = 3 * c.d_model + 2 * c.n_heads * c.head_dim +
-                            2 * c.n_kv_heads * c.head_dim + 3 * c.d_ff;
+  const int64_t per_token =
+      3 * c.d_model + 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim + 3 * c.d_ff;
   return static_cast<uint64_t>(bytes_for(act_, t * per_token) + 4 * c.vocab_size);
 }
 
@@ -150,9 +151,8 @@ Tensor LlamaModel::compute(int64_t t, bool all_logits) {
   Tensor gate_up = s_.gate_up.slice(0, 0, t), act = s_.act.slice(0, 0, t);
   const Tensor gate = gate_up.slice(1, 0, F), up = gate_up.slice(1, F, 2 * F);
 
-  const ops::RopeParams rope{.rot_dim = static_cast<int>(c.rope_dim),
-                             .theta = c.rope_theta,
-                             .layout = c.rope_layout};
+  const ops::RopeParams rope{
+      .rot_dim = static_cast<int>(c.rope_dim), .theta = c.rope_theta, .layout = c.rope_layout};
   const ops::AttentionParams attn_params{};
 
   ops::embedding(x, tok_embd_, ids);

@@ -18,12 +18,13 @@ void Model::stage(std::span<const int32_t> tokens, int64_t pos) {
              "forward: {} tokens at position {} do not fit the context of {} tokens", t, pos,
              context_);
   for (int32_t id : tokens) {
-    LLMK_CHECK(id >= 0 && id < config_.vocab_size, "forward: token id {} is outside the vocabulary of {}",
-               id, config_.vocab_size);
+    LLMK_CHECK(id >= 0 && id < config_.vocab_size,
+               "forward: token id {} is outside the vocabulary of {}", id, config_.vocab_size);
   }
   reserve(t, false);
   host_positions_.resize(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(pos + i);
+  for (int64_t i = 0; i < t; ++i)
+    host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(pos + i);
   Tensor ids = ids_.slice(0, 0, t), positions = positions_.slice(0, 0, t);
   ops::transfer(ids, Tensor::borrow(const_cast<int32_t*>(tokens.data()), {t}, DType::I32));
   ops::transfer(positions, Tensor::borrow(host_positions_.data(), {t}, DType::I32));

@@ -21,7 +21,7 @@
 namespace llmk {
 
 struct LoadOptions {
-  int64_t context = 0;            // KV cache length in tokens; 0 = min(model's context, 4096)
+  int64_t context = 0;  // KV cache length in tokens; 0 = min(model's context, 4096)
   Device device = Device::CPU;
   ProgressFn progress = nullptr;  // called after each tensor is placed
 };

@@ -170,8 +170,8 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
     parts.push_back(std::move(t));
   }
   const DType want = device_ != Device::CPU ? DType::BF16
-                     : is_vector                ? DType::F32
-                                                : parts[0].dtype();
+                     : is_vector            ? DType::F32
+                                            : parts[0].dtype();
   const Shape shape = is_vector ? Shape{rows} : Shape{rows, shapes[0][1]};
   if (planning_) {
     planned_bytes_ += static_cast<uint64_t>(bytes_for(want, shape_numel(shape)));

@@ -33,7 +33,7 @@ std::unique_ptr<WeightSource> gguf_source(const gguf::File& f);
 std::unique_ptr<WeightSource> hf_source(const safetensors::Folder& f);
 
 struct LoadProgress {
-  int64_t done = 0, total = 0;       // tensors
+  int64_t done = 0, total = 0;  // tensors
   uint64_t bytes_done = 0, bytes_total = 0;
 };
 using ProgressFn = std::function<void(const LoadProgress&)>;

@@ -2,7 +2,6 @@
 // and a non-zero exit. Corrupt models are byte-patched copies of the real test model.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,7 +41,9 @@ class Cli : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(tmp()); }
 
-  static std::string model() { return std::string(LLMK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+  static std::string model() {
+    return std::string(LLMK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  }
 
   // Runs `llmk <args>` with stdout and stderr captured separately.
   static Result llmk(const std::string& args) {
@@ -58,14 +59,16 @@ class Cli : public ::testing::Test {
   }
 
   // A copy of the real model with `from` replaced by `to` (same length) at its first occurrence.
-  static std::string patched(const std::string& name, const std::string& from, const std::string& to) {
+  static std::string patched(const std::string& name, const std::string& from,
+                             const std::string& to) {
     EXPECT_EQ(from.size(), to.size());
     std::string bytes = slurp(model());
     const size_t at = bytes.find(from);
     EXPECT_NE(at, std::string::npos) << from;
     bytes.replace(at, from.size(), to);
     const fs::path p = tmp() / name;
-    std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(p, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     return p.string();
   }
 
@@ -87,7 +90,9 @@ TEST_F(Cli, GreedyCapitalOfFranceIsParis) {
 }
 
 TEST_F(Cli, SameSeedSameTextOtherSeedOtherText) {
-  const std::string args = "run -m " + model() + " -p 'Write a short story about a cat.' --chat -n 24 --temp 1.0 -t 2 --seed ";
+  const std::string args =
+      "run -m " + model() +
+      " -p 'Write a short story about a cat.' --chat -n 24 --temp 1.0 -t 2 --seed ";
   const Result a = llmk(args + "7"), b = llmk(args + "7"), c = llmk(args + "8");
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
@@ -120,30 +125,40 @@ TEST_F(Cli, UnreadablePaths) {
 
 TEST_F(Cli, CorruptModels) {
   expect_clean_error(llmk("run -p hi -m " + patched("magic.gguf", "GGUF", "GGML")), "magic");
-  expect_clean_error(llmk("run -p hi -m " + patched("arch.gguf", std::string("\x05\0\0\0\0\0\0\0llama", 13),
-                                                    std::string("\x05\0\0\0\0\0\0\0mamba", 13))),
-                     "unsupported architecture 'mamba'");
-  expect_clean_error(llmk("run -p hi -m " + patched("missing.gguf", "output_norm.weight", "output_norm.wexght")),
-                     "missing tensor 'output_norm.weight'");
+  expect_clean_error(
+      llmk("run -p hi -m " + patched("arch.gguf", std::string("\x05\0\0\0\0\0\0\0llama", 13),
+                                     std::string("\x05\0\0\0\0\0\0\0mamba", 13))),
+      "unsupported architecture 'mamba'");
+  expect_clean_error(
+      llmk("run -p hi -m " + patched("missing.gguf", "output_norm.weight", "output_norm.wexght")),
+      "missing tensor 'output_norm.weight'");
   // llama.feed_forward_length is a u32 (type 4) of 1536 = 0x600; make it 1024 = 0x400.
-  expect_clean_error(llmk("run -p hi -m " + patched("shape.gguf", std::string("feed_forward_length\x04\0\0\0\x00\x06", 25),
-                                                    std::string("feed_forward_length\x04\0\0\0\x00\x04", 25))),
-                     "tensor 'blk.0.ffn_gate.weight' has shape [1536, 576] but the model config needs [1024, 576]");
+  expect_clean_error(
+      llmk("run -p hi -m " + patched("shape.gguf",
+                                     std::string("feed_forward_length\x04\0\0\0\x00\x06", 25),
+                                     std::string("feed_forward_length\x04\0\0\0\x00\x04", 25))),
+      "tensor 'blk.0.ffn_gate.weight' has shape [1536, 576] but the model config needs [1024, "
+      "576]");
   // llama.embedding_length 576 -> 512 makes the head dim 56, less than the rope dim.
-  expect_clean_error(llmk("run -p hi -m " + patched("dims.gguf", std::string("embedding_length\x04\0\0\0\x40\x02", 22),
-                                                    std::string("embedding_length\x04\0\0\0\x00\x02", 22))),
-                     "rope dimension 64");
+  expect_clean_error(
+      llmk("run -p hi -m " + patched("dims.gguf",
+                                     std::string("embedding_length\x04\0\0\0\x40\x02", 22),
+                                     std::string("embedding_length\x04\0\0\0\x00\x02", 22))),
+      "rope dimension 64");
   // Truncated in the tensor data: the table names data past the end of the file.
   const std::string bytes = slurp(model());
   const fs::path cut = tmp() / "truncated.gguf";
-  std::ofstream(cut, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  std::ofstream(cut, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
   expect_clean_error(llmk("run -p hi -m " + cut.string()), "past the end");
   std::ofstream(cut, std::ios::binary).write(bytes.data(), 1000);
   expect_clean_error(llmk("inspect " + cut.string()), "truncated");
 }
 
 TEST_F(Cli, BadArguments) {
-  expect_clean_error(llmk("run -m " + model() + " --ctx 16 -p 'one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen'"),
+  expect_clean_error(llmk("run -m " + model() +
+                          " --ctx 16 -p 'one two three four five six seven eight nine ten eleven "
+                          "twelve thirteen fourteen fifteen sixteen seventeen'"),
                      "context");
   expect_clean_error(llmk("run -m " + model() + " --top-p 0 -p hi"), "top-p");
   expect_clean_error(llmk("run -m " + model() + " -p hi -f /etc/hostname"), "not both");

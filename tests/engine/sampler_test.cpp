@@ -1,3 +1,5 @@
+#include "engine/sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +8,6 @@
 
 #include "core/error.h"
 #include "engine/generator.h"
-#include "engine/sampler.h"
 
 namespace llmk {
 namespace {
@@ -115,14 +116,14 @@ TEST(Sampler, RejectsOutOfRangeSettings) {
 TEST(Utf8Stream, HoldsBackIncompleteCharacters) {
   Utf8Stream s;
   EXPECT_EQ(s.push("ab"), "ab");
-  EXPECT_EQ(s.push("\xc3"), "");          // first byte of é
+  EXPECT_EQ(s.push("\xc3"), "");  // first byte of é
   EXPECT_EQ(s.push("\xa9x"), "\xc3\xa9x");
-  EXPECT_EQ(s.push("\xf0\x9f"), "");      // half of 🙂 (F0 9F 99 82)
+  EXPECT_EQ(s.push("\xf0\x9f"), "");  // half of 🙂 (F0 9F 99 82)
   EXPECT_EQ(s.push("\x99"), "");
   EXPECT_EQ(s.push("\x82!"), "\xf0\x9f\x99\x82!");
-  EXPECT_EQ(s.push("\xff"), "\xff");      // never valid: passes through
+  EXPECT_EQ(s.push("\xff"), "\xff");  // never valid: passes through
   EXPECT_EQ(s.push("\xe2\x82"), "");
-  EXPECT_EQ(s.flush(), "\xe2\x82");       // end of stream: whatever is left
+  EXPECT_EQ(s.flush(), "\xe2\x82");  // end of stream: whatever is left
   EXPECT_EQ(s.flush(), "");
 }
 

@@ -1,10 +1,10 @@
 // SmolLM2-135M-Instruct (GGUF Q4_1) on the CPU against Hugging Face transformers' float32 run
 // of the same file (tests/fixtures/smollm2_reference.json, written by scripts/make-fixtures.py).
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "engine/generator.h"
@@ -89,14 +89,16 @@ TEST_F(SmolLM2Reference, LogitsMatchAtEveryPosition) {
       const auto argmax = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
       EXPECT_EQ(argmax, top_ids[p][0].get<int32_t>()) << "position " << p << " of " << c.at("text");
       for (size_t j = 0; j < top_ids[p].size(); ++j) {
-        const double d = std::abs(row[top_ids[p][j].get<int32_t>()] - top_logits[p][j].get<double>());
+        const double d =
+            std::abs(row[top_ids[p][j].get<int32_t>()] - top_logits[p][j].get<double>());
         worst = std::max(worst, d);
       }
     }
   }
   std::printf("largest top-20 logit difference vs transformers: %.6f\n", worst);
   EXPECT_LE(worst, kMaxLogitDiff);
-  EXPECT_GT(worst, 0.0) << "identical to the last bit is implausible: is the fixture being compared?";
+  EXPECT_GT(worst, 0.0)
+      << "identical to the last bit is implausible: is the fixture being compared?";
 }
 
 TEST_F(SmolLM2Reference, GreedyContinuationsMatch) {

@@ -1,11 +1,12 @@
 // Loading a model that does not fit the GPU fails before any copy, with the figures named.
+#include "model/memory_check.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "core/cuda/device.h"
 #include "core/error.h"
-#include "model/memory_check.h"
 
 namespace llmk {
 namespace {

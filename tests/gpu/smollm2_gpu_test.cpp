@@ -1,12 +1,12 @@
 // SmolLM2 end to end on CUDA (bf16 weights and activations, fp32 accumulation) against the CPU
 // path (fp32) on the same GGUF: logits of a batched prefill and of graph-replayed decode steps.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/cuda/device.h"
 #include "engine/generator.h"
@@ -92,10 +92,11 @@ TEST(SmolLM2Gpu, CudaLogitsMatchTheCpuPath) {
   const double worst = *std::max_element(errs.begin(), errs.end());
   const double hf_worst = *std::max_element(hf_errs.begin(), hf_errs.end());
   const double top1 = agree / total, hf_top1 = hf_agree / total;
-  std::printf("SmolLM2 CUDA vs CPU over %.0f positions: relative logit error worst %.4f, median "
-              "%.4f, top-1 agreement %.3f; transformers bf16 vs f32: worst %.4f, median %.4f, "
-              "top-1 %.3f\n",
-              total, worst, median(errs), top1, hf_worst, median(hf_errs), hf_top1);
+  std::printf(
+      "SmolLM2 CUDA vs CPU over %.0f positions: relative logit error worst %.4f, median "
+      "%.4f, top-1 agreement %.3f; transformers bf16 vs f32: worst %.4f, median %.4f, "
+      "top-1 %.3f\n",
+      total, worst, median(errs), top1, hf_worst, median(hf_errs), hf_top1);
   EXPECT_LE(worst, kErrRatio * hf_worst);
   EXPECT_LE(median(errs), kErrRatio * median(hf_errs));
   EXPECT_GE(top1, hf_top1 - kTop1Slack);

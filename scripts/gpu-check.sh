@@ -78,6 +78,9 @@ if has bench; then
     $bin/llmk bench -m "$model" --prompt-tokens 512 --gen-tokens 256 --json "$out/bench_smollm2.json" \
       2>&1 | tee "$out/bench_smollm2.log" | grep -E "prefill|decode|peak"
     note "bench smollm2: $(grep -E 'decode:' "$out/bench_smollm2.log")"
+    $bin/llmk bench -m "$model" --prompt-tokens 512 --gen-tokens 128 --batch 8 \
+      --json "$out/bench_smollm2_b8.json" >"$out/bench_smollm2_b8.log" 2>&1
+    note "bench smollm2 batch 8: $(grep -E 'decode:' "$out/bench_smollm2_b8.log")"
   fi
   lb=$bin/linear_bench
   [ -x "$lb" ] || lb=$bin/bench/linear_bench

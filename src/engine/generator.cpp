@@ -50,7 +50,10 @@ Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph)
   }
 }
 
-Decoder::~Decoder() { delete graph_; }
+Decoder::~Decoder() {
+  delete graph_;
+  delete batch_graph_;
+}
 
 int32_t Decoder::choose(const Tensor& logits) {
   last_logits_ = logits;
@@ -71,9 +74,40 @@ int32_t Decoder::choose(const Tensor& logits) {
   return id;
 }
 
-int32_t Decoder::prefill(const std::vector<int32_t>& tokens, int64_t pos) {
+int32_t Decoder::prefill(const std::vector<int32_t>& tokens, int64_t pos, int64_t seq) {
   history_.insert(history_.end(), tokens.begin(), tokens.end());
-  return choose(model_.forward(tokens, pos, /*all_logits=*/false));
+  model_.stage(tokens, pos, seq);
+  return choose(model_.compute(static_cast<int64_t>(tokens.size()), /*all_logits=*/false));
+}
+
+std::vector<int32_t> Decoder::step_batch(const std::vector<int32_t>& tokens,
+                                         const std::vector<int64_t>& pos) {
+  const auto b = static_cast<int64_t>(tokens.size());
+  model_.stage_step(tokens, pos);
+  if (!batch_ids_dev_.defined() || batch_ids_dev_.dim(0) != b) {
+    batch_ids_dev_ = Tensor::empty({b}, DType::I32, model_.device());
+    batch_ids_host_ = Tensor::empty({b}, DType::I32);
+  }
+  Tensor logits;
+#ifdef LLMK_HAS_CUDA
+  if (use_graph_) {
+    if (batch_graph_ == nullptr || batch_graph_size_ != b) {
+      delete batch_graph_;
+      batch_graph_ = new GraphState;
+      batch_graph_size_ = b;
+      model_.compute(b, true);  // sizes activations and settles one-time setup, as in step()
+      batch_graph_->graph.capture([&] { batch_graph_->logits = model_.compute(b, true); });
+    }
+    batch_graph_->graph.replay();
+    logits = batch_graph_->logits;
+  }
+#endif
+  if (!logits.defined()) logits = model_.compute(b, true);
+  last_logits_ = logits;
+  ops::argmax(batch_ids_dev_, logits);
+  ops::transfer(batch_ids_host_, batch_ids_dev_);
+  const int32_t* ids = batch_ids_host_.data<int32_t>();
+  return std::vector<int32_t>(ids, ids + b);
 }
 
 int32_t Decoder::step(int32_t token, int64_t pos) {

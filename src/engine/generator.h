@@ -46,10 +46,14 @@ class Decoder {
  public:
   Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph);
   ~Decoder();
-  // Runs tokens from position `pos` and returns the next token.
-  int32_t prefill(const std::vector<int32_t>& tokens, int64_t pos);
+  // Runs tokens of sequence `seq` from position `pos` and returns the next token.
+  int32_t prefill(const std::vector<int32_t>& tokens, int64_t pos, int64_t seq = 0);
   // Runs one token at position `pos` and returns the next token.
   int32_t step(int32_t token, int64_t pos);
+  // One batched step of sequences 0..B-1 (a model loaded with sequences >= B, each prefilled):
+  // token b at position pos[b] of sequence b. Returns each sequence's next token by argmax.
+  std::vector<int32_t> step_batch(const std::vector<int32_t>& tokens,
+                                  const std::vector<int64_t>& pos);
   // All tokens seen so far (for the repetition penalty).
   const std::vector<int32_t>& history() const { return history_; }
   // The logits the last prefill or step chose from ([1, vocab] f32, on the model's device).
@@ -65,7 +69,10 @@ class Decoder {
   std::vector<int32_t> history_;
   Tensor argmax_dev_, argmax_host_, logits_host_, last_logits_;
   struct GraphState;
-  GraphState* graph_ = nullptr;
+  GraphState* graph_ = nullptr;        // the single-sequence step
+  GraphState* batch_graph_ = nullptr;  // the batched step (for one batch size)
+  int64_t batch_graph_size_ = 0;
+  Tensor batch_ids_dev_, batch_ids_host_;
 };
 
 // Splits a byte stream into pieces that end on UTF-8 character boundaries, so a terminal

@@ -35,7 +35,7 @@ class LlamaModel final : public Model {
  public:
   LlamaModel(const std::string& path, ModelConfig config, int64_t context, const LoadOptions& opts,
              const WeightSource& src)
-      : Model(path, std::move(config), context, opts.device),
+      : Model(path, std::move(config), context, opts.sequences, opts.device),
         act_(opts.device == Device::CPU ? DType::F32 : DType::BF16) {
     WeightLoader loader(src, opts.device, opts.progress);
     load_weights(loader);  // planning pass: shapes checked, bytes counted, nothing copied
@@ -44,8 +44,10 @@ class LlamaModel final : public Model {
     loader.finish_plan();
     load_weights(loader);
     allocate_cache();
-    ids_ = Tensor::empty({context_cap()}, DType::I32, opts.device);
-    positions_ = Tensor::empty({context_cap()}, DType::I32, opts.device);
+    const int64_t cap = std::max(this->context(), sequences());
+    ids_ = Tensor::empty({cap}, DType::I32, opts.device);
+    positions_ = Tensor::empty({cap}, DType::I32, opts.device);
+    cache_rows_ = Tensor::empty({cap}, DType::I32, opts.device);
   }
 
   Tensor compute(int64_t t, bool all_logits) override;
@@ -55,7 +57,6 @@ class LlamaModel final : public Model {
   // Activation memory is checked up front for a prompt of this many tokens.
   static constexpr int64_t kPlannedTokens = 512;
 
-  int64_t context_cap() const { return context(); }
   void load_weights(WeightLoader& w);
   void allocate_cache();
   uint64_t kv_cache_bytes() const;
@@ -64,7 +65,8 @@ class LlamaModel final : public Model {
   DType act_;
   Tensor tok_embd_, output_norm_, output_;
   std::vector<LayerWeights> layers_;
-  std::vector<Tensor> k_cache_, v_cache_;  // per layer [context, Hkv, D]
+  // Per layer [sequences * context, Hkv, D]: sequence s owns rows s*context .. (s+1)*context-1.
+  std::vector<Tensor> k_cache_, v_cache_;
   Scratch s_;
 };
 
@@ -95,7 +97,8 @@ void LlamaModel::load_weights(WeightLoader& w) {
 uint64_t LlamaModel::kv_cache_bytes() const {
   const ModelConfig& c = config();
   return 2ull * static_cast<uint64_t>(c.n_layers) *
-         static_cast<uint64_t>(bytes_for(act_, context() * c.n_kv_heads * c.head_dim));
+         static_cast<uint64_t>(
+             bytes_for(act_, sequences() * context() * c.n_kv_heads * c.head_dim));
 }
 
 uint64_t LlamaModel::activation_bytes(int64_t t) const {
@@ -108,8 +111,9 @@ uint64_t LlamaModel::activation_bytes(int64_t t) const {
 void LlamaModel::allocate_cache() {
   const ModelConfig& c = config();
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    k_cache_.push_back(Tensor::empty({context(), c.n_kv_heads, c.head_dim}, act_, device()));
-    v_cache_.push_back(Tensor::empty({context(), c.n_kv_heads, c.head_dim}, act_, device()));
+    const int64_t rows = sequences() * context();
+    k_cache_.push_back(Tensor::empty({rows, c.n_kv_heads, c.head_dim}, act_, device()));
+    v_cache_.push_back(Tensor::empty({rows, c.n_kv_heads, c.head_dim}, act_, device()));
   }
 }
 
@@ -135,11 +139,14 @@ void LlamaModel::reserve(int64_t t, bool all_logits) {
 
 Tensor LlamaModel::compute(int64_t t, bool all_logits) {
   const ModelConfig& c = config();
-  LLMK_CHECK(t > 0 && t == staged_, "compute: {} tokens requested but {} staged", t, staged_);
+  LLMK_CHECK(t > 0 && t == staged_.tokens, "compute: {} tokens requested but {} staged", t,
+             staged_.tokens);
   reserve(t, all_logits);
   const int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
   const int64_t qd = H * D, kvd = Hkv * D, F = c.d_ff;
   const Tensor ids = ids_.slice(0, 0, t), positions = positions_.slice(0, 0, t);
+  const Tensor cache_rows = cache_rows_.slice(0, 0, t);
+  const int64_t ctx = context();
   Tensor x = s_.x.slice(0, 0, t), h = s_.h.slice(0, 0, t), o = s_.o.slice(0, 0, t);
   // Views into the Q|K|V output: [T, heads, D] with the row stride of the whole projection.
   Tensor qkv = s_.qkv.slice(0, 0, t);
@@ -162,8 +169,19 @@ Tensor LlamaModel::compute(int64_t t, bool all_logits) {
     // h holds attn_norm(x) here.
     l.qkv.apply(qkv, h);
     ops::rope(qk, positions, rope);
-    ops::kv_append(k_cache_[i], v_cache_[i], k, v, positions);
-    ops::attention(attn, q, k_cache_[i], v_cache_[i], positions, attn_params);
+    ops::kv_append(k_cache_[i], v_cache_[i], k, v, cache_rows);
+    if (!staged_.one_per_sequence) {
+      const int64_t r = staged_.seq * ctx;
+      ops::attention(attn, q, k_cache_[i].slice(0, r, r + ctx), v_cache_[i].slice(0, r, r + ctx),
+                     positions, attn_params);
+    } else {
+      for (int64_t b = 0; b < t; ++b) {  // token b belongs to sequence b
+        Tensor out_b = attn.slice(0, b, b + 1);
+        ops::attention(out_b, q.slice(0, b, b + 1), k_cache_[i].slice(0, b * ctx, (b + 1) * ctx),
+                       v_cache_[i].slice(0, b * ctx, (b + 1) * ctx), positions.slice(0, b, b + 1),
+                       attn_params);
+      }
+    }
     ops::linear(o, attn2, l.wo);
     ops::add_rms_norm(x, o, h, l.ffn_norm, c.rms_eps);
 

@@ -11,24 +11,55 @@
 
 namespace llmk {
 
-void Model::stage(std::span<const int32_t> tokens, int64_t pos) {
+void Model::upload(std::span<const int32_t> tokens) {
   const auto t = static_cast<int64_t>(tokens.size());
-  LLMK_CHECK(t > 0, "forward: no tokens");
-  LLMK_CHECK(pos >= 0 && pos + t <= context_,
-             "forward: {} tokens at position {} do not fit the context of {} tokens", t, pos,
-             context_);
   for (int32_t id : tokens) {
     LLMK_CHECK(id >= 0 && id < config_.vocab_size,
                "forward: token id {} is outside the vocabulary of {}", id, config_.vocab_size);
   }
   reserve(t, false);
-  host_positions_.resize(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i)
-    host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(pos + i);
   Tensor ids = ids_.slice(0, 0, t), positions = positions_.slice(0, 0, t);
+  Tensor rows = cache_rows_.slice(0, 0, t);
   ops::transfer(ids, Tensor::borrow(const_cast<int32_t*>(tokens.data()), {t}, DType::I32));
   ops::transfer(positions, Tensor::borrow(host_positions_.data(), {t}, DType::I32));
-  staged_ = t;
+  ops::transfer(rows, Tensor::borrow(host_rows_.data(), {t}, DType::I32));
+}
+
+void Model::stage(std::span<const int32_t> tokens, int64_t pos, int64_t seq) {
+  const auto t = static_cast<int64_t>(tokens.size());
+  LLMK_CHECK(t > 0, "forward: no tokens");
+  LLMK_CHECK(seq >= 0 && seq < sequences_, "forward: sequence {} of {}", seq, sequences_);
+  LLMK_CHECK(pos >= 0 && pos + t <= context_,
+             "forward: {} tokens at position {} do not fit the context of {} tokens", t, pos,
+             context_);
+  host_positions_.resize(static_cast<size_t>(t));
+  host_rows_.resize(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) {
+    host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(pos + i);
+    host_rows_[static_cast<size_t>(i)] = static_cast<int32_t>(seq * context_ + pos + i);
+  }
+  upload(tokens);
+  staged_ = {.tokens = t, .seq = seq, .one_per_sequence = false};
+}
+
+void Model::stage_step(std::span<const int32_t> tokens, std::span<const int64_t> pos) {
+  const auto b = static_cast<int64_t>(tokens.size());
+  LLMK_CHECK(b > 0 && b <= sequences_ && pos.size() == tokens.size(),
+             "forward: {} tokens and {} positions for a step of at most {} sequences", b,
+             pos.size(), sequences_);
+  host_positions_.resize(static_cast<size_t>(b));
+  host_rows_.resize(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t p = pos[static_cast<size_t>(i)];
+    LLMK_CHECK(p >= 0 && p < context_,
+               "forward: position {} of sequence {} is outside the "
+               "context of {} tokens",
+               p, i, context_);
+    host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(p);
+    host_rows_[static_cast<size_t>(i)] = static_cast<int32_t>(i * context_ + p);
+  }
+  upload(tokens);
+  staged_ = {.tokens = b, .seq = 0, .one_per_sequence = true};
 }
 
 std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts) {
@@ -49,6 +80,8 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& op
     src = gguf_source(*file);
   }
   LLMK_CHECK(opts.context >= 0, "context {} must not be negative", opts.context);
+  LLMK_CHECK(opts.sequences >= 1 && opts.sequences <= 1024, "{} sequences: expected 1 to 1024",
+             opts.sequences);
   const int64_t context =
       opts.context > 0 ? opts.context : std::min<int64_t>(config.context_length, 4096);
   LLMK_CHECK(context <= config.context_length,

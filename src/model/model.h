@@ -21,7 +21,8 @@
 namespace llmk {
 
 struct LoadOptions {
-  int64_t context = 0;  // KV cache length in tokens; 0 = min(model's context, 4096)
+  int64_t context = 0;    // KV cache length in tokens; 0 = min(model's context, 4096)
+  int64_t sequences = 1;  // sequences decoded together, each with its own KV cache
   Device device = Device::CPU;
   ProgressFn progress = nullptr;  // called after each tensor is placed
 };
@@ -39,7 +40,8 @@ class Model {
   // The GGUF file the model came from (tokenizer, metadata); nullopt for Hugging Face folders.
   const std::optional<gguf::File>& gguf() const { return gguf_; }
   const std::string& path() const { return path_; }
-  int64_t context() const { return context_; }
+  int64_t context() const { return context_; }  // per sequence
+  int64_t sequences() const { return sequences_; }
   Device device() const { return device_; }
 
   // Runs tokens at positions pos..pos+T-1 (pos + T <= context()), appending their keys and
@@ -49,17 +51,32 @@ class Model {
     stage(tokens, pos);
     return compute(static_cast<int64_t>(tokens.size()), all_logits);
   }
-  void stage(std::span<const int32_t> tokens, int64_t pos);
+  // Stages T tokens of sequence `seq` at positions pos..pos+T-1 (a prefill, or one step).
+  void stage(std::span<const int32_t> tokens, int64_t pos, int64_t seq = 0);
+  // Stages one token for each of sequences 0..B-1 (B = tokens.size()), token b at position
+  // pos[b] of sequence b: one batched decode step; compute(B, true) gives B rows of logits.
+  void stage_step(std::span<const int32_t> tokens, std::span<const int64_t> pos);
   virtual Tensor compute(int64_t t, bool all_logits) = 0;
   // Makes sure activations for `t` tokens exist (compute() allocates nothing after this).
   virtual void reserve(int64_t t, bool all_logits) = 0;
 
  protected:
-  Model(std::string path, ModelConfig config, int64_t context, Device device)
-      : path_(std::move(path)), config_(std::move(config)), context_(context), device_(device) {}
-  // Device buffers compute() reads: ids and positions of the staged tokens.
-  Tensor ids_, positions_;
-  int64_t staged_ = 0;
+  Model(std::string path, ModelConfig config, int64_t context, int64_t sequences, Device device)
+      : path_(std::move(path)),
+        config_(std::move(config)),
+        context_(context),
+        sequences_(sequences),
+        device_(device) {}
+  // Device buffers compute() reads for the staged tokens: ids, positions within their
+  // sequences, and the rows of the KV cache (sequence * context + position) they write.
+  Tensor ids_, positions_, cache_rows_;
+  // What is staged: `tokens` of sequence `seq`, or (one_per_sequence) one token of each of the
+  // first `tokens` sequences.
+  struct Staged {
+    int64_t tokens = 0;
+    int64_t seq = 0;
+    bool one_per_sequence = false;
+  } staged_;
 
  private:
   friend std::unique_ptr<Model> load_model(const std::string&, const LoadOptions&);
@@ -67,8 +84,10 @@ class Model {
   std::optional<gguf::File> gguf_;
   ModelConfig config_;
   int64_t context_;
+  int64_t sequences_;
   Device device_;
-  std::vector<int32_t> host_positions_;
+  std::vector<int32_t> host_positions_, host_rows_;
+  void upload(std::span<const int32_t> tokens);
 };
 
 }  // namespace llmk

@@ -103,5 +103,83 @@ TEST(SmolLM2Gpu, CudaLogitsMatchTheCpuPath) {
   EXPECT_GT(worst, 0.0);
 }
 
+// Four sequences of different lengths stepped together through one captured graph: every row
+// of every step against the CPU path at the same position, with the same yardstick.
+TEST(SmolLM2Gpu, BatchedStepsMatchTheCpuPath) {
+  cuda::init();
+  std::ifstream in(test::source_path("tests/fixtures/smollm2_reference.json"));
+  ASSERT_TRUE(in.good());
+  nlohmann::json ref;
+  in >> ref;
+  const auto& cases = ref.at("cases");
+  const std::vector<size_t> pick = {0, 2, 5, 3};
+  const auto B = static_cast<int64_t>(pick.size());
+  auto cpu = Model::load(test::smollm2_path(), {.context = 128, .device = Device::CPU});
+  auto gpu =
+      Model::load(test::smollm2_path(), {.context = 128, .sequences = B, .device = Device::CUDA});
+  const int64_t vocab = cpu->config().vocab_size;
+  SamplerConfig greedy;
+  greedy.temperature = 0;
+  Decoder dec(*gpu, greedy, /*cuda_graph=*/true);
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<int64_t> pos;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& c = cases[pick[static_cast<size_t>(b)]];
+    std::vector<int32_t> seq = c.at("ids").get<std::vector<int32_t>>();
+    dec.prefill(seq, 0, b);
+    pos.push_back(static_cast<int64_t>(seq.size()));
+    const auto cont = c.at("continuation").get<std::vector<int32_t>>();
+    seq.insert(seq.end(), cont.begin(), cont.end());
+    seqs.push_back(std::move(seq));
+  }
+  // Teacher forcing: step j feeds each sequence its fixture token at pos[b] + j.
+  std::vector<std::vector<float>> rows(static_cast<size_t>(B));
+  Tensor host = Tensor::empty({B, vocab}, DType::F32);
+  const int steps = 24;
+  for (int j = 0; j < steps; ++j) {
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> at;
+    for (int64_t b = 0; b < B; ++b) {
+      at.push_back(pos[static_cast<size_t>(b)] + j);
+      tokens.push_back(seqs[static_cast<size_t>(b)][static_cast<size_t>(at.back())]);
+    }
+    dec.step_batch(tokens, at);
+    ops::transfer(host, dec.last_logits());
+    for (int64_t b = 0; b < B; ++b) {
+      rows[static_cast<size_t>(b)].insert(rows[static_cast<size_t>(b)].end(),
+                                          host.data<float>() + b * vocab,
+                                          host.data<float>() + (b + 1) * vocab);
+    }
+  }
+  std::vector<double> errs, hf_errs;
+  int64_t agree = 0, hf_agree = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& c = cases[pick[static_cast<size_t>(b)]];
+    const auto hf_err = c.at("hf_bf16_rel_err").get<std::vector<double>>();
+    const auto hf_top1 = c.at("hf_bf16_top1_agrees").get<std::vector<bool>>();
+    const Tensor cpu_logits = cpu->forward(seqs[static_cast<size_t>(b)], 0, true);
+    for (int j = 0; j < steps; ++j) {
+      const int64_t p = pos[static_cast<size_t>(b)] + j;
+      const float* g = rows[static_cast<size_t>(b)].data() + static_cast<int64_t>(j) * vocab;
+      const float* r = cpu_logits.data<float>() + p * vocab;
+      errs.push_back(rel_err(g, r, vocab));
+      hf_errs.push_back(hf_err[static_cast<size_t>(p)]);
+      agree += argmax(g, vocab) == argmax(r, vocab);
+      hf_agree += hf_top1[static_cast<size_t>(p)];
+    }
+  }
+  const auto total = static_cast<double>(errs.size());
+  const double worst = *std::max_element(errs.begin(), errs.end());
+  const double hf_worst = *std::max_element(hf_errs.begin(), hf_errs.end());
+  std::printf(
+      "SmolLM2 CUDA batch-%ld steps vs CPU over %.0f positions: worst %.4f, median %.4f, "
+      "top-1 %.3f; transformers bf16: worst %.4f, median %.4f, top-1 %.3f\n",
+      static_cast<long>(B), total, worst, median(errs), agree / total, hf_worst, median(hf_errs),
+      hf_agree / total);
+  EXPECT_LE(worst, kErrRatio * hf_worst);
+  EXPECT_LE(median(errs), kErrRatio * median(hf_errs));
+  EXPECT_GE(agree / total, hf_agree / total - kTop1Slack);
+}
+
 }  // namespace
 }  // namespace llmk

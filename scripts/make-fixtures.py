@@ -7,7 +7,9 @@ runs the model on the CPU in float32. For each prompt it records the token ids, 
 greedy continuation of 32 tokens, and the top-20 logits (ids and values) at every position of
 prompt + continuation.
 
-    python3 scripts/make-fixtures.py [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]
+    python3 scripts/make-fixtures.py                       # SmolLM2 (ChatML, no BOS)
+    python3 scripts/make-fixtures.py --family gemma3 --model models/gemma-3-270m-q4_k_m.gguf \
+        --out tests/fixtures/gemma3_reference.json            # Gemma 3 (its turns, BOS)
 """
 import argparse
 import json
@@ -26,6 +28,10 @@ PROMPTS = [
     "La tour Eiffel se trouve à Paris. Elle mesure",
     "Q: What is 12 + 30?\nA:",
 ]
+# Gemma's chat turns instead of ChatML; everything else as above.
+GEMMA_PROMPTS = [p if not p.startswith("<|im_start|>") else
+                 "<start_of_turn>user\nWhat is the tallest mountain in the world?<end_of_turn>\n"
+                 "<start_of_turn>model\n" for p in PROMPTS]
 CONTINUATION = 32
 TOP_K = 20
 
@@ -34,6 +40,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--out", default="tests/fixtures/smollm2_reference.json")
+    ap.add_argument("--family", choices=["smollm2", "gemma3"], default="smollm2")
     args = ap.parse_args()
     folder, name = os.path.split(os.path.abspath(args.model))
     torch.manual_seed(0)
@@ -44,8 +51,10 @@ def main():
     model_bf16.eval()
 
     cases = []
-    for text in PROMPTS:
-        ids = tok(text, add_special_tokens=False).input_ids
+    gemma = args.family == "gemma3"
+    for text in (GEMMA_PROMPTS if gemma else PROMPTS):
+        # Gemma expects its BOS token first (the tokenizer adds it); SmolLM2 has none.
+        ids = tok(text, add_special_tokens=gemma).input_ids
         with torch.no_grad():
             # Plain argmax over transformers' logits, continuing past end-of-text tokens
             # (generate() with min_new_tokens would suppress EOS and pick the runner-up).
@@ -75,6 +84,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump({
             "model": name,
+            "add_bos": gemma,
             "reference": "transformers %s, torch %s, float32 on the CPU, GGUF dequantised by transformers"
                          % (__import__("transformers").__version__, torch.__version__),
             "top_k": TOP_K,

@@ -2,7 +2,7 @@
 # Builds llmk and runs every test: the CUDA build first (preset cuda: compiles all CUDA code;
 # its GPU tests run where a GPU exists and report SKIP elsewhere), then every CPU test in the
 # Release build (preset cpu) and again under AddressSanitizer + UBSan (preset asan). Installs
-# missing build dependencies and fetches the test model first.
+# missing build dependencies and fetches the test models (SmolLM2, Gemma 3 270M) first.
 #
 #   scripts/test.sh            # cuda (where nvcc exists) + cpu + asan
 #   scripts/test.sh --quick    # cpu only
@@ -19,7 +19,7 @@ fi
 jobs=$(nproc)
 
 scripts/install-deps.sh
-scripts/fetch-models.sh smollm2
+scripts/fetch-models.sh all
 for p in "${presets[@]}"; do
   echo "== preset $p: configure, build, test" >&2
   cmake --preset "$p" >/dev/null

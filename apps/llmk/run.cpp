@@ -96,8 +96,12 @@ Command add_run(CLI::App& cmd) {
       std::vector<ChatMessage> msgs;
       if (!a->system.empty()) msgs.push_back({"system", a->system});
       msgs.push_back({"user", a->prompt});
-      text =
-          ChatTemplate::from_jinja(tok.chat_template()).apply(msgs, /*add_generation_prompt=*/true);
+      LLMK_CHECK(!tok.chat_template().empty() || !model->config().chat_family.empty(),
+                 "{}: the model has no chat template; run without --chat", a->model);
+      const ChatTemplate tmpl = tok.chat_template().empty()
+                                    ? ChatTemplate::for_family(model->config().chat_family)
+                                    : ChatTemplate::from_jinja(tok.chat_template());
+      text = tmpl.apply(msgs, /*add_generation_prompt=*/true);
     }
     // Special tokens in the text are parsed only when it comes from the chat template: a user's
     // raw prompt that happens to contain "<|im_end|>" is text.

@@ -9,14 +9,18 @@
 namespace llmk {
 
 namespace {
-constexpr const char* kSupportedArchs = "llama";
+constexpr const char* kSupportedArchs = "llama, gemma3";
 }
+
+// Family settings beyond the common keys (src/model/<family>.cpp).
+void apply_gemma3_gguf(ModelConfig& c, const gguf::File& f);
 
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   ModelConfig c;
   c.arch = f.get_string("general.architecture");
-  LLMK_CHECK(c.arch == "llama", "{}: unsupported architecture '{}' (supported: {})", f.path(),
-             c.arch, kSupportedArchs);
+  LLMK_CHECK(c.arch == "llama" || c.arch == "gemma3",
+             "{}: unsupported architecture '{}' (supported: {})", f.path(), c.arch,
+             kSupportedArchs);
   const std::string p = c.arch + ".";
   c.name = f.get_string("general.name", "");
   c.n_layers = f.get_int(p + "block_count");
@@ -31,6 +35,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.rope_dim = f.get_int(p + "rope.dimension_count", c.head_dim);
   // GGUF llama files have Q/K rows permuted by the converter so that RoPE rotates adjacent pairs.
   c.rope_layout = ops::RopeLayout::Adjacent;
+  if (c.arch == "gemma3") apply_gemma3_gguf(c, f);
   if (const gguf::Value* v = f.find("tokenizer.ggml.tokens")) {
     c.vocab_size = static_cast<int64_t>(v->as_array().size());
   }

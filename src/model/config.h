@@ -13,7 +13,7 @@ class File;
 class HfConfig;
 
 struct ModelConfig {
-  std::string arch;  // "llama" or "qwen2"
+  std::string arch;  // "llama", "qwen2", "gemma3"
   std::string name;  // general.name, for display
   int64_t n_layers = 0;
   int64_t d_model = 0;
@@ -28,6 +28,26 @@ struct ModelConfig {
   int64_t rope_dim = 0;
   ops::RopeLayout rope_layout = ops::RopeLayout::Adjacent;
   bool tied_embeddings = false;
+  ops::Activation activation = ops::Activation::SiLU;  // of the gated MLP
+  float attn_scale = 0.0f;                             // multiplies q.k; 0 = 1/sqrt(head_dim)
+  // Gemma: RMSNorm scales by (1 + w). GGUF files of Gemma store 1 + w already (llama.cpp's
+  // converter adds it), so this is set for Hugging Face checkpoints only.
+  bool norm_add_one = false;
+  bool qk_norm = false;         // RMSNorm over each head of q and k before RoPE (Gemma 3)
+  bool sandwich_norms = false;  // RMSNorm of attention and MLP outputs before the residual add
+  float embed_scale = 1.0f;     // embeddings are multiplied by this (Gemma: sqrt(d_model))
+  int64_t sliding_window = 0;   // keys within this distance, on the local layers; 0 = none
+  // Every sliding_pattern-th layer (the last of each group) is global, the others local;
+  // 0 = every layer is local when sliding_window is set.
+  int64_t sliding_pattern = 0;
+  float rope_theta_local = 0.0f;  // RoPE base of the local layers; 0 = rope_theta
+  // The chat format to use when the model file carries no template ("" = none known).
+  std::string chat_family;
+
+  bool is_local(int64_t layer) const {
+    if (sliding_window <= 0) return false;
+    return sliding_pattern <= 0 || (layer + 1) % sliding_pattern != 0;
+  }
 
   // Reads `<arch>.*` keys; throws llmk::Error naming the file and key for missing or
   // inconsistent values, and for architectures llmk does not run.

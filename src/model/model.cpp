@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "formats/hf_config.h"
 #include "formats/safetensors.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "ops/ops.h"
 
 namespace llmk {
@@ -88,7 +88,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& op
              "{}: a context of {} tokens exceeds the model's {} tokens", path, context,
              config.context_length);
   // ModelConfig has rejected every architecture but the Llama family.
-  std::unique_ptr<Model> m = make_llama(path, std::move(config), context, opts, *src);
+  std::unique_ptr<Model> m = make_decoder(path, std::move(config), context, opts, *src);
   m->gguf_ = std::move(file);
   return m;
 }

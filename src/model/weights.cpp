@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <regex>
+#include <string_view>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -48,11 +48,17 @@ std::string to_hf_name(const std::string& n) {
       {"ffn_up.weight", "mlp.up_proj.weight"},
       {"ffn_down.weight", "mlp.down_proj.weight"},
   };
-  static const std::regex kBlk(R"(blk\.(\d+)\.(.+))");
-  std::smatch m;
-  if (std::regex_match(n, m, kBlk)) {
-    for (const auto& [g, h] : kLayer) {
-      if (m[2] == g) return fmt::format("model.layers.{}.{}", m[1].str(), h);
+  // "blk.<layer>.<name>"
+  constexpr std::string_view kBlk = "blk.";
+  if (n.rfind(kBlk, 0) == 0) {
+    const size_t dot = n.find('.', kBlk.size());
+    const std::string layer = n.substr(kBlk.size(), dot - kBlk.size());
+    if (dot != std::string::npos && !layer.empty() &&
+        layer.find_first_not_of("0123456789") == std::string::npos) {
+      const std::string rest = n.substr(dot + 1);
+      for (const auto& [g, h] : kLayer) {
+        if (rest == g) return fmt::format("model.layers.{}.{}", layer, h);
+      }
     }
   }
   return n;

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace llmk {
 
@@ -82,13 +83,95 @@ void chatml_render(std::string_view default_system, std::span<const ChatMessage>
   }
 }
 
+// ---- gemma ----
+
+constexpr std::string_view kStartOfTurn = "<start_of_turn>";
+
+bool gemma_matches(std::string_view jinja) { return jinja.find(kStartOfTurn) != jinja.npos; }
+
+std::string no_default_system(std::string_view) { return ""; }
+
+// The length in bytes of the character at text[pos] when it is whitespace as Python's
+// str.strip() sees it (Jinja's `trim`), else 0.
+size_t python_space_length(std::string_view text, size_t pos) {
+  const size_t len = utf8::sequence_length(text, pos);
+  if (len == 0) return 0;
+  uint32_t cp = static_cast<uint8_t>(text[pos]);
+  if (len > 1) {
+    cp &= 0x7Fu >> len;
+    for (size_t i = 1; i < len; ++i) cp = (cp << 6) | (static_cast<uint8_t>(text[pos + i]) & 0x3F);
+  }
+  const bool space = (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 ||
+                     cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+                     cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return space ? len : 0;
+}
+
+std::string_view python_strip(std::string_view text) {
+  while (!text.empty()) {
+    const size_t len = python_space_length(text, 0);
+    if (len == 0) break;
+    text.remove_prefix(len);
+  }
+  while (!text.empty()) {
+    size_t start = text.size() - 1;  // back up to the lead byte of the last character
+    while (start > 0 && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) --start;
+    if (python_space_length(text, start) != text.size() - start) break;
+    text.remove_suffix(text.size() - start);
+  }
+  return text;
+}
+
+// Gemma 3's template: "<bos>", then turns "<start_of_turn>{role}\n{content | trim}<end_of_turn>\n"
+// with "assistant" written as "model". A leading system message is not a turn: its content
+// (untrimmed) and "\n\n" open the first turn. The remaining messages must alternate user, non-user,
+// user, ... (the template raises an exception otherwise).
+void gemma_render(std::string_view, std::span<const ChatMessage> messages,
+                  bool add_generation_prompt, std::string& out) {
+  out += "<bos>";
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  const std::string_view system = has_system ? std::string_view(messages[0].content) : "";
+  if (has_system) messages = messages.subspan(1);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    LLMK_CHECK((m.role == "user") == (i % 2 == 0),
+               "gemma chat template: conversation roles must alternate user/assistant/user/... "
+               "(message {} is '{}')",
+               i, m.role);
+    out += kStartOfTurn;
+    out += m.role == "assistant" ? "model" : m.role;
+    out += '\n';
+    if (i == 0 && has_system) {
+      out += system;
+      out += "\n\n";
+    }
+    out += python_strip(m.content);
+    out += "<end_of_turn>\n";
+  }
+  if (add_generation_prompt) {
+    out += kStartOfTurn;
+    out += "model\n";
+  }
+}
+
 // ---- the table: the first family whose `matches` accepts the template is used ----
 
 constexpr ChatTemplate::Family kFamilies[] = {
     {"chatml", "contains '<|im_start|>'", chatml_matches, chatml_default_system, chatml_render},
+    {"gemma", "contains '<start_of_turn>'", gemma_matches, no_default_system, gemma_render},
 };
 
 }  // namespace
+
+ChatTemplate ChatTemplate::for_family(std::string_view name) {
+  for (const Family& f : kFamilies) {
+    if (f.name != name) continue;
+    ChatTemplate t;
+    t.family_ = &f;
+    return t;
+  }
+  LLMK_FAIL("unknown chat template family '{}'", name);
+}
 
 ChatTemplate ChatTemplate::from_jinja(std::string_view jinja) {
   for (const Family& f : kFamilies) {

@@ -8,6 +8,12 @@
 //           When the template holds a literal "<|im_start|>system\n{text}<|im_end|>\n" (as
 //           SmolLM2's does, for conversations that do not start with a system message), that
 //           system message is written first whenever messages[0] is not a system message.
+//   gemma   templates that contain "<start_of_turn>" (Gemma 3):
+//             <bos><start_of_turn>user\n{system}\n\n{content}<end_of_turn>\n
+//             <start_of_turn>model\n{content}<end_of_turn>\n ... [<start_of_turn>model\n]
+//           The system message (messages[0] only) opens the first turn; contents are trimmed
+//           (Jinja's `trim`); roles must alternate user / non-user. The text starts with "<bos>":
+//           Tokenizer::encode with add_bos does not add a second one.
 #pragma once
 
 #include <span>
@@ -26,6 +32,8 @@ class ChatTemplate {
   // Recognises the family of `jinja` (a tokenizer.chat_template value); throws llmk::Error
   // naming the supported families when none matches.
   static ChatTemplate from_jinja(std::string_view jinja);
+  // The family by name ("chatml", "gemma"), for models whose file carries no template.
+  static ChatTemplate for_family(std::string_view name);
 
   // The prompt for `messages`; add_generation_prompt appends the opening of an assistant turn.
   std::string apply(std::span<const ChatMessage> messages, bool add_generation_prompt) const;

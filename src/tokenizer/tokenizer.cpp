@@ -9,12 +9,14 @@
 #include "tokenizer/bpe_model.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/spm_model.h"
 #include "tokenizer/utf8.h"
 
 namespace llmk {
 namespace {
 
-constexpr std::string_view kSupportedModels = "gpt2";
+constexpr std::string_view kSpmModel = "llama";  // SentencePiece-style BPE (spm_model.h)
+constexpr std::string_view kSupportedModels = "gpt2, llama";
 
 // Texts of tokens that end a generated turn in the families llmk knows.
 constexpr std::string_view kEndOfTurnTexts[] = {
@@ -38,6 +40,7 @@ struct Tokenizer::Impl {
   std::vector<SpecialText> specials;
   PreTokenizer pre;
   BpeModel bpe;
+  std::optional<SpmModel> spm;  // set for "llama" (then pre and bpe are unused)
 
   int32_t size() const { return static_cast<int32_t>(data.tokens.size()); }
   void check_id(int32_t id) const {
@@ -82,7 +85,7 @@ std::string token_bytes_of(const std::string& text, TokenType type) {
 }  // namespace
 
 Tokenizer Tokenizer::from_data(TokenizerData data) {
-  LLMK_CHECK(data.model == kSupportedModels,
+  LLMK_CHECK(data.model == "gpt2" || data.model == kSpmModel,
              "unsupported tokenizer model '{}' (tokenizer.ggml.model); supported: {}", data.model,
              kSupportedModels);
   LLMK_CHECK(!data.tokens.empty(), "tokenizer has no tokens");
@@ -95,7 +98,8 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
   check_optional_id(data.pad_id, "padding", n);
 
   auto impl = std::make_shared<Impl>();
-  impl->pre = PreTokenizer::create(data.pre);
+  const bool spm = data.model == kSpmModel;
+  if (!spm) impl->pre = PreTokenizer::create(data.pre);
   impl->types = check_types(data);
   impl->data = std::move(data);
   const TokenizerData& d = impl->data;
@@ -104,12 +108,19 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
   impl->by_text.reserve(n * 2);
   for (size_t i = 0; i < n; ++i) {
     const auto id = static_cast<int32_t>(i);
-    impl->bytes.push_back(token_bytes_of(d.tokens[i], impl->types[i]));
+    impl->bytes.push_back(spm ? SpmModel::token_bytes(d.tokens[i], impl->types[i])
+                              : token_bytes_of(d.tokens[i], impl->types[i]));
     impl->by_text.emplace(d.tokens[i], id);  // the first of duplicate texts wins
     const TokenType t = impl->types[i];
-    if ((t == TokenType::Control || t == TokenType::UserDefined) && !d.tokens[i].empty()) {
+    if ((t == TokenType::Control || t == TokenType::UserDefined) && !d.tokens[i].empty() &&
+        !(spm && SpmModel::is_space_run(d.tokens[i], t))) {
       impl->specials.push_back({d.tokens[i], id, t == TokenType::Control});
     }
+  }
+
+  if (spm) {
+    impl->spm.emplace(d.tokens, d.scores, impl->types, d.unk_id);
+    return Tokenizer(std::move(impl));
   }
 
   // BPE works on ids: a text is a BPE symbol unless it is a control token, which BPE must
@@ -180,6 +191,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
   }
   std::vector<std::string_view> pieces;
   BpeModel::Scratch scratch;
+  SpmModel::Scratch spm_scratch;
+  const auto encode_plain = [&](std::string_view plain) {
+    if (m.spm) {
+      m.spm->encode(plain, spm_scratch, out);
+    } else {
+      m.encode_plain(plain, pieces, scratch, out);
+    }
+  };
 
   // Leftmost-longest matching of special tokens (as Hugging Face's added vocabulary does);
   // next[k] caches where token k occurs next, recomputed once the scan passes it.
@@ -202,13 +221,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
       }
     }
     if (best == nullptr) {
-      m.encode_plain(text.substr(pos), pieces, scratch, out);
+      encode_plain(text.substr(pos));
       break;
     }
-    m.encode_plain(text.substr(pos, best_at - pos), pieces, scratch, out);
+    encode_plain(text.substr(pos, best_at - pos));
     out.push_back(best->id);
     pos = best_at + best->text.size();
   }
+  // A text that starts with the bos token (a chat template writing "<bos>") keeps only that one.
+  if (add_bos && out.size() > 1 && out[1] == m.data.bos_id) out.erase(out.begin());
   return out;
 }
 
@@ -249,7 +270,9 @@ int32_t Tokenizer::unk_id() const { return impl_->data.unk_id; }
 int32_t Tokenizer::pad_id() const { return impl_->data.pad_id; }
 bool Tokenizer::add_bos() const { return impl_->data.add_bos; }
 const std::string& Tokenizer::chat_template() const { return impl_->data.chat_template; }
-const std::string& Tokenizer::pre_tokenizer() const { return impl_->pre.name(); }
+const std::string& Tokenizer::pre_tokenizer() const {
+  return impl_->spm ? impl_->data.pre : impl_->pre.name();
+}
 
 std::optional<int32_t> Tokenizer::find_token(std::string_view text) const {
   auto it = impl_->by_text.find(text);

@@ -1,4 +1,5 @@
-// llmk::Tokenizer: byte-level BPE (tokenizer.ggml.model = "gpt2") as GGUF files describe it.
+// llmk::Tokenizer: byte-level BPE (tokenizer.ggml.model = "gpt2") as GGUF files describe it,
+// and SentencePiece-style BPE with byte fallback ("llama", as Gemma ships it; see spm_model.h).
 //
 // encode: special tokens are cut out of the text first (control tokens only when asked,
 // user-defined tokens always), then each stretch between them is split by the pre-tokenizer
@@ -37,11 +38,12 @@ enum class TokenType : int32_t {
 
 // Everything a tokenizer is built from, named after the GGUF keys (tokenizer.ggml.*).
 struct TokenizerData {
-  std::string model;                 // tokenizer.ggml.model: "gpt2" is supported
+  std::string model;                 // tokenizer.ggml.model: "gpt2" or "llama" (SentencePiece)
   std::string pre = "gpt2";          // tokenizer.ggml.pre (see PreTokenizer::supported_names)
   std::vector<std::string> tokens;   // token texts; normal tokens in GPT-2's byte alphabet
   std::vector<int32_t> token_types;  // TokenType values; empty means all Normal
   std::vector<std::string> merges;   // "left right", in rank order
+  std::vector<float> scores;         // tokenizer.ggml.scores ("llama"); empty means all 0
   int32_t bos_id = -1;               // -1: none
   int32_t eos_id = -1;
   int32_t unk_id = -1;
@@ -57,9 +59,13 @@ class Tokenizer {
   static Tokenizer from_data(TokenizerData data);
   // Reads the tokenizer.* keys of a GGUF file; errors name the file.
   static Tokenizer from_gguf(const gguf::File& file);
+  // Reads a Hugging Face tokenizer.json (`path` is the file or a folder holding it) and the
+  // tokenizer_config.json beside it; byte-level BPE only. Errors name the file and the key.
+  static Tokenizer from_hf_json(const std::string& path);
 
   // Token ids of `text` (any bytes; invalid UTF-8 sequences are encoded byte by byte).
-  // add_bos prepends bos_id() (an error when there is none). parse_special: control tokens
+  // add_bos prepends bos_id() (an error when there is none) unless the text already starts with
+  // it, as a chat template that writes "<bos>" does. parse_special: control tokens
   // written in the text (e.g. "<|im_start|>") become their ids; otherwise they are plain text.
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
 

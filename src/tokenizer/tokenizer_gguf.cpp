@@ -57,12 +57,19 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
   if (const auto* merges = find_array(f, "tokenizer.ggml.merges", gguf::ValueType::STRING, false)) {
     d.merges = merges->strings;
   }
+  if (const auto* scores = find_array(f, "tokenizer.ggml.scores", gguf::ValueType::F32, false)) {
+    d.scores.assign(scores->floats.begin(), scores->floats.end());
+  }
   d.bos_id = optional_id(f, "tokenizer.ggml.bos_token_id");
   d.eos_id = optional_id(f, "tokenizer.ggml.eos_token_id");
   d.unk_id = optional_id(f, "tokenizer.ggml.unknown_token_id");
   d.pad_id = optional_id(f, "tokenizer.ggml.padding_token_id");
   d.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", false);
   d.chat_template = f.get_string("tokenizer.chat_template", "");
+  // llama.cpp adds a prefix space to SentencePiece text unless told not to; llmk does not.
+  LLMK_CHECK(d.model != "llama" || !f.get_bool("tokenizer.ggml.add_space_prefix", true),
+             "{}: tokenizer.ggml.add_space_prefix is not supported (Gemma's files set it false)",
+             f.path());
   try {
     return from_data(std::move(d));
   } catch (const Error& e) {

@@ -1,6 +1,8 @@
-// The Llama architecture (pre-norm decoder, RMSNorm, RoPE, grouped-query attention, SwiGLU MLP),
-// also Qwen2 (q/k/v biases) and SmolLM2, from GGUF files or Hugging Face folders.
-#include "model/llama.h"
+// The pre-norm decoder shared by every family llmk runs: RMSNorm, RoPE, grouped-query
+// attention, a gated MLP. ModelConfig switches the family's differences on: Q/K/V biases
+// (Qwen2), QK-norm, norms after attention and MLP, GELU-tanh, a scaled embedding and
+// alternating sliding-window/global layers with their own RoPE base (Gemma 3).
+#include "model/decoder.h"
 
 #include <fmt/format.h>
 
@@ -16,12 +18,14 @@ namespace llmk {
 namespace {
 
 struct LayerWeights {
-  Tensor attn_norm;    // [d_model] f32
-  Projection qkv;      // Q|K|V: [Hq*D + 2*Hkv*D, d_model], biases for Qwen2
-  Tensor wo;           // [d_model, Hq*D]
-  Tensor ffn_norm;     // [d_model] f32
-  Projection gate_up;  // gate|up: [2*d_ff, d_model]
-  Tensor w_down;       // [d_model, d_ff]
+  Tensor attn_norm;                      // [d_model] f32
+  Tensor q_norm, k_norm;                 // [D] f32, QK-norm (Gemma 3)
+  Tensor post_attn_norm, post_ffw_norm;  // [d_model] f32, norms of the block outputs (Gemma 3)
+  Projection qkv;                        // Q|K|V: [Hq*D + 2*Hkv*D, d_model], biases for Qwen2
+  Tensor wo;                             // [d_model, Hq*D]
+  Tensor ffn_norm;                       // [d_model] f32
+  Projection gate_up;                    // gate|up: [2*d_ff, d_model]
+  Tensor w_down;                         // [d_model, d_ff]
 };
 
 // Activations for up to `capacity` tokens (act dtype: f32 on the CPU, bf16 on CUDA), reused
@@ -31,10 +35,10 @@ struct Scratch {
   Tensor x, h, qkv, attn, o, gate_up, act, logits;
 };
 
-class LlamaModel final : public Model {
+class DecoderModel final : public Model {
  public:
-  LlamaModel(const std::string& path, ModelConfig config, int64_t context, const LoadOptions& opts,
-             const WeightSource& src)
+  DecoderModel(const std::string& path, ModelConfig config, int64_t context,
+               const LoadOptions& opts, const WeightSource& src)
       : Model(path, std::move(config), context, opts.sequences, opts.device),
         act_(opts.device == Device::CPU ? DType::F32 : DType::BF16) {
     WeightLoader loader(src, opts.device, opts.progress);
@@ -70,7 +74,7 @@ class LlamaModel final : public Model {
   Scratch s_;
 };
 
-void LlamaModel::load_weights(WeightLoader& w) {
+void DecoderModel::load_weights(WeightLoader& w) {
   const ModelConfig& c = config();
   const int64_t d = c.d_model, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
   tok_embd_ = w.matrix("token_embd.weight", {c.vocab_size, d});
@@ -89,26 +93,34 @@ void LlamaModel::load_weights(WeightLoader& w) {
                {b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"});
     l.wo = w.matrix(b + "attn_output.weight", {d, qd});
     l.ffn_norm = w.vector(b + "ffn_norm.weight", {d});
+    if (c.qk_norm) {
+      l.q_norm = w.vector(b + "attn_q_norm.weight", {c.head_dim});
+      l.k_norm = w.vector(b + "attn_k_norm.weight", {c.head_dim});
+    }
+    if (c.sandwich_norms) {
+      l.post_attn_norm = w.vector(b + "post_attention_norm.weight", {d});
+      l.post_ffw_norm = w.vector(b + "post_ffw_norm.weight", {d});
+    }
     l.gate_up.load(w, {b + "ffn_gate.weight", b + "ffn_up.weight"}, {{c.d_ff, d}, {c.d_ff, d}});
     l.w_down = w.matrix(b + "ffn_down.weight", {d, c.d_ff});
   }
 }
 
-uint64_t LlamaModel::kv_cache_bytes() const {
+uint64_t DecoderModel::kv_cache_bytes() const {
   const ModelConfig& c = config();
   return 2ull * static_cast<uint64_t>(c.n_layers) *
          static_cast<uint64_t>(
              bytes_for(act_, sequences() * context() * c.n_kv_heads * c.head_dim));
 }
 
-uint64_t LlamaModel::activation_bytes(int64_t t) const {
+uint64_t DecoderModel::activation_bytes(int64_t t) const {
   const ModelConfig& c = config();
   const int64_t per_token =
       3 * c.d_model + 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim + 3 * c.d_ff;
   return static_cast<uint64_t>(bytes_for(act_, t * per_token) + 4 * c.vocab_size);
 }
 
-void LlamaModel::allocate_cache() {
+void DecoderModel::allocate_cache() {
   const ModelConfig& c = config();
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const int64_t rows = sequences() * context();
@@ -117,7 +129,7 @@ void LlamaModel::allocate_cache() {
   }
 }
 
-void LlamaModel::reserve(int64_t t, bool all_logits) {
+void DecoderModel::reserve(int64_t t, bool all_logits) {
   const ModelConfig& c = config();
   const Device dev = device();
   if (t > s_.capacity) {
@@ -137,7 +149,7 @@ void LlamaModel::reserve(int64_t t, bool all_logits) {
   }
 }
 
-Tensor LlamaModel::compute(int64_t t, bool all_logits) {
+Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   const ModelConfig& c = config();
   LLMK_CHECK(t > 0 && t == staged_.tokens, "compute: {} tokens requested but {} staged", t,
              staged_.tokens);
@@ -158,38 +170,52 @@ Tensor LlamaModel::compute(int64_t t, bool all_logits) {
   Tensor gate_up = s_.gate_up.slice(0, 0, t), act = s_.act.slice(0, 0, t);
   const Tensor gate = gate_up.slice(1, 0, F), up = gate_up.slice(1, F, 2 * F);
 
-  const ops::RopeParams rope{
+  const bool one = c.norm_add_one;
+  ops::RopeParams rope_global{
       .rot_dim = static_cast<int>(c.rope_dim), .theta = c.rope_theta, .layout = c.rope_layout};
-  const ops::AttentionParams attn_params{};
+  ops::RopeParams rope_local = rope_global;
+  if (c.rope_theta_local > 0) rope_local.theta = c.rope_theta_local;
+  const ops::AttentionParams attn_global{.scale = c.attn_scale};
+  const ops::AttentionParams attn_local{.scale = c.attn_scale,
+                                        .window = static_cast<int>(c.sliding_window)};
 
   ops::embedding(x, tok_embd_, ids);
-  ops::rms_norm(h, x, layers_[0].attn_norm, c.rms_eps);
+  if (c.embed_scale != 1.0f) ops::scale(x, c.embed_scale);
+  ops::rms_norm(h, x, layers_[0].attn_norm, c.rms_eps, one);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerWeights& l = layers_[i];
+    const bool local = c.is_local(static_cast<int64_t>(i));
     // h holds attn_norm(x) here.
     l.qkv.apply(qkv, h);
-    ops::rope(qk, positions, rope);
+    if (c.qk_norm) {
+      ops::rms_norm(q, q, l.q_norm, c.rms_eps, one);
+      ops::rms_norm(k, k, l.k_norm, c.rms_eps, one);
+    }
+    ops::rope(qk, positions, local ? rope_local : rope_global);
     ops::kv_append(k_cache_[i], v_cache_[i], k, v, cache_rows);
+    const ops::AttentionParams& ap = local ? attn_local : attn_global;
     if (!staged_.one_per_sequence) {
       const int64_t r = staged_.seq * ctx;
       ops::attention(attn, q, k_cache_[i].slice(0, r, r + ctx), v_cache_[i].slice(0, r, r + ctx),
-                     positions, attn_params);
+                     positions, ap);
     } else {
       for (int64_t b = 0; b < t; ++b) {  // token b belongs to sequence b
         Tensor out_b = attn.slice(0, b, b + 1);
         ops::attention(out_b, q.slice(0, b, b + 1), k_cache_[i].slice(0, b * ctx, (b + 1) * ctx),
                        v_cache_[i].slice(0, b * ctx, (b + 1) * ctx), positions.slice(0, b, b + 1),
-                       attn_params);
+                       ap);
       }
     }
     ops::linear(o, attn2, l.wo);
-    ops::add_rms_norm(x, o, h, l.ffn_norm, c.rms_eps);
+    if (c.sandwich_norms) ops::rms_norm(o, o, l.post_attn_norm, c.rms_eps, one);
+    ops::add_rms_norm(x, o, h, l.ffn_norm, c.rms_eps, one);
 
     l.gate_up.apply(gate_up, h);
-    ops::gated_act(act, gate, up, ops::Activation::SiLU);
+    ops::gated_act(act, gate, up, c.activation);
     ops::linear(o, act, l.w_down);
+    if (c.sandwich_norms) ops::rms_norm(o, o, l.post_ffw_norm, c.rms_eps, one);
     const Tensor& next_norm = i + 1 < layers_.size() ? layers_[i + 1].attn_norm : output_norm_;
-    ops::add_rms_norm(x, o, h, next_norm, c.rms_eps);
+    ops::add_rms_norm(x, o, h, next_norm, c.rms_eps, one);
   }
   // h = output_norm(x) for every token; the head runs on the rows whose logits are wanted.
   const Tensor normed = all_logits ? h : h.slice(0, t - 1, t);
@@ -200,9 +226,9 @@ Tensor LlamaModel::compute(int64_t t, bool all_logits) {
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama(const std::string& path, ModelConfig config, int64_t context,
-                                  const LoadOptions& opts, const WeightSource& src) {
-  return std::make_unique<LlamaModel>(path, std::move(config), context, opts, src);
+std::unique_ptr<Model> make_decoder(const std::string& path, ModelConfig config, int64_t context,
+                                    const LoadOptions& opts, const WeightSource& src) {
+  return std::make_unique<DecoderModel>(path, std::move(config), context, opts, src);
 }
 
 }  // namespace llmk

@@ -1,0 +1,395 @@
+// Tokenizer::from_hf_json: fills a TokenizerData from a Hugging Face tokenizer.json (and the
+// tokenizer_config.json beside it) for byte-level BPE tokenizers as Llama 3, Qwen2 and SmolLM2
+// ship them. The pre-tokenizer is not interpreted: its JSON is reduced to a signature and looked
+// up in a table of the shapes that match an entry of PreTokenizer's table.
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "formats/hf_config.h"
+#include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace llmk {
+namespace {
+
+using json_io::Json;
+
+// The Split regexes of the table's entries, as tokenizer.json spells them (PreTokenizer keeps
+// its own copies; tokenizer_json_test checks that both give the same ids).
+constexpr std::string_view kLlama3Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3})"
+    R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kQwen2Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N})"
+    R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// Signature of a pre-tokenizer (see signature_of) -> PreTokenizer table entry.
+struct PreShape {
+  std::string signature;
+  std::string_view name;
+};
+
+std::vector<PreShape> known_pre_shapes() {
+  const std::string split = "Split(isolated, ";
+  return {
+      {"ByteLevel(regex)", "gpt2"},
+      {"Digits(individual) + ByteLevel(regex)", "smollm"},
+      {split + std::string(kLlama3Regex) + ") + ByteLevel(no regex)", "llama3"},
+      {split + std::string(kQwen2Regex) + ") + ByteLevel(no regex)", "qwen2"},
+  };
+}
+
+// Reads one tokenizer.json; every error names the file and the JSON key.
+class Reader {
+ public:
+  explicit Reader(std::string path) : path_(std::move(path)) {}
+
+  const std::string& path() const { return path_; }
+
+  [[noreturn]] void fail(std::string_view key, std::string_view message) const {
+    LLMK_FAIL("{}: {}: {}", path_, key, message);
+  }
+
+  // The member `name` of object `obj` (itself at `key`); nullptr when absent or null.
+  const Json* find(const Json& obj, std::string_view key, std::string_view name) const {
+    if (!obj.is_object())
+      fail(key, fmt::format("is {}, expected an object", json_io::describe(obj)));
+    const auto it = obj.find(std::string(name));
+    if (it == obj.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  const Json& get(const Json& obj, std::string_view key, std::string_view name) const {
+    const Json* v = find(obj, key, name);
+    if (v == nullptr) fail(join(key, name), "missing");
+    return *v;
+  }
+  std::string get_string(const Json& obj, std::string_view key, std::string_view name) const {
+    return as_string(get(obj, key, name), join(key, name));
+  }
+  std::optional<std::string> find_string(const Json& obj, std::string_view key,
+                                         std::string_view name) const {
+    const Json* v = find(obj, key, name);
+    if (v == nullptr) return std::nullopt;
+    return as_string(*v, join(key, name));
+  }
+  bool get_bool(const Json& obj, std::string_view key, std::string_view name, bool fallback) const {
+    const Json* v = find(obj, key, name);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) expected(*v, join(key, name), "a boolean");
+    return v->get<bool>();
+  }
+  std::string as_string(const Json& v, std::string_view key) const {
+    if (!v.is_string()) expected(v, key, "a string");
+    return v.get<std::string>();
+  }
+  int32_t as_id(const Json& v, std::string_view key) const {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= INT32_MAX) {
+      expected(v, key, "a token id (a non-negative integer)");
+    }
+    return static_cast<int32_t>(v.get<int64_t>());
+  }
+  [[noreturn]] void expected(const Json& v, std::string_view key, std::string_view what) const {
+    fail(key, fmt::format("is {}, expected {}", json_io::describe(v), what));
+  }
+
+  static std::string join(std::string_view key, std::string_view name) {
+    return key.empty() ? std::string(name) : fmt::format("{}.{}", key, name);
+  }
+  static std::string index(std::string_view key, size_t i) { return fmt::format("{}[{}]", key, i); }
+
+ private:
+  std::string path_;
+};
+
+// The pre-tokenizer at `key`, reduced to a signature: the parts that change how text is cut,
+// with the parts that cannot be honoured rejected.
+std::string signature_of(const Reader& r, const Json& pre, const std::string& key) {
+  const std::string type = r.get_string(pre, key, "type");
+  if (type == "Sequence") {
+    const Json& list = r.get(pre, key, "pretokenizers");
+    if (!list.is_array() || list.empty())
+      r.expected(list, key + ".pretokenizers", "a non-empty array");
+    std::string out;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!out.empty()) out += " + ";
+      out += signature_of(r, list[i], Reader::index(key + ".pretokenizers", i));
+    }
+    return out;
+  }
+  if (type == "ByteLevel") {
+    if (r.get_bool(pre, key, "add_prefix_space", false)) {
+      r.fail(key + ".add_prefix_space", "true is not supported");
+    }
+    return r.get_bool(pre, key, "use_regex", true) ? "ByteLevel(regex)" : "ByteLevel(no regex)";
+  }
+  if (type == "Digits") {
+    if (!r.get_bool(pre, key, "individual_digits", false)) {
+      r.fail(key + ".individual_digits", "false is not supported");
+    }
+    return "Digits(individual)";
+  }
+  if (type == "Split") {
+    const Json& pattern = r.get(pre, key, "pattern");
+    const std::optional<std::string> regex = r.find_string(pattern, key + ".pattern", "Regex");
+    if (!regex) r.fail(key + ".pattern", "only a {\"Regex\": ...} pattern is supported");
+    const std::string behavior = r.get_string(pre, key, "behavior");
+    if (behavior != "Isolated") {
+      r.fail(key + ".behavior", fmt::format("'{}' is not supported (only Isolated)", behavior));
+    }
+    if (r.get_bool(pre, key, "invert", false)) r.fail(key + ".invert", "true is not supported");
+    return fmt::format("Split(isolated, {})", *regex);
+  }
+  r.fail(key + ".type", fmt::format("unsupported pre-tokenizer type '{}'", json_io::escape(type)));
+}
+
+// The PreTokenizer table entry for the file's "pre_tokenizer".
+std::string_view pre_tokenizer_name(const Reader& r, const Json& root) {
+  const Json* pre = r.find(root, "", "pre_tokenizer");
+  if (pre == nullptr) r.fail("pre_tokenizer", "null is not supported (no byte-level split)");
+  const std::string signature = signature_of(r, *pre, "pre_tokenizer");
+  std::string supported;
+  for (const PreShape& shape : known_pre_shapes()) {
+    if (shape.signature == signature) return shape.name;
+    supported += fmt::format("{}{}", supported.empty() ? "" : ", ", shape.name);
+  }
+  r.fail("pre_tokenizer", fmt::format("unsupported pre-tokenizer {} (llmk supports the shapes of: "
+                                      "{})",
+                                      json_io::escape(signature), supported));
+}
+
+void check_normalizer(const Reader& r, const Json& root) {
+  const Json* n = r.find(root, "", "normalizer");
+  if (n == nullptr) return;
+  const std::string type = r.get_string(*n, "normalizer", "type");
+  if (type == "NFC") {
+    r.fail("normalizer",
+           "NFC is not supported (llmk has no Unicode normalization tables; text "
+           "that is not already NFC would be tokenized differently)");
+  }
+  r.fail("normalizer", fmt::format("unsupported normalizer '{}'", json_io::escape(type)));
+}
+
+void check_decoder(const Reader& r, const Json& root) {
+  const std::string type = r.get_string(r.get(root, "", "decoder"), "decoder", "type");
+  if (type != "ByteLevel") {
+    r.fail("decoder.type",
+           fmt::format("unsupported decoder '{}' (only ByteLevel)", json_io::escape(type)));
+  }
+}
+
+// model: checks that it is a plain byte-level BPE; returns its `ignore_merges`.
+bool check_bpe_options(const Reader& r, const Json& model) {
+  // Old files leave the type out; tokenizers then takes a model with merges for BPE.
+  const std::optional<std::string> type = r.find_string(model, "model", "type");
+  if (type ? *type != "BPE" : r.find(model, "model", "merges") == nullptr) {
+    r.fail("model.type", fmt::format("unsupported model type '{}' (only BPE)",
+                                     json_io::escape(type.value_or("<none>"))));
+  }
+  if (r.find(model, "model", "dropout") != nullptr) r.fail("model.dropout", "must be null");
+  for (std::string_view affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const std::optional<std::string> s = r.find_string(model, "model", affix);
+    if (s && !s->empty()) r.fail(Reader::join("model", affix), "must be empty");
+  }
+  if (r.get_bool(model, "model", "byte_fallback", false)) {
+    r.fail("model.byte_fallback", "true is not supported");
+  }
+  return r.get_bool(model, "model", "ignore_merges", false);
+}
+
+// Fills d.tokens and d.token_types from model.vocab and added_tokens.
+void read_vocabulary(const Reader& r, const Json& root, const Json& model, TokenizerData& d) {
+  const Json& vocab = r.get(model, "model", "vocab");
+  if (!vocab.is_object()) r.expected(vocab, "model.vocab", "an object (token -> id)");
+  std::vector<std::optional<std::string>> tokens;
+  std::vector<int32_t> types;
+  const auto place = [&](int32_t id, const std::string& text, TokenType type,
+                         const std::string& key) {
+    if (static_cast<size_t>(id) >= tokens.size()) {
+      tokens.resize(static_cast<size_t>(id) + 1);
+      types.resize(static_cast<size_t>(id) + 1, static_cast<int32_t>(TokenType::Normal));
+    }
+    if (tokens[id] && *tokens[id] != text) {
+      r.fail(key, fmt::format("id {} is already '{}'", id, json_io::escape(*tokens[id])));
+    }
+    tokens[id] = text;
+    types[id] = static_cast<int32_t>(type);
+  };
+  for (const auto& [text, id] : vocab.items()) {
+    const std::string key = fmt::format("model.vocab['{}']", json_io::escape(text));
+    place(r.as_id(id, key), text, TokenType::Normal, key);
+  }
+  if (const Json* added = r.find(root, "", "added_tokens")) {
+    if (!added->is_array()) r.expected(*added, "added_tokens", "an array");
+    for (size_t i = 0; i < added->size(); ++i) {
+      const Json& t = (*added)[i];
+      const std::string key = Reader::index("added_tokens", i);
+      for (std::string_view flag : {"lstrip", "rstrip", "single_word"}) {
+        if (r.get_bool(t, key, flag, false))
+          r.fail(Reader::join(key, flag), "true is not supported");
+      }
+      const bool special = r.get_bool(t, key, "special", false);
+      place(r.as_id(r.get(t, key, "id"), Reader::join(key, "id")), r.get_string(t, key, "content"),
+            special ? TokenType::Control : TokenType::UserDefined, key);
+    }
+  }
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (!tokens[id])
+      r.fail("model.vocab",
+             fmt::format("no token has id {} (ids must be 0..{})", id, tokens.size() - 1));
+    d.tokens.push_back(std::move(*tokens[id]));
+  }
+  d.token_types = std::move(types);
+}
+
+// model.merges: "left right" strings or [left, right] pairs, as "left right".
+void read_merges(const Reader& r, const Json& model, TokenizerData& d) {
+  const Json& merges = r.get(model, "model", "merges");
+  if (!merges.is_array()) r.expected(merges, "model.merges", "an array");
+  d.merges.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const Json& m = merges[i];
+    const std::string key = Reader::index("model.merges", i);
+    if (m.is_string()) {
+      d.merges.push_back(m.get<std::string>());
+      continue;
+    }
+    if (!m.is_array() || m.size() != 2 || !m[0].is_string() || !m[1].is_string()) {
+      r.expected(m, key, "a \"left right\" string or a [left, right] pair of strings");
+    }
+    const std::string& left = m[0].get_ref<const std::string&>();
+    const std::string& right = m[1].get_ref<const std::string&>();
+    // from_data splits "left right" at the space: byte-level tokens never hold one.
+    if (left.empty() || right.empty() || left.find(' ') != std::string::npos ||
+        right.find(' ') != std::string::npos) {
+      r.fail(key, "a token of the pair is empty or holds a space");
+    }
+    d.merges.push_back(left + " " + right);
+  }
+}
+
+// Whether post_processor's single-sequence template begins with the token `bos` (Llama 3 adds
+// its bos this way instead of with add_bos_token).
+bool post_processor_adds(const Json& root, const std::string& bos) {
+  const auto it = root.find("post_processor");
+  if (it == root.end() || !it->is_object()) return false;
+  std::vector<const Json*> candidates = {&*it};
+  if (const auto list = it->find("processors"); list != it->end() && list->is_array()) {
+    for (const Json& p : *list) candidates.push_back(&p);
+  }
+  for (const Json* p : candidates) {
+    if (!p->is_object() || p->value("type", "") != "TemplateProcessing") continue;
+    const auto single = p->find("single");
+    if (single == p->end() || !single->is_array() || single->empty()) continue;
+    const Json& first = (*single)[0];
+    if (!first.is_object()) continue;
+    const auto special = first.find("SpecialToken");
+    if (special != first.end() && special->is_object() && special->value("id", "") == bos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// tokenizer_config.json: bos/eos/pad/unk tokens, add_bos_token and the chat template.
+void read_config(const std::string& dir, const Json& root, const Json& model, TokenizerData& d) {
+  const std::string path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
+  const std::string jinja_path = (std::filesystem::path(dir) / "chat_template.jinja").string();
+  std::unordered_map<std::string_view, int32_t> by_text;
+  for (size_t i = d.tokens.size(); i-- > 0;) by_text[d.tokens[i]] = static_cast<int32_t>(i);
+
+  if (const auto unk = model.find("unk_token"); unk != model.end() && unk->is_string()) {
+    const auto it = by_text.find(unk->get_ref<const std::string&>());
+    if (it != by_text.end()) d.unk_id = it->second;
+  }
+  std::optional<bool> add_bos;
+  if (std::filesystem::exists(path)) {
+    const Reader r(path);
+    const Json config = json_io::parse(json_io::read_file(path), path);
+    if (!config.is_object()) r.expected(config, "(top level)", "an object");
+    // A token is its text or an AddedToken object {"content": ...}.
+    const auto token_id = [&](std::string_view key) -> std::optional<int32_t> {
+      const Json* v = r.find(config, "", key);
+      if (v == nullptr) return std::nullopt;
+      const std::string text =
+          v->is_object() ? r.get_string(*v, key, "content") : r.as_string(*v, key);
+      const auto it = by_text.find(text);
+      if (it == by_text.end()) {
+        r.fail(key, fmt::format("token '{}' is not in the vocabulary", json_io::escape(text)));
+      }
+      return it->second;
+    };
+    if (auto id = token_id("bos_token")) d.bos_id = *id;
+    if (auto id = token_id("eos_token")) d.eos_id = *id;
+    if (auto id = token_id("pad_token")) d.pad_id = *id;
+    if (auto id = token_id("unk_token")) d.unk_id = *id;
+    if (r.find(config, "", "add_bos_token") != nullptr) {
+      add_bos = r.get_bool(config, "", "add_bos_token", false);
+    }
+    if (const Json* t = r.find(config, "", "chat_template")) {
+      if (t->is_string()) {
+        d.chat_template = t->get<std::string>();
+      } else if (t->is_array()) {  // [{"name": "default", "template": ...}, ...]
+        for (size_t i = 0; i < t->size(); ++i) {
+          const std::string key = Reader::index("chat_template", i);
+          if (r.get_string((*t)[i], key, "name") == "default") {
+            d.chat_template = r.get_string((*t)[i], key, "template");
+          }
+        }
+      } else {
+        r.expected(*t, "chat_template", "a string or an array of {name, template}");
+      }
+    }
+  }
+  if (d.chat_template.empty() && std::filesystem::exists(jinja_path)) {
+    d.chat_template = json_io::read_file(jinja_path);
+  }
+  d.add_bos = add_bos.value_or(d.bos_id >= 0 && post_processor_adds(root, d.tokens[d.bos_id]));
+}
+
+std::string tokenizer_json_path(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return (std::filesystem::path(path) / "tokenizer.json").string();
+  }
+  return path;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_hf_json(const std::string& path) {
+  const std::string file = tokenizer_json_path(path);
+  const Reader r(file);
+  const Json root = json_io::parse(json_io::read_file(file), file);
+  if (!root.is_object()) r.expected(root, "(top level)", "an object");
+
+  const Json& model = r.get(root, "", "model");
+  const bool ignore_merges = check_bpe_options(r, model);
+  check_normalizer(r, root);
+  check_decoder(r, root);
+  TokenizerData d;
+  d.model = "gpt2";
+  d.pre = std::string(pre_tokenizer_name(r, root));
+  if (PreTokenizer::create(d.pre).ignore_merges() != ignore_merges) {
+    r.fail("model.ignore_merges",
+           fmt::format("{} is not supported with the '{}' pre-tokenizer", ignore_merges, d.pre));
+  }
+  read_vocabulary(r, root, model, d);
+  read_merges(r, model, d);
+  read_config(std::filesystem::path(file).parent_path().string(), root, model, d);
+  try {
+    return from_data(std::move(d));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", file, e.what()));
+  }
+}
+
+}  // namespace llmk

@@ -1,0 +1,321 @@
+// Tokenizer::from_hf_json against tokenizers: small byte-level BPEs trained with the
+// pre-tokenizers of Llama 3, Qwen2 and GPT-2, and SmolLM2's own tokenizer.json (which must also
+// agree with the GGUF). Malformed files give errors naming the file and the key.
+// Fixtures: scripts/make-tokenizer-json-fixtures.py.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer_test_util.h"
+
+namespace llmk {
+namespace {
+
+using nlohmann::json;
+
+std::string fixture_dir(const std::string& name) {
+  return std::string(LLMK_SOURCE_DIR) + "/tests/fixtures/tokenizer/hf_json/" + name;
+}
+
+std::vector<int32_t> ids_of(const json& v) { return v.get<std::vector<int32_t>>(); }
+
+// Checks every case of cases.json for one tokenizer; returns how many were checked.
+size_t check_cases(const Tokenizer& tok, const json& cases, const std::string& name) {
+  size_t checked = 0;
+  for (const json& c : cases) {
+    const std::string text = c["text"].get<std::string>();
+    const std::vector<int32_t> ids = ids_of(c["ids"]);
+    const std::vector<int32_t> plain = c.contains("ids_plain") ? ids_of(c["ids_plain"]) : ids;
+    EXPECT_EQ(tok.encode(text, false, true), ids) << name << ": " << testing::PrintToString(text);
+    EXPECT_EQ(tok.encode(text, false, false), plain)
+        << name << " (special tokens not parsed): " << testing::PrintToString(text);
+    EXPECT_EQ(tok.decode(ids), text) << name << ": " << testing::PrintToString(text);
+    EXPECT_EQ(tok.decode(tok.encode(text, false, false)), text) << name;
+    ++checked;
+  }
+  return checked;
+}
+
+class HfJsonTrained : public testing::TestWithParam<std::string> {};
+
+TEST_P(HfJsonTrained, IdsMatchTokenizers) {
+  const std::string name = GetParam();
+  const json fixture = test::load_fixture("hf_json/cases.json")["tokenizers"][name];
+  const Tokenizer tok = Tokenizer::from_hf_json(fixture_dir(name));
+  EXPECT_EQ(tok.vocab_size(), fixture["vocab_size"].get<int32_t>());
+  const size_t checked = check_cases(tok, fixture["cases"], name);
+  EXPECT_GE(checked, 300u);
+}
+
+TEST_P(HfJsonTrained, FileAndFolderGiveTheSameTokenizer) {
+  const std::string name = GetParam();
+  const Tokenizer a = Tokenizer::from_hf_json(fixture_dir(name));
+  const Tokenizer b = Tokenizer::from_hf_json(fixture_dir(name) + "/tokenizer.json");
+  EXPECT_EQ(a.vocab_size(), b.vocab_size());
+  EXPECT_EQ(a.pre_tokenizer(), b.pre_tokenizer());
+  EXPECT_EQ(a.encode("Hello  world 12345", false, true),
+            b.encode("Hello  world 12345", false, true));
+}
+
+INSTANTIATE_TEST_SUITE_P(Json, HfJsonTrained, testing::Values("llama3", "qwen2", "gpt2"),
+                         [](const auto& param_info) { return param_info.param; });
+
+TEST(TokenizerJson, Llama3Config) {
+  const Tokenizer tok = Tokenizer::from_hf_json(fixture_dir("llama3"));
+  EXPECT_EQ(tok.pre_tokenizer(), "llama3");
+  ASSERT_GE(tok.bos_id(), 0);
+  EXPECT_EQ(tok.token_text(tok.bos_id()), "<|begin_of_text|>");  // an AddedToken object
+  EXPECT_TRUE(tok.add_bos());  // from the TemplateProcessing post-processor
+  ASSERT_GE(tok.eos_id(), 0);
+  EXPECT_EQ(tok.token_text(tok.eos_id()), "<|eot_id|>");
+  EXPECT_EQ(tok.token_type(tok.eos_id()), TokenType::Control);
+  EXPECT_NE(tok.chat_template().find("<|start_header_id|>"), std::string::npos);
+  const std::vector<int32_t> ids = tok.encode("Hi", true, false);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids[0], tok.bos_id());
+}
+
+TEST(TokenizerJson, Qwen2Config) {
+  const Tokenizer tok = Tokenizer::from_hf_json(fixture_dir("qwen2"));
+  EXPECT_EQ(tok.pre_tokenizer(), "qwen2");
+  EXPECT_EQ(tok.bos_id(), -1);  // "bos_token": null
+  EXPECT_FALSE(tok.add_bos());
+  ASSERT_GE(tok.eos_id(), 0);
+  EXPECT_EQ(tok.token_text(tok.eos_id()), "<|im_end|>");
+  ASSERT_GE(tok.pad_id(), 0);
+  EXPECT_EQ(tok.token_text(tok.pad_id()), "<|endoftext|>");
+  EXPECT_NE(tok.chat_template().find("<|im_start|>"), std::string::npos);
+}
+
+TEST(TokenizerJson, Gpt2UserDefinedToken) {
+  const Tokenizer tok = Tokenizer::from_hf_json(fixture_dir("gpt2"));
+  EXPECT_EQ(tok.pre_tokenizer(), "gpt2");
+  const std::optional<int32_t> user = tok.find_token("<custom_user>");
+  ASSERT_TRUE(user.has_value());
+  EXPECT_EQ(tok.token_type(*user), TokenType::UserDefined);
+  EXPECT_EQ(tok.encode("<custom_user>", false, false), std::vector<int32_t>{*user});
+  const std::optional<int32_t> eot = tok.find_token("<|endoftext|>");
+  ASSERT_TRUE(eot.has_value());
+  EXPECT_EQ(tok.token_type(*eot), TokenType::Control);
+  EXPECT_EQ(tok.unk_id(), *eot);
+  EXPECT_EQ(tok.bos_id(), *eot);
+  EXPECT_FALSE(tok.add_bos());  // no add_bos_token, no post-processor
+}
+
+TEST(TokenizerJson, SmolLM2MatchesReferenceIds) {
+  const Tokenizer tok = Tokenizer::from_hf_json(fixture_dir("smollm2"));
+  EXPECT_EQ(tok.pre_tokenizer(), "smollm");
+  const json fixture = test::load_fixture("smollm2.json");
+  EXPECT_EQ(tok.vocab_size(), fixture["vocab_size"].get<int32_t>());
+  EXPECT_EQ(tok.bos_id(), fixture["bos_id"].get<int32_t>());
+  EXPECT_EQ(tok.eos_id(), fixture["eos_id"].get<int32_t>());
+  EXPECT_EQ(tok.chat_template(), fixture["chat_template"].get<std::string>());
+  size_t checked = 0;
+  for (const json& c : fixture["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    const std::vector<int32_t> ids = ids_of(c["ids"]);
+    const std::vector<int32_t> plain = c.contains("ids_plain") ? ids_of(c["ids_plain"]) : ids;
+    EXPECT_EQ(tok.encode(text, false, true), ids) << testing::PrintToString(text);
+    EXPECT_EQ(tok.encode(text, false, false), plain) << testing::PrintToString(text);
+    ++checked;
+  }
+  EXPECT_GE(checked, 300u);
+}
+
+TEST(TokenizerJson, SmolLM2MatchesGguf) {
+  LLMK_REQUIRE_SMOLLM2(gguf_tok);
+  const Tokenizer tok = Tokenizer::from_hf_json(fixture_dir("smollm2"));
+  ASSERT_EQ(tok.vocab_size(), gguf_tok->vocab_size());
+  size_t differ = 0;
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    differ += tok.token_text(id) != gguf_tok->token_text(id);
+    differ += tok.token_type(id) != gguf_tok->token_type(id);
+  }
+  EXPECT_EQ(differ, 0u);
+  EXPECT_EQ(tok.pre_tokenizer(), gguf_tok->pre_tokenizer());
+  EXPECT_EQ(tok.bos_id(), gguf_tok->bos_id());
+  EXPECT_EQ(tok.eos_id(), gguf_tok->eos_id());
+  EXPECT_EQ(tok.add_bos(), gguf_tok->add_bos());
+  EXPECT_EQ(tok.chat_template(), gguf_tok->chat_template());
+  const json cases = test::load_fixture("hf_json/cases.json")["tokenizers"]["llama3"]["cases"];
+  for (const json& c : cases) {
+    const std::string text = c["text"].get<std::string>();
+    for (bool special : {false, true}) {
+      EXPECT_EQ(tok.encode(text, false, special), gguf_tok->encode(text, false, special))
+          << testing::PrintToString(text);
+    }
+  }
+}
+
+// Errors: small files written to a temporary folder.
+class TokenizerJsonErrors : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("llmk_tokenizer_json_" + std::to_string(::getpid()) + "_" +
+            testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A minimal valid tokenizer.json: "a" "b" and their merge "ab".
+  static json minimal() {
+    return json::parse(R"({
+      "version": "1.0", "added_tokens": [
+        {"id": 3, "content": "<|end|>", "special": true, "lstrip": false, "rstrip": false,
+         "single_word": false, "normalized": false}],
+      "normalizer": null,
+      "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                        "use_regex": true},
+      "post_processor": null,
+      "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
+                  "use_regex": true},
+      "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": false,
+                "byte_fallback": false, "ignore_merges": false,
+                "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}})");
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  std::string write(const json& j) const { return write("tokenizer.json", j.dump()); }
+
+  // The message of the llmk::Error from_hf_json throws for `path` ("" when none).
+  static std::string error_of(const std::string& path) {
+    try {
+      Tokenizer::from_hf_json(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+  // Expects an error for `path` naming `file` (by default `path`) and holding each of `parts`.
+  static void expect_error(const std::string& path, const std::vector<std::string>& parts,
+                           const std::string& file = "") {
+    const std::string message = error_of(path);
+    ASSERT_FALSE(message.empty()) << "no error for " << path;
+    EXPECT_NE(message.find(file.empty() ? path : file), std::string::npos) << message;
+    for (const std::string& part : parts)
+      EXPECT_NE(message.find(part), std::string::npos) << message;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(TokenizerJsonErrors, MinimalFileLoadsInBothMergeFormats) {
+  json j = minimal();
+  const Tokenizer pairs = Tokenizer::from_hf_json(write(j));
+  EXPECT_EQ(pairs.encode("ab<|end|>", false, true), (std::vector<int32_t>{2, 3}));
+  j["model"]["merges"] = json::array({"a b"});
+  const Tokenizer strings = Tokenizer::from_hf_json(write(j));
+  EXPECT_EQ(strings.encode("abab", false, true), (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(strings.token_type(3), TokenType::Control);
+}
+
+TEST_F(TokenizerJsonErrors, MissingModel) {
+  json j = minimal();
+  j.erase("model");
+  expect_error(write(j), {"model", "missing"});
+}
+
+TEST_F(TokenizerJsonErrors, BadMerges) {
+  json j = minimal();
+  j["model"]["merges"] = json::array({json::array({"a", 1})});
+  expect_error(write(j), {"model.merges[0]"});
+  j["model"]["merges"] = "a b";
+  expect_error(write(j), {"model.merges", "expected an array"});
+  j["model"]["merges"] = json::array({"a c"});  // token 'c' is not in the vocabulary
+  expect_error(write(j), {"merge 0", "'c'"});
+  j["model"].erase("merges");
+  expect_error(write(j), {"model.merges", "missing"});
+}
+
+TEST_F(TokenizerJsonErrors, UnknownPreTokenizer) {
+  json j = minimal();
+  j["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "\\p{L}+"}, "behavior": "Isolated", "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]})");
+  expect_error(write(j), {"pre_tokenizer", "unsupported pre-tokenizer", "\\p{L}+"});
+  j["pre_tokenizer"] = json::parse(R"({"type": "Whitespace"})");
+  expect_error(write(j), {"pre_tokenizer.type", "Whitespace"});
+  j["pre_tokenizer"] = nullptr;
+  expect_error(write(j), {"pre_tokenizer", "null"});
+  j["pre_tokenizer"] = json::parse(R"({"type": "ByteLevel", "add_prefix_space": true})");
+  expect_error(write(j), {"pre_tokenizer.add_prefix_space"});
+}
+
+TEST_F(TokenizerJsonErrors, UnknownModelType) {
+  for (const char* type : {"Unigram", "WordPiece", "WordLevel"}) {
+    json j = minimal();
+    j["model"]["type"] = type;
+    expect_error(write(j), {"model.type", type});
+  }
+}
+
+TEST_F(TokenizerJsonErrors, BrokenJson) {
+  const std::string path = write("tokenizer.json", R"({"model": {"type": "BPE",, }})");
+  expect_error(path, {"malformed JSON", "line 1"});
+  expect_error(write("tokenizer.json", "[1, 2]"), {"(top level)", "expected an object"});
+}
+
+TEST_F(TokenizerJsonErrors, UnsupportedOptions) {
+  json j = minimal();
+  j["normalizer"] = json::parse(R"({"type": "NFC"})");
+  expect_error(write(j), {"normalizer", "NFC"});
+  j = minimal();
+  j["normalizer"] = json::parse(R"({"type": "Lowercase"})");
+  expect_error(write(j), {"normalizer", "Lowercase"});
+  j = minimal();
+  j["decoder"] = json::parse(R"({"type": "WordPiece"})");
+  expect_error(write(j), {"decoder.type", "WordPiece"});
+  j = minimal();
+  j["model"]["byte_fallback"] = true;
+  expect_error(write(j), {"model.byte_fallback"});
+  j = minimal();
+  j["model"]["ignore_merges"] = true;  // only the llama3 pre-tokenizer ignores merges
+  expect_error(write(j), {"model.ignore_merges", "gpt2"});
+  j = minimal();
+  j["added_tokens"][0]["lstrip"] = true;
+  expect_error(write(j), {"added_tokens[0].lstrip"});
+}
+
+TEST_F(TokenizerJsonErrors, BadIds) {
+  json j = minimal();
+  j["model"]["vocab"]["ab"] = 5;  // leaves id 2 (and 4) without a token
+  expect_error(write(j), {"model.vocab", "no token has id 2"});
+  j = minimal();
+  j["model"]["vocab"]["ab"] = "2";
+  expect_error(write(j), {"model.vocab['ab']", "token id"});
+  j = minimal();
+  j["added_tokens"][0]["id"] = 1;  // id 1 is "b"
+  expect_error(write(j), {"added_tokens[0]", "already 'b'"});
+}
+
+TEST_F(TokenizerJsonErrors, BadConfig) {
+  const std::string path = write(minimal());
+  const std::string config = write("tokenizer_config.json", R"({"bos_token": "<s>"})");
+  expect_error(path, {"bos_token", "'<s>'"}, config);
+  write("tokenizer_config.json", R"({"eos_token": {"content": "<|end|>"}, "add_bos_token": 1})");
+  expect_error(path, {"add_bos_token", "expected a boolean"}, config);
+  write("tokenizer_config.json", R"({"eos_token": {"content": "<|end|>"}})");
+  EXPECT_EQ(Tokenizer::from_hf_json(dir_.string()).eos_id(), 3);
+  write("tokenizer_config.json", R"({"eos_token": "<|end|>",)");
+  expect_error(path, {"malformed JSON"}, config);
+}
+
+TEST_F(TokenizerJsonErrors, MissingFile) {
+  expect_error((dir_ / "nothing.json").string(), {"cannot open"});
+  expect_error(dir_.string(), {"tokenizer.json", "cannot open"});
+}
+
+}  // namespace
+}  // namespace llmk

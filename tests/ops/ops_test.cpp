@@ -17,49 +17,21 @@
 #include "core/half.h"
 #include "kernels/cpu/dequant.h"
 #include "kernels/test_util.h"
+#include "ops/ops_test_util.h"
 
 namespace llmk {
 namespace {
 
-Tensor random_tensor(const Shape& shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(shape, DType::F32);
-  const auto v = test::random_floats(static_cast<size_t>(t.numel()), seed, lo, hi);
-  std::memcpy(t.data(), v.data(), v.size() * sizeof(float));
-  return t;
-}
-
-Tensor poisoned(const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::F32);
-  std::fill(t.data<float>(), t.data<float>() + t.numel(), test::kPoison);
-  return t;
-}
-
-Tensor ids_tensor(std::initializer_list<int32_t> ids) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(ids.size())}, DType::I32);
-  std::copy(ids.begin(), ids.end(), t.data<int32_t>());
-  return t;
-}
+using test::expect_error;
+using test::poisoned;
+using test::random_tensor;
+Tensor ids_tensor(std::initializer_list<int32_t> ids) { return test::i32_tensor(ids); }
 
 Tensor weights(DType t, int64_t rows, int64_t K, uint32_t seed) {
   Tensor w = Tensor::empty({rows, K}, t);
   const auto bytes = test::random_weights(t, rows, K, seed);
   std::memcpy(w.data(), bytes.data(), bytes.size());
   return w;
-}
-
-// Runs fn, which must throw llmk::Error whose message contains every one of `parts`.
-void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) {
-      EXPECT_NE(msg.find(p), std::string::npos)
-          << "message \"" << msg << "\" lacks \"" << p << "\"";
-    }
-    return;
-  }
-  ADD_FAILURE() << "no llmk::Error thrown (wanted one mentioning \"" << *parts.begin() << "\")";
 }
 
 float at(const Tensor& t, std::initializer_list<int64_t> idx) {

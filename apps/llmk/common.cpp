@@ -4,10 +4,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 
 #include "apps/llmk/commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/model.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 #ifdef LLMK_HAS_CUDA
 #include "core/cuda/device.h"
@@ -32,6 +36,44 @@ void add_threads_option(CLI::App& cmd, int& threads) {
   threads = 0;
   cmd.add_option("-t,--threads", threads, "CPU threads (default: all hardware threads)")
       ->check(CLI::NonNegativeNumber);
+}
+
+void add_sampler_options(CLI::App& cmd, SamplerOptions& s) {
+  SamplerConfig& c = s.config;
+  cmd.add_option("--temp", c.temperature, "Sampling temperature; 0 = greedy")->default_val(0.8);
+  cmd.add_option("--top-k", c.top_k, "Keep the k most likely tokens; 0 = off")->default_val(40);
+  cmd.add_option("--top-p", c.top_p, "Keep the most likely tokens up to this mass; 1 = off")
+      ->default_val(0.95);
+  cmd.add_option("--min-p", c.min_p, "Drop tokens below min-p x p(top token); 0 = off")
+      ->default_val(0.05);
+  cmd.add_option("--repeat-penalty", c.repeat_penalty,
+                 "Penalise tokens of the last --repeat-last-n; 1 = off")
+      ->default_val(1.0);
+  cmd.add_option("--repeat-last-n", c.repeat_last_n, "Window of the repeat penalty")
+      ->default_val(64);
+  cmd.add_option("--seed", s.seed, "Random seed (default: random, printed with the stats)");
+}
+
+SamplerConfig SamplerOptions::resolve() const {
+  SamplerConfig c = config;
+  c.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
+  c.validate();
+  return c;
+}
+
+Tokenizer load_tokenizer(const Model& model, const std::string& path) {
+  LLMK_CHECK(model.gguf().has_value(),
+             "{}: reading a tokenizer from a Hugging Face folder is not supported yet; use a "
+             "GGUF file (or `llmk bench`, which needs none)",
+             path);
+  return Tokenizer::from_gguf(*model.gguf());
+}
+
+ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path) {
+  if (!tok.chat_template().empty()) return ChatTemplate::from_jinja(tok.chat_template());
+  LLMK_CHECK(!model.config().chat_family.empty(),
+             "{}: the model has no chat template; run without --chat", path);
+  return ChatTemplate::for_family(model.config().chat_family);
 }
 
 void add_device_option(CLI::App& cmd, std::string& device) {

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
       *app.add_subcommand("run", "Generate text from a prompt, streamed to stdout"));
   const llmk::cli::Command inspect = llmk::cli::add_inspect(
       *app.add_subcommand("inspect", "Show a GGUF file's metadata and tensor table"));
+  const llmk::cli::Command chat = llmk::cli::add_chat(
+      *app.add_subcommand("chat", "Talk with the model, one message per line on stdin"));
   const llmk::cli::Command bench = llmk::cli::add_bench(
       *app.add_subcommand("bench", "Time prefill and decode on random token ids (no tokenizer)"));
   const llmk::cli::Command logits = llmk::cli::add_logits(*app.add_subcommand(
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("inspect")) return inspect();
     if (app.got_subcommand("tokenize")) return tokenize();
     if (app.got_subcommand("bench")) return bench();
+    if (app.got_subcommand("chat")) return chat();
     if (app.got_subcommand("logits")) return logits();
   } catch (const llmk::Error& e) {
     std::fflush(stdout);

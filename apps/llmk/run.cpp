@@ -35,8 +35,7 @@ Command add_run(CLI::App& cmd) {
     int64_t ctx = 0;
     int threads = 0;
     bool chat = false, echo = false, ignore_eos = false;
-    SamplerConfig s;
-    int64_t seed = -1;
+    SamplerOptions s;
   };
   auto a = std::make_shared<Args>();
   add_model_option(cmd, a->model);
@@ -45,18 +44,7 @@ Command add_run(CLI::App& cmd) {
   cmd.add_option("-n,--n-predict", a->n_predict, "Tokens to generate at most")
       ->default_val(128)
       ->check(CLI::NonNegativeNumber);
-  cmd.add_option("--temp", a->s.temperature, "Sampling temperature; 0 = greedy")->default_val(0.8);
-  cmd.add_option("--top-k", a->s.top_k, "Keep the k most likely tokens; 0 = off")->default_val(40);
-  cmd.add_option("--top-p", a->s.top_p, "Keep the most likely tokens up to this mass; 1 = off")
-      ->default_val(0.95);
-  cmd.add_option("--min-p", a->s.min_p, "Drop tokens below min-p x p(top token); 0 = off")
-      ->default_val(0.05);
-  cmd.add_option("--repeat-penalty", a->s.repeat_penalty,
-                 "Penalise tokens of the last --repeat-last-n; 1 = off")
-      ->default_val(1.0);
-  cmd.add_option("--repeat-last-n", a->s.repeat_last_n, "Window of the repeat penalty")
-      ->default_val(64);
-  cmd.add_option("--seed", a->seed, "Random seed (default: random, printed with the stats)");
+  add_sampler_options(cmd, a->s);
   cmd.add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
   cmd.add_option("--system", a->system, "System message for --chat");
   cmd.add_option("-c,--ctx", a->ctx, "Context length in tokens (default: min(model's, 4096))")
@@ -75,19 +63,14 @@ Command add_run(CLI::App& cmd) {
     LLMK_CHECK(a->prompt.empty() || a->prompt_file.empty(), "give -p or -f, not both");
     if (!a->prompt_file.empty()) a->prompt = read_file(a->prompt_file);
     LLMK_CHECK(!a->prompt.empty(), "no prompt: give -p TEXT or -f FILE");
-    a->s.seed = a->seed >= 0 ? static_cast<uint64_t>(a->seed) : std::random_device{}();
-    a->s.validate();
+    const SamplerConfig sampler = a->s.resolve();
     prepare(a->model, a->threads);
 
     const auto t0 = std::chrono::steady_clock::now();
     auto model = Model::load(a->model, LoadOptions{.context = a->ctx,
                                                    .device = resolve_device(a->device),
                                                    .progress = load_progress()});
-    LLMK_CHECK(model->gguf().has_value(),
-               "{}: reading a tokenizer from a Hugging Face folder is not supported yet; use a "
-               "GGUF file (or `llmk bench`, which needs none)",
-               a->model);
-    const Tokenizer tok = Tokenizer::from_gguf(*model->gguf());
+    const Tokenizer tok = load_tokenizer(*model, a->model);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -96,11 +79,7 @@ Command add_run(CLI::App& cmd) {
       std::vector<ChatMessage> msgs;
       if (!a->system.empty()) msgs.push_back({"system", a->system});
       msgs.push_back({"user", a->prompt});
-      LLMK_CHECK(!tok.chat_template().empty() || !model->config().chat_family.empty(),
-                 "{}: the model has no chat template; run without --chat", a->model);
-      const ChatTemplate tmpl = tok.chat_template().empty()
-                                    ? ChatTemplate::for_family(model->config().chat_family)
-                                    : ChatTemplate::from_jinja(tok.chat_template());
+      const ChatTemplate tmpl = chat_template_for(*model, tok, a->model);
       text = tmpl.apply(msgs, /*add_generation_prompt=*/true);
     }
     // Special tokens in the text are parsed only when it comes from the chat template: a user's
@@ -113,7 +92,7 @@ Command add_run(CLI::App& cmd) {
 
     GenerateOptions opts;
     opts.max_tokens = a->n_predict;
-    opts.sampler = a->s;
+    opts.sampler = sampler;
     opts.stop_at_eog = !a->ignore_eos;
     Utf8Stream out;
     const GenerateStats st = generate(*model, tok, ids, opts, [&](int32_t, const std::string& b) {
@@ -130,7 +109,7 @@ Command add_run(CLI::App& cmd) {
                "[llmk] load {:.2f} s | prompt {} tokens, {:.1f} tokens/s | generation {} tokens, "
                "{:.1f} tokens/s | stop: {} | seed {} | {}\n",
                load_s, st.prompt_tokens, st.prompt_tps(), st.generated_tokens, st.generate_tps(),
-               st.stop_reason, a->s.seed,
+               st.stop_reason, sampler.seed,
                model->device() == Device::CPU
                    ? fmt::format("cpu, {} threads", cpu_pool().num_threads())
                    : std::string("cuda"));

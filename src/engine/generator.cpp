@@ -129,8 +129,11 @@ int32_t Decoder::step(int32_t token, int64_t pos) {
 }
 
 GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int32_t>& prompt,
-                       const GenerateOptions& opts, const TokenCallback& on_token) {
+                       const GenerateOptions& opts, const TokenCallback& on_token, int64_t cached) {
   LLMK_CHECK(!prompt.empty(), "the prompt is empty (no tokens to start from)");
+  LLMK_CHECK(cached >= 0 && cached < static_cast<int64_t>(prompt.size()),
+             "generate: {} cached tokens of a {}-token prompt (at least one must run)", cached,
+             prompt.size());
   LLMK_CHECK(opts.max_tokens >= 0, "the token limit {} must be >= 0", opts.max_tokens);
   const auto n_prompt = static_cast<int64_t>(prompt.size());
   LLMK_CHECK(n_prompt < model.context(),
@@ -139,17 +142,21 @@ GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int
   const std::vector<int32_t> eog = tok.end_of_generation_ids();
   Decoder dec(model, opts.sampler, opts.cuda_graph);
   GenerateStats st;
-  st.prompt_tokens = n_prompt;
+  st.prompt_tokens = n_prompt - cached;
   st.stop_reason = "length";
   if (opts.max_tokens == 0) return st;
 
   auto t0 = Clock::now();
-  int32_t id = dec.prefill(prompt, 0);
+  // The sampler's repetition window looks at the whole prompt, cached part included.
+  dec.add_history({prompt.data(), static_cast<size_t>(cached)});
+  const std::vector<int32_t> fresh(prompt.begin() + cached, prompt.end());
+  int32_t id = dec.prefill(fresh, cached);
   st.prompt_seconds = seconds_since(t0);
   auto t1 = Clock::now();
   int64_t pos = n_prompt;
   for (;;) {
     ++st.generated_tokens;
+    st.sampled.push_back(id);
     if (opts.stop_at_eog && std::find(eog.begin(), eog.end(), id) != eog.end()) {
       st.stop_reason = "eog";
       break;

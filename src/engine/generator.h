@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct GenerateStats {
   int64_t generated_tokens = 0;
   double generate_seconds = 0;  // decode steps, from the first sampled token on
   std::string stop_reason;      // "eog", "length", "context", "callback"
+  // Every sampled token, the last included (an end-of-generation token too). The KV cache then
+  // holds the prompt and all of these but the last, which was never run through the model.
+  std::vector<int32_t> sampled;
   double prompt_tps() const { return prompt_seconds > 0 ? prompt_tokens / prompt_seconds : 0; }
   double generate_tps() const;
 };
@@ -35,9 +39,12 @@ struct GenerateStats {
 // Called with each new token and its bytes; returning false stops generation.
 using TokenCallback = std::function<bool(int32_t id, const std::string& bytes)>;
 
-// Runs `prompt` (token ids) from position 0 of the model's cache and generates.
+// Generates after `prompt` (token ids). The first `cached` of them are already in the model's
+// KV cache at positions 0..cached-1 (an earlier turn of the same conversation); the rest run as
+// one prefill from there. prompt_tokens in the stats counts only those.
 GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int32_t>& prompt,
-                       const GenerateOptions& opts, const TokenCallback& on_token);
+                       const GenerateOptions& opts, const TokenCallback& on_token,
+                       int64_t cached = 0);
 
 // One token at a time through a model: prefill, then decode steps (graph-replayed on CUDA),
 // with the choice of the next token made on the device when it is a plain argmax. Used by
@@ -54,6 +61,10 @@ class Decoder {
   // token b at position pos[b] of sequence b. Returns each sequence's next token by argmax.
   std::vector<int32_t> step_batch(const std::vector<int32_t>& tokens,
                                   const std::vector<int64_t>& pos);
+  // Tokens already in the cache from earlier calls, for the repetition penalty's window.
+  void add_history(std::span<const int32_t> tokens) {
+    history_.insert(history_.end(), tokens.begin(), tokens.end());
+  }
   // All tokens seen so far (for the repetition penalty).
   const std::vector<int32_t>& history() const { return history_; }
   // The logits the last prefill or step chose from ([1, vocab] f32, on the model's device).

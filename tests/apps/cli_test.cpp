@@ -46,10 +46,11 @@ class Cli : public ::testing::Test {
   }
 
   // Runs `llmk <args>` with stdout and stderr captured separately.
-  static Result llmk(const std::string& args) {
-    const fs::path out = tmp() / "stdout", err = tmp() / "stderr";
+  static Result llmk(const std::string& args, const std::string& input = "") {
+    const fs::path out = tmp() / "stdout", err = tmp() / "stderr", in = tmp() / "stdin";
+    std::ofstream(in, std::ios::binary) << input;
     const std::string cmd = std::string(LLMK_BINARY_DIR) + "/llmk " + args + " >" + out.string() +
-                            " 2>" + err.string() + " </dev/null";
+                            " 2>" + err.string() + " <" + in.string();
     const int status = std::system(cmd.c_str());
     Result r;
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -109,8 +110,22 @@ TEST_F(Cli, TokenizeAndInspect) {
   EXPECT_NE(i.out.find("blk.29.ffn_down.weight"), std::string::npos);
 }
 
+TEST_F(Cli, ChatRemembersTheConversation) {
+  const Result r = llmk("chat -m " + model() + " --temp 0 -n 40 -t 2",
+                        "What is the capital of France?\nAnd of Italy?\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t nl = r.out.find('\n');
+  ASSERT_NE(nl, std::string::npos) << r.out;
+  EXPECT_NE(r.out.substr(0, nl).find("Paris"), std::string::npos) << r.out;
+  // The second question only makes sense with the first one remembered.
+  EXPECT_NE(r.out.substr(nl).find("Rome"), std::string::npos) << r.out;
+  // The second turn reuses the cached first one.
+  EXPECT_NE(r.err.find("(0 reused)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("(0 reused)", r.err.find("(0 reused)") + 1), std::string::npos) << r.err;
+}
+
 TEST_F(Cli, HelpForEveryCommand) {
-  for (const std::string c : {"", "run ", "inspect ", "tokenize "}) {
+  for (const std::string c : {"", "run ", "chat ", "bench ", "logits ", "inspect ", "tokenize "}) {
     const Result r = llmk(c + "--help");
     EXPECT_EQ(r.code, 0) << c;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << c << r.out;

@@ -1,0 +1,113 @@
+// llmk chat: a multi-turn conversation on stdin/stdout. Each turn formats the whole
+// conversation with the model's chat template and runs only the tokens the KV cache does not
+// hold yet (the common prefix with the last turn is reused).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "apps/llmk/commands.h"
+#include "core/error.h"
+#include "engine/generator.h"
+#include "model/model.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace llmk::cli {
+
+Command add_chat(CLI::App& cmd) {
+  struct Args {
+    std::string model, system, device;
+    int n_predict = 512;
+    int64_t ctx = 0;
+    int threads = 0;
+    SamplerOptions s;
+  };
+  auto a = std::make_shared<Args>();
+  add_model_option(cmd, a->model);
+  cmd.add_option("--system", a->system, "System message");
+  cmd.add_option("-n,--n-predict", a->n_predict, "Tokens per reply at most")
+      ->default_val(512)
+      ->check(CLI::PositiveNumber);
+  add_sampler_options(cmd, a->s);
+  cmd.add_option("-c,--ctx", a->ctx, "Context length in tokens (default: min(model's, 4096))")
+      ->check(CLI::NonNegativeNumber);
+  add_threads_option(cmd, a->threads);
+  add_device_option(cmd, a->device);
+  cmd.footer(
+      "One message per line on stdin; each reply is streamed to stdout, its speed to stderr.\n"
+      "/reset starts a new conversation; end of input (Ctrl-D) ends the chat.\n"
+      "Example: printf 'Hi!\\nWhat did I just say?\\n' | llmk chat --temp 0");
+  return [a] {
+    const SamplerConfig sampler = a->s.resolve();
+    prepare(a->model, a->threads);
+    auto model = Model::load(a->model, LoadOptions{.context = a->ctx,
+                                                   .device = resolve_device(a->device),
+                                                   .progress = load_progress()});
+    const Tokenizer tok = load_tokenizer(*model, a->model);
+    const ChatTemplate tmpl = chat_template_for(*model, tok, a->model);
+    const bool tty = isatty(STDIN_FILENO) != 0;
+
+    std::vector<ChatMessage> msgs;
+    if (!a->system.empty()) msgs.push_back({"system", a->system});
+    const size_t first_turn = msgs.size();
+    std::vector<int32_t> in_cache;  // the tokens whose keys and values the cache holds
+    GenerateOptions opts;
+    opts.max_tokens = a->n_predict;
+    opts.sampler = sampler;
+    std::string line;
+    for (;;) {
+      if (tty) {
+        fmt::print(stderr, "> ");
+        std::fflush(stderr);
+      }
+      if (!std::getline(std::cin, line)) break;
+      if (line.empty()) continue;
+      if (line == "/reset") {
+        msgs.resize(first_turn);
+        in_cache.clear();
+        continue;
+      }
+      msgs.push_back({"user", line});
+      const std::vector<int32_t> prompt =
+          tok.encode(tmpl.apply(msgs, /*add_generation_prompt=*/true), tok.add_bos(), true);
+      LLMK_CHECK(static_cast<int64_t>(prompt.size()) < model->context(),
+                 "the conversation has {} tokens but the context holds {}: /reset, or raise "
+                 "--ctx (at most {})",
+                 prompt.size(), model->context(), model->config().context_length);
+      size_t cached = 0;
+      while (cached < in_cache.size() && cached + 1 < prompt.size() &&
+             in_cache[cached] == prompt[cached]) {
+        ++cached;
+      }
+      Utf8Stream out;
+      std::vector<int32_t> reply;
+      const GenerateStats st = generate(
+          *model, tok, prompt, opts,
+          [&](int32_t id, const std::string& bytes) {
+            reply.push_back(id);
+            const std::string ready = out.push(bytes);
+            std::fwrite(ready.data(), 1, ready.size(), stdout);
+            std::fflush(stdout);
+            return true;
+          },
+          static_cast<int64_t>(cached));
+      const std::string rest = out.flush();
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+      fmt::print(stderr,
+                 "[llmk] {} new prompt tokens ({} reused), {:.1f} tokens/s | reply {} "
+                 "tokens, {:.1f} tokens/s | stop: {}\n",
+                 st.prompt_tokens, cached, st.prompt_tps(), st.generated_tokens, st.generate_tps(),
+                 st.stop_reason);
+      in_cache = prompt;
+      in_cache.insert(in_cache.end(), st.sampled.begin(), st.sampled.end() - 1);
+      msgs.push_back({"assistant", tok.decode(reply)});
+    }
+    return 0;
+  };
+}
+
+}  // namespace llmk::cli

@@ -40,7 +40,7 @@ Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph)
       greedy_on_device_(model.device() != Device::CPU && sampler.temperature <= 0 &&
                         sampler.repeat_penalty == 1.0f),
       use_graph_(cuda_graph && model.device() == Device::CUDA),
-      graph_(new GraphState) {
+      graph_(std::make_unique<GraphState>()) {
 #ifndef LLMK_HAS_CUDA
   use_graph_ = false;
 #endif
@@ -50,10 +50,7 @@ Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph)
   }
 }
 
-Decoder::~Decoder() {
-  delete graph_;
-  delete batch_graph_;
-}
+Decoder::~Decoder() = default;
 
 int32_t Decoder::choose(const Tensor& logits) {
   last_logits_ = logits;
@@ -92,8 +89,7 @@ std::vector<int32_t> Decoder::step_batch(const std::vector<int32_t>& tokens,
 #ifdef LLMK_HAS_CUDA
   if (use_graph_) {
     if (batch_graph_ == nullptr || batch_graph_size_ != b) {
-      delete batch_graph_;
-      batch_graph_ = new GraphState;
+      batch_graph_ = std::make_unique<GraphState>();
       batch_graph_size_ = b;
       model_.compute(b, true);  // sizes activations and settles one-time setup, as in step()
       batch_graph_->graph.capture([&] { batch_graph_->logits = model_.compute(b, true); });

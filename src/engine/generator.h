@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -65,8 +66,6 @@ class Decoder {
   void add_history(std::span<const int32_t> tokens) {
     history_.insert(history_.end(), tokens.begin(), tokens.end());
   }
-  // All tokens seen so far (for the repetition penalty).
-  const std::vector<int32_t>& history() const { return history_; }
   // The logits the last prefill or step chose from ([1, vocab] f32, on the model's device).
   const Tensor& last_logits() const { return last_logits_; }
 
@@ -80,8 +79,8 @@ class Decoder {
   std::vector<int32_t> history_;
   Tensor argmax_dev_, argmax_host_, logits_host_, last_logits_;
   struct GraphState;
-  GraphState* graph_ = nullptr;        // the single-sequence step
-  GraphState* batch_graph_ = nullptr;  // the batched step (for one batch size)
+  std::unique_ptr<GraphState> graph_;        // the single-sequence step
+  std::unique_ptr<GraphState> batch_graph_;  // the batched step (for one batch size)
   int64_t batch_graph_size_ = 0;
   Tensor batch_ids_dev_, batch_ids_host_;
 };

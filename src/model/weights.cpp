@@ -126,6 +126,10 @@ Tensor WeightLoader::place(const std::string& name, const Shape& shape, bool is_
 }
 
 void WeightLoader::put(Tensor& dst, const Tensor& t, DType want) {
+  if (t.dtype() != want && dst.device() == Device::CPU) {
+    ops::dequantize(dst, t);  // straight into place: no staging copy on the host
+    return;
+  }
   Tensor host = t;
   if (t.dtype() != want) {
     host = Tensor::empty(t.shape(), want);
@@ -202,9 +206,6 @@ Tensor WeightLoader::matrix(const std::string& name, const Shape& shape) {
 }
 Tensor WeightLoader::vector(const std::string& name, const Shape& shape) {
   return place(name, shape, true, true);
-}
-Tensor WeightLoader::optional_matrix(const std::string& name, const Shape& shape) {
-  return place(name, shape, false, false);
 }
 Tensor WeightLoader::optional_vector(const std::string& name, const Shape& shape) {
   return place(name, shape, true, false);

@@ -46,8 +46,7 @@ class WeightLoader {
   Tensor matrix(const std::string& name, const Shape& shape);
   // Norm weights: f32 on either device.
   Tensor vector(const std::string& name, const Shape& shape);
-  // Like the above but an absent tensor gives an undefined Tensor.
-  Tensor optional_matrix(const std::string& name, const Shape& shape);
+  // Like vector() but an absent tensor gives an undefined Tensor.
   Tensor optional_vector(const std::string& name, const Shape& shape);
   bool has(const std::string& name) const;
 

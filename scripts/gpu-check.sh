@@ -42,12 +42,13 @@ fi
 
 bin=build/cuda
 tests=build/cuda/tests
-if [ ! -x build/cuda/llmk ] && [ -x .devbin/llmk ]; then
-  bin=.devbin
-  tests=.devbin
-  export LD_LIBRARY_PATH=$PWD/.devbin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+devbin=${DEVBIN:-.devbin}
+if [ ! -x build/cuda/llmk ] && [ -x "$devbin/llmk" ]; then
+  bin=$devbin
+  tests=$devbin
+  export LD_LIBRARY_PATH=$PWD/$devbin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export LLMK_SOURCE_DIR=$PWD
-  note "binaries: prebuilt in .devbin"
+  note "binaries: prebuilt in $devbin"
 fi
 
 if has test; then

@@ -2,13 +2,21 @@
 # Packs the CUDA build's binaries, and the shared libraries the GPU machine lacks, into .devbin/
 # (git-ignored) so that a device call can carry them: the GPU machine has no PCRE2 development
 # files to configure a build with, and building here costs no device time.
+#
+#   scripts/pack-devbin.sh [BUILD_DIR [DEST]]   # defaults: build/cuda .devbin
+# Every executable under BUILD_DIR/bench is packed too. gpu-check.sh finds DEST through $DEVBIN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .devbin && mkdir -p .devbin/lib
-cp build/cuda/llmk build/cuda/tests/gpu_tests .devbin/
-[ -x build/cuda/bench/linear_bench ] && cp build/cuda/bench/linear_bench .devbin/
-for lib in $(ldd build/cuda/llmk build/cuda/tests/gpu_tests | grep -oE '/[^ ]*lib(fmt|pcre2-8)[^ ]*' | sort -u); do
-  cp -L "$lib" .devbin/lib/
+build=${1:-build/cuda}
+dest=${2:-.devbin}
+case "$dest" in .devbin*) ;; *) echo "pack-devbin: DEST must start with .devbin (git-ignored)" >&2; exit 2 ;; esac
+rm -rf "$dest" && mkdir -p "$dest/lib"
+cp "$build/llmk" "$build/tests/gpu_tests" "$dest/"
+for b in "$build"/bench/*; do
+  [ -f "$b" ] && [ -x "$b" ] && cp "$b" "$dest/"
 done
-strip --strip-unneeded .devbin/llmk .devbin/gpu_tests .devbin/linear_bench 2>/dev/null || true
-du -sh .devbin; ls -la .devbin .devbin/lib
+for lib in $(ldd "$dest"/* 2>/dev/null | grep -oE '/[^ ]*lib(fmt|pcre2-8|utf8proc)[^ ]*' | sort -u); do
+  cp -L "$lib" "$dest/lib/"
+done
+find "$dest" -maxdepth 1 -type f -exec strip --strip-unneeded {} \; 2>/dev/null || true
+du -sh "$dest"; ls -la "$dest" "$dest/lib"

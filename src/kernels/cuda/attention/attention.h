@@ -33,6 +33,29 @@ struct AttentionArgs {
   float scale = 0.0f;    // multiplies q.k (resolved: no 0 = default here)
   int window = 0;        // > 0: query at p sees keys (p - window, p]
   float softcap = 0.0f;  // > 0: logits = softcap * tanh(logits / softcap)
+
+  // ---- Extensions (issue 4). Defaults keep the single-sequence, contiguous-cache meaning
+  // above. Fields are only ever added here, never renamed or removed while others use them.
+  //
+  // Element type of q, k, v and out: bf16 (default) or fp16 (the pointers above then hold
+  // __half data).
+  bool fp16 = false;
+  // Batches: `B` sequences. Query rows of sequence b are q rows [cu_q[b], cu_q[b+1]) (T is then
+  // cu_q[B], the total); its keys are cu_k[b+1]-cu_k[b] rows (varlen prefill: rows cu_k[b].. of k
+  // and v) or, with a page table, rows 0..len-1 of its pages. Causal masks are bottom-right
+  // aligned: query i of a sequence with Tq queries and Tk keys sits at position Tk - Tq + i.
+  // Null cu_q: one sequence, positions[] as above.
+  int B = 1;
+  const int32_t* cu_q = nullptr;  // [B + 1] on the device
+  const int32_t* cu_k = nullptr;  // [B + 1] on the device (key counts; see page_table)
+  // Paged KV cache: k and v are pools of pages [num_pages * page_size, Hkv, D] (row stride k_t);
+  // row j of sequence b lives at pool row page_table[b * pages_per_seq + j / page_size] *
+  // page_size + j % page_size. Null: contiguous as above.
+  const int32_t* page_table = nullptr;  // [B, pages_per_seq] on the device
+  int page_size = 0;
+  int pages_per_seq = 0;
+  // Optional log-sum-exp of each query row's scaled logits (natural log), [Hq, T] fp32.
+  float* lse = nullptr;
 };
 
 // Head dims the kernels are built for.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llmk against Hugging Face transformers on the GPU, on the same random-weight models.
 
-For each configuration (Qwen2.5-0.5B, Llama-3-8B shapes) this builds a model with random
+For each configuration (Qwen2.5-0.5B, Llama-3-8B, Gemma-3-270M, Phi-3-mini shapes) this builds a model with random
 weights in bf16 with transformers' config classes, saves it as safetensors, and then:
   1. logits over prompt (prefill) and decode positions: transformers in float32 on the same
      bf16-rounded weights is the reference; llmk's relative error (||x - ref|| / ||ref|| per
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config
 
 CONFIGS = {
     "qwen2.5-0.5b": lambda: Qwen2Config(
@@ -31,6 +31,19 @@ CONFIGS = {
         hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
         intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
         max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5),
+    # Gemma 3 270M's shapes: head dim 256, one KV head, 5 sliding-window layers : 1 global.
+    # The window is shrunk to 64 so that the compared positions cross it.
+    "gemma-3-270m": lambda: Gemma3TextConfig(
+        hidden_size=640, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=256, intermediate_size=2048, vocab_size=262144, max_position_embeddings=32768,
+        sliding_window=64, query_pre_attn_scalar=256, rope_theta=1000000.0,
+        rope_local_base_freq=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # Phi-3-mini-4k's shapes: fused qkv and gate/up projections, head dim 96.
+    "phi-3-mini": lambda: Phi3Config(
+        hidden_size=3072, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+        intermediate_size=8192, vocab_size=32064, max_position_embeddings=4096,
+        original_max_position_embeddings=4096, sliding_window=2047, rope_theta=10000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=32000),
 }
 
 

@@ -53,6 +53,9 @@ class Tokenizer;
 class ChatTemplate;
 namespace cli {
 // The model's tokenizer (GGUF files only, so far); `path` names the model in errors.
+// The tokenizer of a GGUF file or of a Hugging Face folder (its tokenizer.json).
+Tokenizer load_tokenizer(const std::string& path);
+// The same, reusing the model's open GGUF file when it has one.
 Tokenizer load_tokenizer(const Model& model, const std::string& path);
 // The model's chat template, or its family's when the file has none.
 ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path);

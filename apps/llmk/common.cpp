@@ -9,6 +9,7 @@
 #include "apps/llmk/commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "formats/gguf.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -27,7 +28,9 @@ std::string default_model_path() {
 CLI::Option* add_model_option(CLI::App& cmd, std::string& path, bool positional) {
   path = default_model_path();
   const std::string help =
-      "GGUF model file (default: " + path + ", fetched by scripts/fetch-models.sh)";
+      "GGUF model file or Hugging Face model folder (config.json, *.safetensors, "
+      "tokenizer.json); default: " +
+      path + ", fetched by scripts/fetch-models.sh";
   return positional ? cmd.add_option("model", path, help)
                     : cmd.add_option("-m,--model", path, help);
 }
@@ -61,12 +64,21 @@ SamplerConfig SamplerOptions::resolve() const {
   return c;
 }
 
+Tokenizer load_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    LLMK_CHECK(fs::exists(fs::path(path) / "tokenizer.json", ec),
+               "{}: no tokenizer.json in the folder (needed for text; `llmk bench` needs none)",
+               path);
+    return Tokenizer::from_hf_json(path);
+  }
+  return Tokenizer::from_gguf(gguf::File::open(path));
+}
+
 Tokenizer load_tokenizer(const Model& model, const std::string& path) {
-  LLMK_CHECK(model.gguf().has_value(),
-             "{}: reading a tokenizer from a Hugging Face folder is not supported yet; use a "
-             "GGUF file (or `llmk bench`, which needs none)",
-             path);
-  return Tokenizer::from_gguf(*model.gguf());
+  if (model.gguf()) return Tokenizer::from_gguf(*model.gguf());
+  return load_tokenizer(path);
 }
 
 ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path) {

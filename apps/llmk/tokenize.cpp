@@ -44,8 +44,7 @@ Command add_tokenize(CLI::App& cmd) {
   cmd.add_flag("--bos", a->bos, "Prepend the BOS token");
   return [a] {
     prepare(a->model, 1);
-    const gguf::File f = gguf::File::open(a->model);
-    const Tokenizer tok = Tokenizer::from_gguf(f);
+    const Tokenizer tok = load_tokenizer(a->model);
     const std::vector<int32_t> ids = tok.encode(a->text, a->bos, !a->no_special);
     if (a->ids_only) {
       fmt::print("{}\n", fmt::join(ids, " "));

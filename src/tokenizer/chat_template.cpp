@@ -1,5 +1,8 @@
 #include "tokenizer/chat_template.h"
 
+#include <fmt/format.h>
+
+#include <ctime>
 #include <optional>
 
 #include "core/error.h"
@@ -11,9 +14,9 @@ struct ChatTemplate::Family {
   std::string_view name;
   std::string_view recognised_by;  // for the error message
   bool (*matches)(std::string_view jinja);
-  // The system message the template writes for conversations that have none ("" if none).
-  std::string (*default_system)(std::string_view jinja);
-  void (*render)(std::string_view default_system, std::span<const ChatMessage> messages,
+  // What the family's renderer takes from the template string itself.
+  void (*read)(std::string_view jinja, ChatTemplate::Settings& s);
+  void (*render)(const ChatTemplate::Settings& s, std::span<const ChatMessage> messages,
                  bool add_generation_prompt, std::string& out);
 };
 
@@ -45,7 +48,7 @@ constexpr std::string_view kImEnd = "<|im_end|>";
 bool chatml_matches(std::string_view jinja) { return jinja.find(kImStart) != jinja.npos; }
 
 // A string literal that is exactly "<|im_start|>system\n{text}<|im_end|>\n" gives the default
-// system message (SmolLM2 writes one when messages[0] is not a system message).
+// system message (SmolLM2 and Qwen2.5 write one when messages[0] is not a system message).
 std::string chatml_default_system(std::string_view jinja) {
   const std::string prefix = std::string(kImStart) + "system\n";
   const std::string suffix = std::string(kImEnd) + "\n";
@@ -63,8 +66,13 @@ std::string chatml_default_system(std::string_view jinja) {
   return "";
 }
 
-void chatml_render(std::string_view default_system, std::span<const ChatMessage> messages,
+void chatml_read(std::string_view jinja, ChatTemplate::Settings& s) {
+  s.default_system = chatml_default_system(jinja);
+}
+
+void chatml_render(const ChatTemplate::Settings& s, std::span<const ChatMessage> messages,
                    bool add_generation_prompt, std::string& out) {
+  const std::string& default_system = s.default_system;
   const auto turn = [&](std::string_view role, std::string_view content) {
     out += kImStart;
     out += role;
@@ -89,7 +97,7 @@ constexpr std::string_view kStartOfTurn = "<start_of_turn>";
 
 bool gemma_matches(std::string_view jinja) { return jinja.find(kStartOfTurn) != jinja.npos; }
 
-std::string no_default_system(std::string_view) { return ""; }
+void read_nothing(std::string_view, ChatTemplate::Settings&) {}
 
 // The length in bytes of the character at text[pos] when it is whitespace as Python's
 // str.strip() sees it (Jinja's `trim`), else 0.
@@ -126,7 +134,7 @@ std::string_view python_strip(std::string_view text) {
 // with "assistant" written as "model". A leading system message is not a turn: its content
 // (untrimmed) and "\n\n" open the first turn. The remaining messages must alternate user, non-user,
 // user, ... (the template raises an exception otherwise).
-void gemma_render(std::string_view, std::span<const ChatMessage> messages,
+void gemma_render(const ChatTemplate::Settings&, std::span<const ChatMessage> messages,
                   bool add_generation_prompt, std::string& out) {
   out += "<bos>";
   const bool has_system = !messages.empty() && messages[0].role == "system";
@@ -154,11 +162,99 @@ void gemma_render(std::string_view, std::span<const ChatMessage> messages,
   }
 }
 
+// ---- llama3 ----
+
+constexpr std::string_view kStartHeader = "<|start_header_id|>";
+constexpr std::string_view kKnowledgeDate = "Cutting Knowledge Date: December 2023\n";
+
+bool llama3_matches(std::string_view jinja) { return jinja.find(kStartHeader) != jinja.npos; }
+
+// Today's date as Python's strftime("%d %b %Y") writes it in the C locale: "05 Mar 2026".
+std::string today_string() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  const size_t n = std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+  return std::string(buf, n);
+}
+
+// Llama 3.1 and later write a system turn with a knowledge date and "Today Date: {date_string}"
+// into every prompt; date_string is the template's literal default, or today's date where the
+// template asks for strftime_now (3.2, 3.3; transformers defines it). Llama 3.0 has neither.
+void llama3_read(std::string_view jinja, ChatTemplate::Settings& s) {
+  s.system_block = jinja.find("Cutting Knowledge Date") != jinja.npos;
+  if (!s.system_block) return;
+  if (jinja.find("strftime_now") != jinja.npos) {
+    s.date = today_string();
+    return;
+  }
+  constexpr std::string_view kSet = "set date_string = ";
+  const size_t at = jinja.find(kSet);
+  std::optional<std::string> literal;
+  if (at != jinja.npos && at + kSet.size() < jinja.size()) {
+    const char q = jinja[at + kSet.size()];
+    if (q == '"' || q == '\'') literal = read_string_literal(jinja, at + kSet.size());
+  }
+  s.date = literal.value_or("26 Jul 2024");  // the value Llama 3.1's template sets
+}
+
+// <|begin_of_text|>, then "<|start_header_id|>{role}<|end_header_id|>\n\n{content | trim}
+// <|eot_id|>" per message. 3.1+: the system message (trimmed) moves into the fixed system turn,
+// which is written even when the conversation has none. 3.0: bos only before the first message.
+void llama3_render(const ChatTemplate::Settings& s, std::span<const ChatMessage> messages,
+                   bool add_generation_prompt, std::string& out) {
+  const auto turn = [&](std::string_view role, std::string_view content) {
+    out += kStartHeader;
+    out += role;
+    out += "<|end_header_id|>\n\n";
+    out += content;
+    out += "<|eot_id|>";
+  };
+  if (s.system_block) {
+    out += "<|begin_of_text|>";
+    std::string_view system;
+    if (!messages.empty() && messages[0].role == "system") {
+      system = python_strip(messages[0].content);
+      messages = messages.subspan(1);
+    }
+    turn("system", fmt::format("{}Today Date: {}\n\n{}", kKnowledgeDate, s.date, system));
+  } else if (!messages.empty()) {
+    out += "<|begin_of_text|>";
+  }
+  for (const ChatMessage& m : messages) turn(m.role, python_strip(m.content));
+  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+}
+
+// ---- phi3 ----
+
+bool phi3_matches(std::string_view jinja) {
+  return jinja.find("<|user|>") != jinja.npos && jinja.find("<|end|>") != jinja.npos;
+}
+
+// Phi-3 / Phi-3.5 instruct: "<|{role}|>\n{content}<|end|>\n" for system, user and assistant
+// messages (others are left out), then "<|assistant|>\n", or the eos token <|endoftext|> when
+// no generation prompt is asked for.
+void phi3_render(const ChatTemplate::Settings&, std::span<const ChatMessage> messages,
+                 bool add_generation_prompt, std::string& out) {
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant") continue;
+    out += "<|";
+    out += m.role;
+    out += "|>\n";
+    out += m.content;
+    out += "<|end|>\n";
+  }
+  out += add_generation_prompt ? "<|assistant|>\n" : "<|endoftext|>";
+}
+
 // ---- the table: the first family whose `matches` accepts the template is used ----
 
 constexpr ChatTemplate::Family kFamilies[] = {
-    {"chatml", "contains '<|im_start|>'", chatml_matches, chatml_default_system, chatml_render},
-    {"gemma", "contains '<start_of_turn>'", gemma_matches, no_default_system, gemma_render},
+    {"chatml", "contains '<|im_start|>'", chatml_matches, chatml_read, chatml_render},
+    {"gemma", "contains '<start_of_turn>'", gemma_matches, read_nothing, gemma_render},
+    {"llama3", "contains '<|start_header_id|>'", llama3_matches, llama3_read, llama3_render},
+    {"phi3", "contains '<|user|>' and '<|end|>'", phi3_matches, read_nothing, phi3_render},
 };
 
 }  // namespace
@@ -168,6 +264,11 @@ ChatTemplate ChatTemplate::for_family(std::string_view name) {
     if (f.name != name) continue;
     ChatTemplate t;
     t.family_ = &f;
+    // No template string: the settings of the family's current models.
+    if (f.name == "llama3") {
+      t.settings_.system_block = true;
+      t.settings_.date = today_string();
+    }
     return t;
   }
   LLMK_FAIL("unknown chat template family '{}'", name);
@@ -178,7 +279,7 @@ ChatTemplate ChatTemplate::from_jinja(std::string_view jinja) {
     if (!f.matches(jinja)) continue;
     ChatTemplate t;
     t.family_ = &f;
-    t.default_system_ = f.default_system(jinja);
+    f.read(jinja, t.settings_);
     return t;
   }
   std::string supported;
@@ -194,7 +295,7 @@ std::string ChatTemplate::apply(std::span<const ChatMessage> messages,
                                 bool add_generation_prompt) const {
   LLMK_CHECK(family_ != nullptr, "ChatTemplate::apply on an empty template");
   std::string out;
-  family_->render(default_system_, messages, add_generation_prompt, out);
+  family_->render(settings_, messages, add_generation_prompt, out);
   return out;
 }
 

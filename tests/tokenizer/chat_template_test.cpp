@@ -1,5 +1,6 @@
-// Chat template families on hand-written templates; SmolLM2's own template is checked against
-// transformers in smollm2_test.cpp.
+// Chat template families on hand-written templates, and on the families' real templates as
+// Jinja2 renders them (tests/fixtures/tokenizer/chat_templates.json, scripts/make-chat-template-fixtures.py).
+// SmolLM2's own template is checked against transformers in smollm2_test.cpp.
 #include "tokenizer/chat_template.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tokenizer_test_util.h"
 
 namespace llmk {
 namespace {
@@ -42,6 +44,49 @@ TEST(ChatTemplate, ChatmlDefaultSystemFromAnEscapedLiteral) {
   // A conversation that brings its own system message gets no default.
   EXPECT_EQ(t.apply(std::vector<ChatMessage>{{"system", "S"}, {"user", "x"}}, false),
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nx<|im_end|>\n");
+}
+
+// Every family's real template: recognised, and rendered exactly as Jinja2 renders it (or
+// refused where the template raises, as Gemma's does for roles that do not alternate).
+TEST(ChatTemplate, RealTemplatesRenderAsJinjaDoes) {
+  const nlohmann::json fixture = test::load_fixture("chat_templates.json");
+  size_t checked = 0;
+  for (const nlohmann::json& t : fixture["templates"]) {
+    const std::string name = t["name"].get<std::string>();
+    ChatTemplate tmpl = ChatTemplate::from_jinja(t["template"].get<std::string>());
+    EXPECT_EQ(tmpl.family(), t["family"].get<std::string>()) << name;
+    if (name == "llama-3.2-instruct") {
+      EXPECT_FALSE(tmpl.date().empty());  // today's date; the fixture fixed one
+      tmpl.set_date(fixture["today"].get<std::string>());
+    }
+    for (const nlohmann::json& c : t["cases"]) {
+      std::vector<ChatMessage> messages;
+      for (const nlohmann::json& m : c["messages"]) {
+        messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      }
+      const bool agp = c["add_generation_prompt"].get<bool>();
+      const std::string where = name + ": " + c["messages"].dump() + (agp ? " +gen" : "");
+      if (c.contains("error")) {
+        EXPECT_THROW(tmpl.apply(messages, agp), Error) << where;
+      } else {
+        EXPECT_EQ(tmpl.apply(messages, agp), c["text"].get<std::string>()) << where;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 90u);
+}
+
+TEST(ChatTemplate, FamiliesByNameForModelsWithoutATemplate) {
+  const std::vector<ChatMessage> m = {{"user", "hi"}};
+  EXPECT_EQ(ChatTemplate::for_family("phi3").apply(m, true), "<|user|>\nhi<|end|>\n<|assistant|>\n");
+  ChatTemplate llama = ChatTemplate::for_family("llama3");
+  llama.set_date("01 Jan 2027");
+  EXPECT_EQ(llama.apply(m, true),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+            "Date: December 2023\nToday Date: 01 Jan 2027\n\n<|eot_id|><|start_header_id|>user"
+            "<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_THROW(ChatTemplate::for_family("mistral"), Error);
 }
 
 TEST(ChatTemplate, UnknownFamilyThrowsNamingTheSupportedOnes) {

@@ -14,8 +14,12 @@ built with transformers' own config and model classes, and transformers' float32
 Each folder gets config.json, the safetensors, and:
   reference.json  the prompt's token ids (PROMPT_LEN random ids, longer than every window),
                   the logits' shape, and transformers' own bf16 run measured against its float32
-                  run (largest per-row relative error, top-1 agreement) for the GPU tolerance
+                  run for the GPU tolerance: per row max_v |bf16 - f32| / max_v |f32| and
+                  whether the top-1 agrees, with the worst row and the agreement rate
   logits.f32      transformers' float32 logits [PROMPT_LEN, vocab], row-major little-endian
+  (llama3 only) reference.json's "llama_cpp_rope_freqs": the rope_freqs.weight tensor that
+                  llama.cpp's convert_hf_to_gguf.py writes for this config, computed here the
+                  converter's way, for the test that runs the model from a GGUF file
 
 Weights are float32 and random at informative scales: matrices N(0, 1/fan_in), biases
 N(0, 0.1^2), norm weights 1 + N(0, 0.1^2) (Gemma: N(0, 0.1^2), as it scales by 1 + w).
@@ -85,6 +89,27 @@ def clear_own_files(folder: Path) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
+def llama_cpp_rope_freqs(rope: dict, head_dim: int) -> list:
+    """The converter's LlamaModel.generate_extra_tensors (llama3 rope scaling), float32."""
+    import math
+    base, dim = rope["rope_theta"], head_dim
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    out = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
 def write_family(out: Path, name: str, cls, config, seed: int) -> None:
     torch.manual_seed(seed)
     config._attn_implementation = "eager"
@@ -115,7 +140,12 @@ def write_family(out: Path, name: str, cls, config, seed: int) -> None:
         "logits_shape": list(ref.shape),
         "hf_bf16_max_rel_err": round(rel.max().item(), 6),
         "hf_bf16_top1_agreement": round(top1.double().mean().item(), 4),
+        "hf_bf16_rel_err": [round(e, 6) for e in rel.tolist()],
+        "hf_bf16_top1_agrees": top1.tolist(),
     }
+    if name == "llama3":
+        meta["llama_cpp_rope_freqs"] = llama_cpp_rope_freqs(
+            config.rope_parameters, config.hidden_size // config.num_attention_heads)
     (folder / "reference.json").write_text(json.dumps(meta, indent=1) + "\n")
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(f"{name}: {folder} ({size} bytes), bf16 max rel err {meta['hf_bf16_max_rel_err']}, "

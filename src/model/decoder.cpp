@@ -68,6 +68,7 @@ class DecoderModel final : public Model {
 
   DType act_;
   Tensor tok_embd_, output_norm_, output_;
+  Tensor rope_freqs_;  // [rope_dim/2] f32 divisors of the global layers' frequencies, or undefined
   std::vector<LayerWeights> layers_;
   // Per layer [sequences * context, Hkv, D]: sequence s owns rows s*context .. (s+1)*context-1.
   std::vector<Tensor> k_cache_, v_cache_;
@@ -83,14 +84,27 @@ void DecoderModel::load_weights(WeightLoader& w) {
   output_ = c.tied_embeddings || !w.has("output.weight")
                 ? tok_embd_
                 : w.matrix("output.weight", {c.vocab_size, d});
+  // Llama 3 rope scaling: GGUF files carry the divisors as a tensor, config.json as numbers.
+  if (w.has("rope_freqs.weight")) {
+    rope_freqs_ = w.vector("rope_freqs.weight", {c.rope_dim / 2});
+  } else if (!c.rope_freq_factors.empty() && !w.planning()) {
+    const auto n = static_cast<int64_t>(c.rope_freq_factors.size());
+    rope_freqs_ = Tensor::empty({n}, DType::F32, device());
+    ops::transfer(rope_freqs_, Tensor::borrow(const_cast<float*>(c.rope_freq_factors.data()),
+                                              {n}, DType::F32));
+  }
   layers_.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string b = fmt::format("blk.{}.", i);
     LayerWeights& l = layers_[static_cast<size_t>(i)];
     l.attn_norm = w.vector(b + "attn_norm.weight", {d});
-    l.qkv.load(w, {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"},
-               {{qd, d}, {kvd, d}, {kvd, d}},
-               {b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"});
+    if (c.fused_qkv) {  // one stored tensor: a projection of one part
+      l.qkv.load(w, {b + "attn_qkv.weight"}, {{qd + 2 * kvd, d}}, {b + "attn_qkv.bias"});
+    } else {
+      l.qkv.load(w, {b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"},
+                 {{qd, d}, {kvd, d}, {kvd, d}},
+                 {b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"});
+    }
     l.wo = w.matrix(b + "attn_output.weight", {d, qd});
     l.ffn_norm = w.vector(b + "ffn_norm.weight", {d});
     if (c.qk_norm) {
@@ -101,7 +115,11 @@ void DecoderModel::load_weights(WeightLoader& w) {
       l.post_attn_norm = w.vector(b + "post_attention_norm.weight", {d});
       l.post_ffw_norm = w.vector(b + "post_ffw_norm.weight", {d});
     }
-    l.gate_up.load(w, {b + "ffn_gate.weight", b + "ffn_up.weight"}, {{c.d_ff, d}, {c.d_ff, d}});
+    if (c.fused_gate_up) {  // ffn_up holds gate|up
+      l.gate_up.load(w, {b + "ffn_up.weight"}, {{2 * c.d_ff, d}});
+    } else {
+      l.gate_up.load(w, {b + "ffn_gate.weight", b + "ffn_up.weight"}, {{c.d_ff, d}, {c.d_ff, d}});
+    }
     l.w_down = w.matrix(b + "ffn_down.weight", {d, c.d_ff});
   }
 }
@@ -171,13 +189,20 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   const Tensor gate = gate_up.slice(1, 0, F), up = gate_up.slice(1, F, 2 * F);
 
   const bool one = c.norm_add_one;
-  ops::RopeParams rope_global{
-      .rot_dim = static_cast<int>(c.rope_dim), .theta = c.rope_theta, .layout = c.rope_layout};
+  const ops::RopeParams rope_global{.rot_dim = static_cast<int>(c.rope_dim),
+                                    .theta = c.rope_theta,
+                                    .layout = c.rope_layout,
+                                    .freq_scale = c.rope_freq_scale,
+                                    .freq_factors = rope_freqs_.defined() ? &rope_freqs_ : nullptr};
+  // Local layers with a base of their own (Gemma 3) are unscaled; else they share the global's.
   ops::RopeParams rope_local = rope_global;
-  if (c.rope_theta_local > 0) rope_local.theta = c.rope_theta_local;
-  const ops::AttentionParams attn_global{.scale = c.attn_scale};
+  if (c.rope_theta_local > 0) {
+    rope_local = {.rot_dim = rope_global.rot_dim, .theta = c.rope_theta_local, .layout = c.rope_layout};
+  }
+  const ops::AttentionParams attn_global{.scale = c.attn_scale, .softcap = c.attn_softcap};
   const ops::AttentionParams attn_local{.scale = c.attn_scale,
-                                        .window = static_cast<int>(c.sliding_window)};
+                                        .window = static_cast<int>(c.sliding_window),
+                                        .softcap = c.attn_softcap};
 
   ops::embedding(x, tok_embd_, ids);
   if (c.embed_scale != 1.0f) ops::scale(x, c.embed_scale);

@@ -73,7 +73,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& op
     const HfConfig hf = HfConfig::open(path);
     config = ModelConfig::from_hf(hf);
     folder = safetensors::Folder::open(path);
-    src = hf_source(*folder);
+    src = hf_source(*folder, config.hf_layer_names);
   } else {
     file = gguf::File::open(path);
     config = ModelConfig::from_gguf(*file);

@@ -19,13 +19,17 @@ class GgufSource final : public WeightSource {
   Tensor find(const std::string& n) const override {
     return f_.find_tensor(n) ? f_.tensor(n) : Tensor();
   }
+  std::string config_name() const override { return ""; }
 
  private:
   gguf::File f_;
 };
 
-// GGUF names -> transformers names for the Llama-family layout (Llama, Qwen2, SmolLM2).
-std::string to_hf_name(const std::string& n) {
+using NameMap = std::vector<std::pair<std::string, std::string>>;
+
+// GGUF names -> transformers names for the Llama-family layout (Llama, Qwen2, SmolLM2), with a
+// family's own names within a layer taking precedence (`family`).
+std::string to_hf_name(const std::string& n, const NameMap& family) {
   static const std::pair<const char*, const char*> kTop[] = {
       {"token_embd.weight", "model.embed_tokens.weight"},
       {"output_norm.weight", "model.norm.weight"},
@@ -56,6 +60,9 @@ std::string to_hf_name(const std::string& n) {
     if (dot != std::string::npos && !layer.empty() &&
         layer.find_first_not_of("0123456789") == std::string::npos) {
       const std::string rest = n.substr(dot + 1);
+      for (const auto& [g, h] : family) {
+        if (rest == g) return fmt::format("model.layers.{}.{}", layer, h);
+      }
       for (const auto& [g, h] : kLayer) {
         if (rest == g) return fmt::format("model.layers.{}.{}", layer, h);
       }
@@ -66,25 +73,46 @@ std::string to_hf_name(const std::string& n) {
 
 class HfSource final : public WeightSource {
  public:
-  explicit HfSource(const safetensors::Folder& f) : f_(f) {}
+  HfSource(const safetensors::Folder& f, NameMap names) : f_(f), names_(std::move(names)) {}
   const std::string& path() const override { return f_.path(); }
-  std::string file_name(const std::string& n) const override { return to_hf_name(n); }
+  std::string file_name(const std::string& n) const override { return to_hf_name(n, names_); }
   Tensor find(const std::string& n) const override {
-    const std::string h = to_hf_name(n);
+    const std::string h = to_hf_name(n, names_);
     return f_.find(h) ? f_.tensor(h) : Tensor();
   }
+  std::string file_of(const std::string& n) const override {
+    const std::string h = to_hf_name(n, names_);
+    return f_.find(h) ? f_.shard_of(h).path() : f_.path();
+  }
+  std::string config_name() const override { return f_.path() + "/config.json"; }
 
  private:
   safetensors::Folder f_;
+  NameMap names_;
 };
+
+// " (<folder>/config.json)" for messages about sizes, or "" (GGUF: the same file).
+std::string config_note(const WeightSource& src) {
+  const std::string c = src.config_name();
+  return c.empty() ? c : " (" + c + ")";
+}
+
+// Weights must be numbers a linear layer reads: floats or GGUF blocks, not integers.
+void check_weight_dtype(const WeightSource& src, const std::string& name, const Tensor& t) {
+  const DType d = t.dtype();
+  LLMK_CHECK(d != DType::I32 && d != DType::I8,
+             "{}: tensor '{}' has dtype {}, which is not a weight type (expected F32, F16, BF16 "
+             "or a GGUF block type)",
+             src.file_of(name), src.file_name(name), dtype_name(d));
+}
 
 }  // namespace
 
 std::unique_ptr<WeightSource> gguf_source(const gguf::File& f) {
   return std::make_unique<GgufSource>(f);
 }
-std::unique_ptr<WeightSource> hf_source(const safetensors::Folder& f) {
-  return std::make_unique<HfSource>(f);
+std::unique_ptr<WeightSource> hf_source(const safetensors::Folder& f, NameMap layer_names) {
+  return std::make_unique<HfSource>(f, std::move(layer_names));
 }
 
 WeightLoader::WeightLoader(const WeightSource& src, Device device, ProgressFn progress)
@@ -106,8 +134,10 @@ Tensor WeightLoader::place(const std::string& name, const Shape& shape, bool is_
     LLMK_CHECK(!required, "{}: missing tensor '{}'", src_.path(), src_.file_name(name));
     return Tensor();
   }
-  LLMK_CHECK(t.shape() == shape, "{}: tensor '{}' has shape {} but the model config needs {}",
-             src_.path(), src_.file_name(name), shape_str(t.shape()), shape_str(shape));
+  LLMK_CHECK(t.shape() == shape, "{}: tensor '{}' has shape {} but the model config{} needs {}",
+             src_.file_of(name), src_.file_name(name), shape_str(t.shape()), config_note(src_),
+             shape_str(shape));
+  check_weight_dtype(src_, name, t);
   const DType want = is_vector ? DType::F32 : (device_ == Device::CPU ? t.dtype() : DType::BF16);
   if (planning_) {
     planned_bytes_ += static_cast<uint64_t>(bytes_for(want, t.numel()));
@@ -171,8 +201,10 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
       if (is_vector) return Tensor();  // e.g. no q/k/v biases at all
       LLMK_FAIL("{}: missing tensor '{}'", src_.path(), src_.file_name(names[i]));
     }
-    LLMK_CHECK(t.shape() == shapes[i], "{}: tensor '{}' has shape {} but the model config needs {}",
-               src_.path(), src_.file_name(names[i]), shape_str(t.shape()), shape_str(shapes[i]));
+    LLMK_CHECK(t.shape() == shapes[i], "{}: tensor '{}' has shape {} but the model config{} needs {}",
+               src_.file_of(names[i]), src_.file_name(names[i]), shape_str(t.shape()),
+               config_note(src_), shape_str(shapes[i]));
+    check_weight_dtype(src_, names[i], t);
     LLMK_CHECK(is_vector ? t.ndim() == 1 : t.ndim() == 2 && t.dim(1) == shapes[0][1],
                "{}: tensor '{}' of shape {} cannot be stacked with '{}'", src_.path(),
                src_.file_name(names[i]), shape_str(t.shape()), src_.file_name(names[0]));

@@ -27,10 +27,18 @@ class WeightSource {
   virtual std::string file_name(const std::string& gguf_name) const = 0;
   // A borrowed CPU view of the tensor, or an undefined Tensor when the file lacks it.
   virtual Tensor find(const std::string& gguf_name) const = 0;
+  // The file holding the tensor (a shard of a folder), for messages; path() when absent.
+  virtual std::string file_of(const std::string& gguf_name) const { (void)gguf_name; return path(); }
+  // Where the sizes the model expects come from, for messages ("<folder>/config.json"); "" when
+  // the weights' own file says (GGUF).
+  virtual std::string config_name() const = 0;
 };
 
 std::unique_ptr<WeightSource> gguf_source(const gguf::File& f);
-std::unique_ptr<WeightSource> hf_source(const safetensors::Folder& f);
+// `layer_names`: the family's renamings within a layer (ModelConfig::hf_layer_names).
+std::unique_ptr<WeightSource> hf_source(
+    const safetensors::Folder& f,
+    std::vector<std::pair<std::string, std::string>> layer_names = {});
 
 struct LoadProgress {
   int64_t done = 0, total = 0;  // tensors

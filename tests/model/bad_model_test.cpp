@@ -1,0 +1,153 @@
+// Broken Hugging Face folders (altered copies of the family fixtures): Model::load throws one
+// llmk::Error line naming the file and the key or tensor.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <initializer_list>
+#include <string_view>
+
+#include "core/error.h"
+#include "model/family_fixtures.h"
+#include "model/model.h"
+
+namespace llmk {
+namespace {
+
+using test::ScratchDir;
+
+// Loads `folder`, expecting llmk::Error with every phrase in a single-line message.
+std::string expect_load_error(const std::string& folder,
+                              std::initializer_list<std::string_view> phrases) {
+  try {
+    Model::load(folder, LoadOptions{.context = 64});
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (std::string_view p : phrases) {
+      EXPECT_NE(msg.find(p), std::string::npos) << "lacks '" << p << "': " << msg;
+    }
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    return msg;
+  }
+  ADD_FAILURE() << folder << " loaded; expected an error with " << *phrases.begin();
+  return "";
+}
+
+// Replaces the first `"dtype":"F32"` in the safetensors header of `file` with `dtype` (same
+// length); returns the name of the tensor it belonged to.
+std::string patch_first_dtype(const std::string& file, const std::string& dtype) {
+  std::string bytes = test::read_text(file);
+  const std::string from = "{\"dtype\":\"F32\"";
+  const size_t at = bytes.find(from);
+  EXPECT_NE(at, std::string::npos);
+  EXPECT_LT(at, 8 + 100000u);  // inside the header
+  bytes.replace(at, from.size(), "{\"dtype\":\"" + dtype + "\"");
+  test::write_text(file, bytes);
+  // The header reads ..."<name>":{"dtype":...
+  const size_t key_end = at - 2;
+  const size_t key_start = bytes.rfind('"', key_end - 1) + 1;
+  return bytes.substr(key_start, key_end - key_start);
+}
+
+TEST(BadModel, MissingShardNamesTheShardAndTheIndex) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("qwen2", "qwen2");
+  std::filesystem::remove(folder + "/model-00002-of-00002.safetensors");
+  expect_load_error(folder, {"model-00002-of-00002.safetensors", "shard file is missing",
+                             "model.safetensors.index.json"});
+}
+
+TEST(BadModel, ShapeDisagreeingWithConfigNamesTensorFileAndConfig) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("llama3", "llama3");
+  test::edit_config(folder, [](auto& j) { j["intermediate_size"] = 96; });
+  expect_load_error(folder, {folder + "/model.safetensors: ",
+                             "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128, 64]",
+                             folder + "/config.json", "needs [96, 64]"});
+}
+
+TEST(BadModel, FusedShapeDisagreeingWithConfigNamesTheFusedTensor) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("phi3", "phi3");
+  test::edit_config(folder, [](auto& j) { j["num_key_value_heads"] = 4; });
+  expect_load_error(folder, {"tensor 'model.layers.0.self_attn.qkv_proj.weight' has shape "
+                             "[128, 64]",
+                             "needs [192, 64]"});
+}
+
+TEST(BadModel, UnknownRopeScalingTypeNamesConfigAndKey) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("llama3", "llama3");
+  test::edit_config(folder, [](auto& j) { j["rope_parameters"]["rope_type"] = "yarn"; });
+  expect_load_error(folder, {folder + "/config.json: ",
+                             "rope_parameters.rope_type 'yarn' is not supported"});
+}
+
+TEST(BadModel, TransformersFourRopeScalingTypeNamesTheKey) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("phi3", "phi3");
+  test::edit_config(folder, [](auto& j) {
+    j.erase("rope_parameters");
+    j["rope_scaling"] = {{"type", "longrope"}, {"long_factor", {1.0}}, {"short_factor", {1.0}}};
+  });
+  expect_load_error(folder, {"config.json: ", "rope_scaling.type 'longrope' is not supported"});
+}
+
+TEST(BadModel, Llama3ScalingWithoutItsKeysNamesTheKey) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("llama3", "llama3");
+  test::edit_config(folder, [](auto& j) { j["rope_parameters"].erase("low_freq_factor"); });
+  expect_load_error(folder, {"config.json: ", "rope_parameters.low_freq_factor"});
+}
+
+TEST(BadModel, Gemma3UnknownLayerTypeNamesTheItem) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("gemma3", "gemma3");
+  test::edit_config(folder, [](auto& j) { j["layer_types"][2] = "chunked_attention"; });
+  expect_load_error(folder, {"config.json: ", "layer_types item 2", "chunked_attention"});
+}
+
+TEST(BadModel, Gemma3FinalLogitSoftcappingIsRefused) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("gemma3", "gemma3");
+  test::edit_config(folder, [](auto& j) { j["final_logit_softcapping"] = 30.0; });
+  expect_load_error(folder, {"config.json: ", "final_logit_softcapping"});
+}
+
+TEST(BadModel, UnsupportedSafetensorsDtypeNamesFileAndTensor) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("llama3", "llama3");
+  const std::string tensor = patch_first_dtype(folder + "/model.safetensors", "F64");
+  ASSERT_FALSE(tensor.empty());
+  expect_load_error(folder, {folder + "/model.safetensors", "unsupported dtype F64",
+                             "'" + tensor + "'"});
+}
+
+TEST(BadModel, IntegerWeightsNameFileAndTensor) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("gemma3", "gemma3");
+  const std::string tensor = patch_first_dtype(folder + "/model.safetensors", "I32");
+  ASSERT_FALSE(tensor.empty());
+  expect_load_error(folder, {folder + "/model.safetensors: ", "'" + tensor + "'",
+                             "has dtype i32, which is not a weight type"});
+}
+
+TEST(BadModel, MissingTensorNamesIt) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("gemma3", "gemma3");
+  // Gemma 3 folders describe the norms with their own names; ask for a layer more than stored.
+  test::edit_config(folder, [](auto& j) {
+    j["num_hidden_layers"] = 8;
+    j["layer_types"].push_back("sliding_attention");
+  });
+  expect_load_error(folder, {"missing tensor 'model.layers.7.input_layernorm.weight'"});
+}
+
+TEST(BadModel, UnsupportedModelTypeNamesIt) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("llama3", "llama3");
+  test::edit_config(folder, [](auto& j) { j["model_type"] = "mamba"; });
+  expect_load_error(folder, {"config.json: unsupported model_type 'mamba'"});
+}
+
+}  // namespace
+}  // namespace llmk

@@ -56,7 +56,27 @@ struct AttentionArgs {
   int pages_per_seq = 0;
   // Optional log-sum-exp of each query row's scaled logits (natural log), [Hq, T] fp32.
   float* lse = nullptr;
+  // false: every query sees every key of its sequence (no causal mask; window must be 0).
+  // Prefill only; the decode kernel is always causal.
+  bool causal = true;
+
+  // ---- Decode additions (issue 4).
+  // With cu_q and no cu_k, positions[] (length T) gives each query row's position within its
+  // sequence (consecutive inside a sequence) and sequence b sees its keys 0..(position of its
+  // last query): one batched decode step reads the positions the model staged.
+  // The most query rows of any one sequence (decode with cu_q: required, 1..kDecodeMaxQueries;
+  // the grid is sized by it, so it must be known on the host).
+  int max_q_per_seq = 0;
+  // Decode: blocks the keys of one (sequence, KV head) are split over; 0 = the heuristic
+  // (benchmarks sweep it).
+  int decode_split = 0;
 };
+
+// The fallback for what the kernels below are not built for: any even head dim up to
+// kGenericMaxD, every field of AttentionArgs, no tensor cores (generic.cu). Slow; for odd shapes
+// (Phi-3's head dim 96, test models) and as a second reference in the GPU tests.
+constexpr int kGenericMaxD = 256;
+void attention_generic(const AttentionArgs& a);
 
 // Head dims the kernels are built for.
 bool attention_head_dim_supported(int D);
@@ -64,9 +84,12 @@ bool attention_head_dim_supported(int D);
 // Any T >= 1; meant for T > 8. Throws llmk::Error for an unsupported head dim.
 void attention_prefill(const AttentionArgs& a);
 
-// T in [1, kDecodeMaxQueries]. Throws llmk::Error for an unsupported head dim, or when the
-// query heads of one KV group do not fit in shared memory.
+// At most kDecodeMaxQueries query rows per sequence, bf16, contiguous or paged cache, B >= 1.
+// Throws llmk::Error for an unsupported head dim or dtype, or when a workspace for the split
+// would have to grow while the stream is being captured (run one step outside capture first).
 constexpr int kDecodeMaxQueries = 8;
 void attention_decode(const AttentionArgs& a);
+// The split attention_decode would choose for `a` (1 = no split); for benchmarks and stats.
+int attention_decode_split(const AttentionArgs& a);
 
 }  // namespace llmk::cuda

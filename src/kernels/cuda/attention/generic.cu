@@ -1,0 +1,192 @@
+// The fallback attention kernel: any even head dim up to kGenericMaxD, every feature of
+// AttentionArgs (bf16/fp16, GQA, positions or varlen batches with bottom-right causal masks,
+// batched decode by positions, non-causal, paged KV, sliding window, softcap, LSE), and no
+// tensor cores. ops::attention runs it for the
+// shapes the prefill and decode kernels are not built for (head dims other than 64/128/256:
+// Phi-3's 96, the tiny test models' 16). Correct and simple rather than fast: one block of four
+// warps per (query row, head); each warp takes every fourth key, its lanes holding two elements
+// of D each per 64, with an online softmax; the warps' partial results merge in shared memory.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/cuda/check.h"
+#include "core/cuda/stream.h"
+#include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/common.cuh"
+
+namespace llmk::cuda::attn {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kPairs = kGenericMaxD / 64;  // element pairs per lane
+
+template <typename T>
+struct Pair;
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ float2 load(const __nv_bfloat16* p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+  }
+  static __device__ void store(__nv_bfloat16* p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  }
+};
+template <>
+struct Pair<__half> {
+  static __device__ float2 load(const __half* p) {
+    return __half22float2(*reinterpret_cast<const __half2*>(p));
+  }
+  static __device__ void store(__half* p, float a, float b) {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  }
+};
+
+// Where query row r sits: its sequence's key count, its position among those keys, and the
+// sequence (for the page table; key rows start at k_row0 without one).
+struct RowInfo {
+  int64_t n_keys, pos, k_row0;
+  int seq;
+};
+
+__device__ RowInfo row_info(const AttentionArgs& a, int r) {
+  RowInfo info{};
+  if (a.cu_q == nullptr) {  // one sequence; positions[] place the queries
+    info.pos = a.positions[r];
+    info.n_keys = a.causal ? info.pos + 1 : a.L;
+    return info;
+  }
+  int lo = 0, hi = a.B - 1;  // the last b with cu_q[b] <= r
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.cu_q[mid] <= r) lo = mid; else hi = mid - 1;
+  }
+  const int b = lo;
+  info.seq = b;
+  if (a.cu_k == nullptr) {  // batched decode: positions[] per row, keys up to the last query's
+    info.pos = a.positions[r];
+    info.n_keys = a.positions[a.cu_q[b + 1] - 1] + 1;
+    return info;
+  }
+  const int64_t tq = a.cu_q[b + 1] - a.cu_q[b];
+  info.n_keys = a.cu_k[b + 1] - a.cu_k[b];
+  info.pos = info.n_keys - tq + (r - a.cu_q[b]);  // bottom-right aligned
+  info.k_row0 = a.page_table != nullptr ? 0 : a.cu_k[b];
+  return info;
+}
+
+__device__ __forceinline__ int64_t key_row(const AttentionArgs& a, const RowInfo& info,
+                                           int64_t j) {
+  if (a.page_table == nullptr) return info.k_row0 + j;
+  const int page = a.page_table[static_cast<int64_t>(info.seq) * a.pages_per_seq + j / a.page_size];
+  return static_cast<int64_t>(page) * a.page_size + j % a.page_size;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kWarps * kWarp) generic_kernel(const AttentionArgs a) {
+  using P = Pair<T>;
+  const int r = blockIdx.x, h = blockIdx.y;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int hk = h / (a.Hq / a.Hkv);
+  const RowInfo info = row_info(a, r);
+  // Keys this row sees: (pos - window, pos] (causal) or all of its sequence's.
+  int64_t hi = a.causal && info.pos < info.n_keys - 1 ? info.pos : info.n_keys - 1;
+  int64_t lo = a.causal && a.window > 0 ? info.pos - a.window + 1 : 0;
+  if (lo < 0) lo = 0;
+
+  const T* q = reinterpret_cast<const T*>(a.q) + r * a.q_t + h * a.q_h;
+  float qv[kPairs][2];
+#pragma unroll
+  for (int p = 0; p < kPairs; ++p) {
+    const int e = 2 * lane + 64 * p;
+    const float2 f = e < a.D ? P::load(q + e) : float2{0.0f, 0.0f};
+    qv[p][0] = f.x * a.scale;
+    qv[p][1] = f.y * a.scale;
+  }
+  float m = -INFINITY, l = 0.0f;
+  float acc[kPairs][2] = {};
+  const T* kbase = reinterpret_cast<const T*>(a.k) + hk * a.k_h;
+  const T* vbase = reinterpret_cast<const T*>(a.v) + hk * a.v_h;
+  for (int64_t j = lo + warp; j <= hi; j += kWarps) {
+    const int64_t row = key_row(a, info, j);
+    const T* kr = kbase + row * a.k_t;
+    float s = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p) {
+      const int e = 2 * lane + 64 * p;
+      if (e < a.D) {
+        const float2 f = P::load(kr + e);
+        s += qv[p][0] * f.x + qv[p][1] * f.y;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
+    const float m_new = fmaxf(m, s);
+    const float c = __expf(m - m_new), w = __expf(s - m_new);
+    l = l * c + w;
+    m = m_new;
+    const T* vr = vbase + row * a.v_t;
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p) {
+      const int e = 2 * lane + 64 * p;
+      const float2 f = e < a.D ? P::load(vr + e) : float2{0.0f, 0.0f};
+      acc[p][0] = acc[p][0] * c + w * f.x;
+      acc[p][1] = acc[p][1] * c + w * f.y;
+    }
+  }
+  // Merge the warps: each publishes (m, l) and its accumulators.
+  __shared__ float sm[kWarps], sl[kWarps];
+  __shared__ float sacc[kWarps][kGenericMaxD];
+  if (lane == 0) {
+    sm[warp] = m;
+    sl[warp] = l;
+  }
+#pragma unroll
+  for (int p = 0; p < kPairs; ++p) {
+    sacc[warp][2 * lane + 64 * p] = acc[p][0];
+    sacc[warp][2 * lane + 64 * p + 1] = acc[p][1];
+  }
+  __syncthreads();
+  float m_all = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, sm[w]);
+  float scale[kWarps], l_all = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    scale[w] = sm[w] == -INFINITY ? 0.0f : __expf(sm[w] - m_all);
+    l_all += sl[w] * scale[w];
+  }
+  // A row with no keys (only possible for malformed varlen input) writes zeros.
+  const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+  T* out = reinterpret_cast<T*>(a.out) + r * a.out_t + h * a.out_h;
+  for (int e = 2 * threadIdx.x; e < a.D; e += 2 * kWarps * kWarp) {
+    float x = 0.0f, y = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      x += sacc[w][e] * scale[w];
+      y += sacc[w][e + 1] * scale[w];
+    }
+    P::store(out + e, x * inv, y * inv);
+  }
+  if (a.lse != nullptr && threadIdx.x == 0) {
+    a.lse[static_cast<int64_t>(h) * a.T + r] = l_all > 0.0f ? m_all + logf(l_all) : -INFINITY;
+  }
+}
+
+}  // namespace
+
+void launch_generic(const AttentionArgs& a) {
+  const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>(a.Hq));
+  if (a.fp16) {
+    generic_kernel<__half><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+  } else {
+    generic_kernel<__nv_bfloat16><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+  }
+  LLMK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace llmk::cuda::attn

@@ -3,7 +3,7 @@
 set -euo pipefail
 
 pkgs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-      libpcre2-dev python3 unzip)
+      libpcre2-dev libutf8proc-dev python3 unzip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,7 +13,7 @@ reads them:
             special tokens appended after the vocabulary as Llama 3 does, merges as [a, b] pairs,
             a TemplateProcessing post-processor that adds <|begin_of_text|>;
   qwen2/    the same with Qwen2's regex, ChatML special tokens, merges as "a b" strings (the
-            older format) and no normalizer (real Qwen2 files ask for NFC, which llmk rejects);
+            older format) and the NFC normalizer real Qwen2 files declare;
   gpt2/     the same with a plain ByteLevel(use_regex=true) pre-tokenizer and one non-special
             added token (a user-defined token: matched even when special tokens are not);
   smollm2/  SmolLM2-135M-Instruct's own vocabulary and merges (from the GGUF through
@@ -22,14 +22,17 @@ reads them:
             are those of ../smollm2.json (scripts/make-tokenizer-fixtures.py).
 cases.json holds, for each trained tokenizer, the ids tokenizers gives for every string of the
 corpus: `ids` with added tokens matched, `ids_plain` (only where it differs) with special tokens
-not matched (encode_special_tokens = True).
+not matched (encode_special_tokens = True), and `decoded` / `decoded_plain` (only where they
+differ from the text) tokenizers' decode of those ids: the text normalized (NFC), or with the
+spaces a Prepend("▁") normalizer added after special tokens.
 """
 import importlib.util
 import json
 import os
 import random
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors, trainers)
 from transformers import AutoTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -85,8 +88,10 @@ def byte_level(use_regex):
                                     use_regex=use_regex)
 
 
-def train(pre_tokenizer, ignore_merges, specials, user_tokens, vocab_size, text):
+def train(pre_tokenizer, ignore_merges, specials, user_tokens, vocab_size, text, normalizer=None):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    if normalizer is not None:
+        tok.normalizer = normalizer
     tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
@@ -134,11 +139,26 @@ def corpus():
         "x = 1234567; y = 89", "12345678901", "1,234.5678", "   123   456   ",
         "\n\n\n\n    def f():\n\t\treturn 0\r\n", "naïve café — “quoted” ‘text’",
         "Ελληνικά και English 123", "👩‍🔬🧪 lab 42", "I'M HERE, YOU'RE THERE, THEY'LL GO",
-    ]
+    ] + not_nfc()
     texts = BASE.handwritten_corpus() + BASE.single_characters() + extra + \
         BASE.generated_corpus(4321, 120)
     seen = set()
     return [s for s in texts if not (s in seen or seen.add(s))]
+
+
+def not_nfc():
+    """Strings NFC changes: decomposed accents, Hangul jamo, singletons, combining marks out of
+    canonical order, composition exclusions, and the same next to added tokens."""
+    return [
+        "e\u0301", "Cafe\u0301 cre\u0300me bru\u0302le\u0301e", "A\u030a \u212b \u2126 \u212a",
+        "\u1112\u1161\u11ab\u1100\u1173\u11af", "\u1100\u1161 \u1100\u1161\u11a8 \uac00\u11a8",
+        "Tie\u0302\u0301ng Vie\u0323\u0302t", "a\u0302\u0323 a\u0323\u0302 \u1ead",
+        "\u03b1\u0313\u0301 \u1f04", "\u0915\u093c \u0958", "o\u0308\u0304 \u022b",
+        "\u0041\u0301\u0328", "n\u0303o\u0303", "\u00c5ngstro\u0308m \u212bngstr\u00f6m",
+        "e\u0301<|im_end|>e\u0301", "<|im_start|>\u0301", "x\u0301\u0301\u0301 y",
+        "\ufb01 \u2460 \uff21", "\u0300 leading combining", "1\u0301 2\u20dd",
+        "\u05e9\u05c1\u05b8 \ufb2e", "\u0627\u0653 \u0622", "A\u0308\u0304 \u01de",
+    ]
 
 
 def case_ids(tok, texts):
@@ -151,7 +171,12 @@ def case_ids(tok, texts):
         ids_plain = plain.encode(text, add_special_tokens=False).ids
         if ids_plain != ids:
             case["ids_plain"] = ids_plain
-        assert tok.decode(ids, skip_special_tokens=False) == text, repr(text)
+        decoded = tok.decode(ids, skip_special_tokens=False)
+        if decoded != text:
+            case["decoded"] = decoded
+        decoded_plain = tok.decode(ids_plain, skip_special_tokens=False)
+        if decoded_plain != text:
+            case["decoded_plain"] = decoded_plain
         cases.append(case)
     return cases
 
@@ -205,6 +230,7 @@ def main():
                 pre_tokenizers.Split(Regex(BASE.QWEN2_SPLIT), behavior="isolated", invert=False),
                 byte_level(False)]),
             ignore_merges=False, specials=QWEN2_SPECIALS, user=[], string_merges=True,
+            normalizer=normalizers.NFC(),
             config={"add_bos_token": False, "bos_token": None, "eos_token": "<|im_end|>",
                     "pad_token": "<|endoftext|>", "chat_template": CHATML_TEMPLATE}),
         "gpt2": dict(
@@ -215,7 +241,8 @@ def main():
     }
     all_cases = {}
     for name, c in configs.items():
-        tok = train(c["pre"], c["ignore_merges"], c["specials"], c["user"], 1200, text)
+        tok = train(c["pre"], c["ignore_merges"], c["specials"], c["user"], 1200, text,
+                    c.get("normalizer"))
         j = finish_json(tok, c["ignore_merges"], c["string_merges"])
         if name == "llama3":
             j["post_processor"] = json.loads(processors.TemplateProcessing(
@@ -227,8 +254,12 @@ def main():
         config = {k: v for k, v in c["config"].items() if v is not None or k == "bos_token"}
         write_json(os.path.join(out, name, "tokenizer_config.json"), config, indent=2)
         written = Tokenizer.from_file(path)
+        cases = case_ids(written, texts)
+        # Only a normalizer may change the text on the way back.
+        assert all(c.get("decoded", c["text"]) == c["text"] for c in cases) or \
+            j["normalizer"] is not None, name
         all_cases[name] = {"vocab_size": written.get_vocab_size(with_added_tokens=True),
-                           "cases": case_ids(written, texts)}
+                           "cases": cases}
     import tokenizers
     write_json(os.path.join(out, "cases.json"),
                {"source": "tokenizers %s encode(add_special_tokens=False)" % tokenizers.__version__,

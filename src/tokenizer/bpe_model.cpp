@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <utility>
+
+#include "tokenizer/utf8.h"
 
 namespace llmk {
 namespace {
@@ -41,6 +44,45 @@ BpeModel::BpeModel(const std::array<int32_t, 256>& byte_ids, std::span<const Mer
   }
 }
 
+BpeModel::BpeModel(std::unordered_map<uint32_t, int32_t> char_ids,
+                   const std::array<int32_t, 256>& byte_ids, std::span<const Merge> merges)
+    : BpeModel(byte_ids, merges) {
+  by_character_ = true;
+  char_ids_ = std::move(char_ids);
+}
+
+uint32_t BpeModel::char_key(std::string_view character) {
+  uint32_t key = 0;
+  for (size_t i = 0; i < character.size() && i < 4; ++i) {
+    key |= static_cast<uint32_t>(static_cast<unsigned char>(character[i])) << (8 * i);
+  }
+  return key;
+}
+
+void BpeModel::start_symbols(std::string_view piece, std::vector<Scratch::Symbol>& symbols) const {
+  const auto add = [&](int32_t id) {
+    if (id < 0) return;  // no token: dropped, its neighbours become adjacent
+    const auto n = static_cast<int32_t>(symbols.size());
+    symbols.push_back({id, n - 1, n + 1, true});
+  };
+  if (!by_character_) {
+    for (char c : piece) add(byte_ids_[static_cast<unsigned char>(c)]);
+    return;
+  }
+  for (size_t pos = 0; pos < piece.size();) {
+    const size_t len = utf8::sequence_length(piece, pos);  // 0: an invalid byte
+    const std::string_view character = piece.substr(pos, std::max<size_t>(1, len));
+    pos += character.size();
+    if (len > 0) {
+      if (const auto it = char_ids_.find(char_key(character)); it != char_ids_.end()) {
+        add(it->second);
+        continue;
+      }
+    }
+    for (char c : character) add(byte_ids_[static_cast<unsigned char>(c)]);
+  }
+}
+
 const BpeModel::Slot* BpeModel::find(int32_t a, int32_t b) const {
   const uint64_t key = pair_key(a, b);
   for (uint64_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
@@ -55,12 +97,7 @@ void BpeModel::encode(std::string_view piece, Scratch& scratch, std::vector<int3
   auto& heap = scratch.heap;
   symbols.clear();
   heap.clear();
-  for (char c : piece) {
-    const int32_t id = byte_ids_[static_cast<unsigned char>(c)];
-    if (id < 0) continue;  // no token for this byte: dropped, its neighbours become adjacent
-    const auto n = static_cast<int32_t>(symbols.size());
-    symbols.push_back({id, n - 1, n + 1, true});
-  }
+  start_symbols(piece, symbols);
   if (symbols.empty()) return;
   symbols.back().next = -1;
 

@@ -27,7 +27,8 @@ constexpr std::string_view kEndOfTurnTexts[] = {
 struct SpecialText {
   std::string_view text;
   int32_t id;
-  bool control;  // matched only when parse_special; user-defined tokens always are
+  bool control;     // matched only when parse_special; user-defined tokens always are
+  bool normalized;  // matched in the normalized text (TokenizerData::normalized_tokens)
 };
 
 }  // namespace
@@ -38,9 +39,11 @@ struct Tokenizer::Impl {
   std::vector<std::string> bytes;                         // per token
   std::unordered_map<std::string_view, int32_t> by_text;  // views into data.tokens
   std::vector<SpecialText> specials;
+  // How many specials each stage has: [normalized][control].
+  size_t special_count[2][2] = {{0, 0}, {0, 0}};
   PreTokenizer pre;
   BpeModel bpe;
-  std::optional<SpmModel> spm;  // set for "llama" (then pre and bpe are unused)
+  std::optional<SpmModel> spm;  // set for "llama" without use_merges (then pre and bpe are unused)
 
   int32_t size() const { return static_cast<int32_t>(data.tokens.size()); }
   void check_id(int32_t id) const {
@@ -51,6 +54,13 @@ struct Tokenizer::Impl {
   // Appends the ids of text that holds no special token.
   void encode_plain(std::string_view text, std::vector<std::string_view>& pieces,
                     BpeModel::Scratch& scratch, std::vector<int32_t>& out) const;
+
+  // Cuts the special tokens of one stage (those matched in the normalized text, or in the raw
+  // text) out of `text`, leftmost-longest as Hugging Face's added vocabulary does: appends their
+  // ids to `out` and hands each stretch between them (possibly empty) to `plain`.
+  template <class Plain>
+  void split_specials(std::string_view text, bool normalized, bool parse_special,
+                      std::vector<int32_t>& out, Plain&& plain) const;
 };
 
 namespace {
@@ -97,8 +107,15 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
   check_optional_id(data.unk_id, "unknown", n);
   check_optional_id(data.pad_id, "padding", n);
 
-  auto impl = std::make_shared<Impl>();
   const bool spm = data.model == kSpmModel;
+  LLMK_CHECK(!data.use_merges || spm, "use_merges is for the '{}' model only", kSpmModel);
+  LLMK_CHECK(data.use_merges || !(data.normalizer.prepend_space || data.normalizer.escape_spaces),
+             "a normalizer that writes '\u2581' for spaces needs a BPE with byte fallback");
+  for (const int32_t id : data.normalized_tokens) {
+    LLMK_CHECK(id >= 0 && static_cast<size_t>(id) < n, "normalized token id {} out of range", id);
+  }
+
+  auto impl = std::make_shared<Impl>();
   if (!spm) impl->pre = PreTokenizer::create(data.pre);
   impl->types = check_types(data);
   impl->data = std::move(data);
@@ -114,11 +131,14 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
     const TokenType t = impl->types[i];
     if ((t == TokenType::Control || t == TokenType::UserDefined) && !d.tokens[i].empty() &&
         !(spm && SpmModel::is_space_run(d.tokens[i], t))) {
-      impl->specials.push_back({d.tokens[i], id, t == TokenType::Control});
+      const bool normalized = std::find(d.normalized_tokens.begin(), d.normalized_tokens.end(),
+                                        id) != d.normalized_tokens.end();
+      impl->specials.push_back({d.tokens[i], id, t == TokenType::Control, normalized});
+      ++impl->special_count[normalized][t == TokenType::Control];
     }
   }
 
-  if (spm) {
+  if (spm && !d.use_merges) {
     impl->spm.emplace(d.tokens, d.scores, impl->types, d.unk_id);
     return Tokenizer(std::move(impl));
   }
@@ -131,7 +151,22 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
     return it->second;
   };
   std::array<int32_t, 256> byte_ids;
-  for (int b = 0; b < 256; ++b) byte_ids[b] = symbol(byte_level::spell(static_cast<uint8_t>(b)));
+  byte_ids.fill(-1);
+  std::unordered_map<uint32_t, int32_t> char_ids;  // use_merges: single-character tokens
+  if (d.use_merges) {
+    for (size_t i = n; i-- > 0;) {  // the first of duplicate texts wins
+      const std::string& text = d.tokens[i];
+      if (impl->types[i] == TokenType::Byte) {
+        const std::string& b = impl->bytes[i];
+        if (b.size() == 1) byte_ids[static_cast<uint8_t>(b[0])] = static_cast<int32_t>(i);
+      } else if (impl->types[i] == TokenType::Normal && !text.empty() &&
+                 utf8::sequence_length(text, 0) == text.size()) {
+        char_ids[BpeModel::char_key(text)] = static_cast<int32_t>(i);
+      }
+    }
+  } else {
+    for (int b = 0; b < 256; ++b) byte_ids[b] = symbol(byte_level::spell(static_cast<uint8_t>(b)));
+  }
 
   std::vector<BpeModel::Merge> merges;
   merges.reserve(d.merges.size());
@@ -154,12 +189,56 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
     if (l < 0 || r < 0 || result < 0) continue;  // involves a control token
     merges.push_back({l, r, result});
   }
-  impl->bpe = BpeModel(byte_ids, merges);
+  impl->bpe =
+      d.use_merges ? BpeModel(std::move(char_ids), byte_ids, merges) : BpeModel(byte_ids, merges);
   return Tokenizer(std::move(impl));
+}
+
+template <class Plain>
+void Tokenizer::Impl::split_specials(std::string_view text, bool normalized, bool parse_special,
+                                     std::vector<int32_t>& out, Plain&& plain) const {
+  // next[k] caches where token k occurs next, recomputed once the scan passes it.
+  constexpr size_t kUnknown = std::string_view::npos - 1;
+  constexpr size_t kSkip = std::string_view::npos - 2;
+  if (special_count[normalized][0] + (parse_special ? special_count[normalized][1] : 0) == 0) {
+    plain(text);
+    return;
+  }
+  std::vector<size_t> next(specials.size(), kUnknown);
+  for (size_t k = 0; k < specials.size(); ++k) {
+    const SpecialText& s = specials[k];
+    if (s.normalized != normalized || (s.control && !parse_special)) next[k] = kSkip;
+  }
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t best_at = std::string_view::npos;
+    const SpecialText* best = nullptr;
+    for (size_t k = 0; k < specials.size(); ++k) {
+      if (next[k] == kSkip) continue;
+      const SpecialText& s = specials[k];
+      if (next[k] == kUnknown || (next[k] != std::string_view::npos && next[k] < pos)) {
+        next[k] = text.find(s.text, pos);
+      }
+      if (next[k] == std::string_view::npos) continue;
+      if (next[k] < best_at || (next[k] == best_at && s.text.size() > best->text.size())) {
+        best_at = next[k];
+        best = &s;
+      }
+    }
+    if (best == nullptr) break;
+    plain(text.substr(pos, best_at - pos));
+    out.push_back(best->id);
+    pos = best_at + best->text.size();
+  }
+  if (pos < text.size()) plain(text.substr(pos));
 }
 
 void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<std::string_view>& pieces,
                                    BpeModel::Scratch& scratch, std::vector<int32_t>& out) const {
+  if (data.use_merges) {  // no pre-tokenizer: the whole stretch is one piece
+    bpe.encode(text, scratch, out);
+    return;
+  }
   // The regexes need valid UTF-8: split off invalid bytes, each of which is its own piece.
   while (!text.empty()) {
     const size_t valid = utf8::valid_prefix(text);
@@ -200,34 +279,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
     }
   };
 
-  // Leftmost-longest matching of special tokens (as Hugging Face's added vocabulary does);
-  // next[k] caches where token k occurs next, recomputed once the scan passes it.
-  constexpr size_t kUnknown = std::string_view::npos - 1;
-  std::vector<size_t> next(m.specials.size(), kUnknown);
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t best_at = std::string_view::npos;
-    const SpecialText* best = nullptr;
-    for (size_t k = 0; k < m.specials.size(); ++k) {
-      const SpecialText& s = m.specials[k];
-      if (s.control && !parse_special) continue;
-      if (next[k] == kUnknown || (next[k] != std::string_view::npos && next[k] < pos)) {
-        next[k] = text.find(s.text, pos);
-      }
-      if (next[k] == std::string_view::npos) continue;
-      if (next[k] < best_at || (next[k] == best_at && s.text.size() > best->text.size())) {
-        best_at = next[k];
-        best = &s;
-      }
+  // Added tokens matched in the raw text first; each stretch between them is normalized, and
+  // the added tokens matched in the normalized text are cut out of it.
+  const auto encode_stretch = [&](std::string_view stretch) {
+    if (m.data.normalizer.empty()) {
+      m.split_specials(stretch, true, parse_special, out, encode_plain);
+    } else {
+      m.split_specials(m.data.normalizer.apply(stretch), true, parse_special, out, encode_plain);
     }
-    if (best == nullptr) {
-      encode_plain(text.substr(pos));
-      break;
-    }
-    encode_plain(text.substr(pos, best_at - pos));
-    out.push_back(best->id);
-    pos = best_at + best->text.size();
-  }
+  };
+  m.split_specials(text, false, parse_special, out, encode_stretch);
   // A text that starts with the bos token (a chat template writing "<bos>") keeps only that one.
   if (add_bos && out.size() > 1 && out[1] == m.data.bos_id) out.erase(out.begin());
   return out;
@@ -240,6 +301,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
     if (skip_special && is_special(id)) continue;
     out += impl_->bytes[id];
   }
+  if (impl_->data.strip_space && !out.empty() && out[0] == ' ') out.erase(0, 1);
   return out;
 }
 

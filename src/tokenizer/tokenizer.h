@@ -2,13 +2,15 @@
 // and SentencePiece-style BPE with byte fallback ("llama", as Gemma ships it; see spm_model.h).
 //
 // encode: special tokens are cut out of the text first (control tokens only when asked,
-// user-defined tokens always), then each stretch between them is split by the pre-tokenizer
-// named by tokenizer.ggml.pre, and each piece is merged by BPE on its bytes. decode
-// concatenates the bytes of each token, so it reproduces the input exactly (bytes for which the
+// user-defined tokens always), then each stretch between them is normalized (tokenizer.json's
+// normalizer: NFC, SentencePiece's "▁" for spaces), split by the pre-tokenizer named by
+// tokenizer.ggml.pre, and each piece is merged by BPE. decode concatenates the bytes of each
+// token, so it reproduces the input exactly where no normalizer changed it (bytes for which the
 // vocabulary has no token are dropped by encode, as Hugging Face tokenizers and llama.cpp do).
 //
-// The core is built from a plain TokenizerData; from_gguf only fills one in. A Tokenizer is
-// immutable and cheap to copy (shared state); it may be used from several threads at once.
+// The core is built from a plain TokenizerData; from_gguf and from_hf_json only fill one in. A
+// Tokenizer is immutable and cheap to copy (shared state); it may be used from several threads at
+// once.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "tokenizer/normalizer.h"
 
 namespace llmk {
 
@@ -50,6 +54,18 @@ struct TokenizerData {
   int32_t pad_id = -1;
   bool add_bos = false;       // tokenizer.ggml.add_bos_token
   std::string chat_template;  // tokenizer.chat_template (Jinja source), may be empty
+
+  // Hugging Face tokenizer.json only (GGUF files leave these as they are):
+  // applied to each stretch between the added tokens matched in the raw text, before splitting.
+  Normalizer normalizer;
+  // Added (control or user-defined) tokens matched in the normalized text ("normalized": true),
+  // after those matched in the raw text. The others are matched in the raw text.
+  std::vector<int32_t> normalized_tokens;
+  bool strip_space = false;  // decode drops one leading space (decoder Strip(" ", 1, 0))
+  // "llama": BPE by the ranks of `merges`, starting from characters with byte fallback
+  // (tokenizer.json's BPE with byte_fallback), instead of SentencePiece merging by scores. The
+  // text arrives with spaces already escaped by the normalizer.
+  bool use_merges = false;
 };
 
 class Tokenizer {
@@ -60,7 +76,8 @@ class Tokenizer {
   // Reads the tokenizer.* keys of a GGUF file; errors name the file.
   static Tokenizer from_gguf(const gguf::File& file);
   // Reads a Hugging Face tokenizer.json (`path` is the file or a folder holding it) and the
-  // tokenizer_config.json beside it; byte-level BPE only. Errors name the file and the key.
+  // tokenizer_config.json beside it: byte-level BPE (Llama 3, Qwen2, SmolLM2) or BPE with byte
+  // fallback (SentencePiece-style: Llama 2, Phi-3, Gemma). Errors name the file and the key.
   static Tokenizer from_hf_json(const std::string& path);
 
   // Token ids of `text` (any bytes; invalid UTF-8 sequences are encoded byte by byte).
@@ -69,7 +86,8 @@ class Tokenizer {
   // written in the text (e.g. "<|im_start|>") become their ids; otherwise they are plain text.
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
 
-  // The bytes of the tokens, concatenated. skip_special leaves out special tokens.
+  // The bytes of the tokens, concatenated (less one leading space where the tokenizer.json
+  // decoder strips it). skip_special leaves out special tokens.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
   // The bytes one token stands for (its text for control and user-defined tokens). May be an
   // incomplete UTF-8 character: streaming output must buffer until utf8::complete_prefix.

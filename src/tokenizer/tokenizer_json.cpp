@@ -1,9 +1,16 @@
 // Tokenizer::from_hf_json: fills a TokenizerData from a Hugging Face tokenizer.json (and the
-// tokenizer_config.json beside it) for byte-level BPE tokenizers as Llama 3, Qwen2 and SmolLM2
-// ship them. The pre-tokenizer is not interpreted: its JSON is reduced to a signature and looked
-// up in a table of the shapes that match an entry of PreTokenizer's table.
+// tokenizer_config.json beside it) for the two kinds of BPE the supported families ship:
+//  - byte-level BPE (Llama 3, Qwen2, SmolLM2): the pre-tokenizer is not interpreted; its JSON is
+//    reduced to a signature and looked up in a table of the shapes that match an entry of
+//    PreTokenizer's table. Normalizer: none or NFC (Qwen2).
+//  - BPE with byte_fallback, as transformers' LlamaConverter and GemmaConverter write
+//    SentencePiece models (Llama 2, Phi-3, Gemma): normalizer Replace(" ", "▁"), with
+//    Prepend("▁") before it for Llama 2 / Phi-3; no pre-tokenizer (Gemma's Split on " " finds no
+//    space left after the normalizer); decoder Replace("▁", " "), ByteFallback, Fuse, and
+//    Strip(" ", 1, 0) where Prepend added a space.
 #include <fmt/format.h>
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -15,6 +22,7 @@
 
 #include "core/error.h"
 #include "formats/hf_config.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,6 +30,8 @@ namespace llmk {
 namespace {
 
 using json_io::Json;
+
+constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 
 // The Split regexes of the table's entries, as tokenizer.json spells them (PreTokenizer keeps
 // its own copies; tokenizer_json_test checks that both give the same ids).
@@ -166,19 +176,107 @@ std::string_view pre_tokenizer_name(const Reader& r, const Json& root) {
                                       json_io::escape(signature), supported));
 }
 
-void check_normalizer(const Reader& r, const Json& root) {
-  const Json* n = r.find(root, "", "normalizer");
-  if (n == nullptr) return;
-  const std::string type = r.get_string(*n, "normalizer", "type");
-  if (type == "NFC") {
-    r.fail("normalizer",
-           "NFC is not supported (llmk has no Unicode normalization tables; text "
-           "that is not already NFC would be tokenized differently)");
+// One normalizer (a Sequence is flattened) into `n`.
+void read_normalizer(const Reader& r, const Json& v, const std::string& key, Normalizer& n) {
+  const std::string type = r.get_string(v, key, "type");
+  const auto set_once = [&](bool& flag) {
+    if (flag) r.fail(key, fmt::format("{} appears twice", type));
+    flag = true;
+  };
+  if (type == "Sequence") {
+    const Json& list = r.get(v, key, "normalizers");
+    if (!list.is_array()) r.expected(list, key + ".normalizers", "an array");
+    for (size_t i = 0; i < list.size(); ++i) {
+      read_normalizer(r, list[i], Reader::index(key + ".normalizers", i), n);
+    }
+  } else if (type == "NFC") {
+    set_once(n.nfc);
+  } else if (type == "Prepend") {
+    const std::string prepend = r.get_string(v, key, "prepend");
+    if (prepend != kSpace) {
+      r.fail(key + ".prepend",
+             fmt::format("'{}' is not supported (only \"\u2581\")", json_io::escape(prepend)));
+    }
+    set_once(n.prepend_space);
+  } else if (type == "Replace") {
+    const std::optional<std::string> pattern =
+        r.find_string(r.get(v, key, "pattern"), key + ".pattern", "String");
+    const std::string content = r.get_string(v, key, "content");
+    if (pattern != " " || content != kSpace) {
+      r.fail(key, "only Replace(\" \", \"\u2581\") is supported (a String pattern)");
+    }
+    set_once(n.escape_spaces);
+  } else {
+    r.fail(key + ".type", fmt::format("unsupported normalizer '{}' (supported: NFC, Prepend, "
+                                      "Replace, Sequence of them)",
+                                      json_io::escape(type)));
   }
-  r.fail("normalizer", fmt::format("unsupported normalizer '{}'", json_io::escape(type)));
 }
 
-void check_decoder(const Reader& r, const Json& root) {
+Normalizer normalizer_of(const Reader& r, const Json& root) {
+  Normalizer n;
+  if (const Json* v = r.find(root, "", "normalizer")) read_normalizer(r, *v, "normalizer", n);
+  return n;
+}
+
+// The decoder of a BPE with byte fallback; returns whether it strips the leading space.
+bool check_fallback_decoder(const Reader& r, const Json& root) {
+  const Json& decoder = r.get(root, "", "decoder");
+  const std::string type = r.get_string(decoder, "decoder", "type");
+  if (type != "Sequence") {
+    r.fail("decoder.type", fmt::format("unsupported decoder '{}' for byte_fallback (expected a "
+                                       "Sequence of Replace, ByteFallback, Fuse[, Strip])",
+                                       json_io::escape(type)));
+  }
+  const Json& list = r.get(decoder, "decoder", "decoders");
+  if (!list.is_array()) r.expected(list, "decoder.decoders", "an array");
+  const std::vector<std::string> expected = {"Replace", "ByteFallback", "Fuse", "Strip"};
+  if (list.size() < 3 || list.size() > 4) {
+    r.fail("decoder.decoders", "expected Replace, ByteFallback, Fuse and an optional Strip");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string key = Reader::index("decoder.decoders", i);
+    const std::string t = r.get_string(list[i], key, "type");
+    if (t != expected[i]) {
+      r.fail(key + ".type", fmt::format("'{}' is not supported here (expected {})",
+                                        json_io::escape(t), expected[i]));
+    }
+  }
+  const Json& replace = list[0];
+  const std::optional<std::string> pattern = r.find_string(
+      r.get(replace, "decoder.decoders[0]", "pattern"), "decoder.decoders[0].pattern", "String");
+  if (pattern != kSpace || r.get_string(replace, "decoder.decoders[0]", "content") != " ") {
+    r.fail("decoder.decoders[0]", "only Replace(\"\u2581\", \" \") is supported");
+  }
+  if (list.size() < 4) return false;
+  const Json& strip = list[3];
+  const Json* start = r.find(strip, "decoder.decoders[3]", "start");
+  const Json* stop = r.find(strip, "decoder.decoders[3]", "stop");
+  if (r.get_string(strip, "decoder.decoders[3]", "content") != " " || start == nullptr ||
+      *start != 1 || stop == nullptr || *stop != 0) {
+    r.fail("decoder.decoders[3]", "only Strip(\" \", 1, 0) is supported");
+  }
+  return true;
+}
+
+// The pre-tokenizer of a BPE with byte fallback: none, or a Split on " " (Gemma's), which finds
+// nothing once the normalizer has replaced every space.
+void check_fallback_pre_tokenizer(const Reader& r, const Json& root, const Normalizer& n) {
+  const Json* pre = r.find(root, "", "pre_tokenizer");
+  if (pre == nullptr) return;
+  const std::string type = r.get_string(*pre, "pre_tokenizer", "type");
+  if (type == "Split" && n.escape_spaces) {
+    const std::optional<std::string> pattern =
+        r.find_string(r.get(*pre, "pre_tokenizer", "pattern"), "pre_tokenizer.pattern", "String");
+    if (pattern == " " && !r.get_bool(*pre, "pre_tokenizer", "invert", false)) return;
+  }
+  r.fail("pre_tokenizer", fmt::format("unsupported pre-tokenizer '{}' with byte_fallback (llmk "
+                                      "supports none, or a Split on \" \" after the normalizer "
+                                      "replaced spaces)",
+                                      json_io::escape(type)));
+}
+
+void check_byte_level_decoder(const Reader& r, const Json& root) {
   const std::string type = r.get_string(r.get(root, "", "decoder"), "decoder", "type");
   if (type != "ByteLevel") {
     r.fail("decoder.type",
@@ -186,8 +284,13 @@ void check_decoder(const Reader& r, const Json& root) {
   }
 }
 
-// model: checks that it is a plain byte-level BPE; returns its `ignore_merges`.
-bool check_bpe_options(const Reader& r, const Json& model) {
+struct BpeOptions {
+  bool ignore_merges = false;
+  bool byte_fallback = false;
+};
+
+// model: checks that it is a plain BPE; returns its options.
+BpeOptions check_bpe_options(const Reader& r, const Json& model) {
   // Old files leave the type out; tokenizers then takes a model with merges for BPE.
   const std::optional<std::string> type = r.find_string(model, "model", "type");
   if (type ? *type != "BPE" : r.find(model, "model", "merges") == nullptr) {
@@ -199,14 +302,26 @@ bool check_bpe_options(const Reader& r, const Json& model) {
     const std::optional<std::string> s = r.find_string(model, "model", affix);
     if (s && !s->empty()) r.fail(Reader::join("model", affix), "must be empty");
   }
-  if (r.get_bool(model, "model", "byte_fallback", false)) {
-    r.fail("model.byte_fallback", "true is not supported");
+  r.get_bool(model, "model", "fuse_unk", false);  // type check only: every byte has a token
+  return {r.get_bool(model, "model", "ignore_merges", false),
+          r.get_bool(model, "model", "byte_fallback", false)};
+}
+
+// The byte a token spelled "<0xXX>" (as tokenizers' byte fallback writes it) stands for, or -1.
+int fallback_byte(std::string_view text) {
+  if (text.size() != 6 || !text.starts_with("<0x") || text[5] != '>') return -1;
+  int value = 0;
+  for (char c : text.substr(3, 2)) {
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (d < 0) return -1;
+    value = value * 16 + d;
   }
-  return r.get_bool(model, "model", "ignore_merges", false);
+  return value;
 }
 
 // Fills d.tokens and d.token_types from model.vocab and added_tokens.
-void read_vocabulary(const Reader& r, const Json& root, const Json& model, TokenizerData& d) {
+void read_vocabulary(const Reader& r, const Json& root, const Json& model, bool byte_fallback,
+                     TokenizerData& d) {
   const Json& vocab = r.get(model, "model", "vocab");
   if (!vocab.is_object()) r.expected(vocab, "model.vocab", "an object (token -> id)");
   std::vector<std::optional<std::string>> tokens;
@@ -223,9 +338,19 @@ void read_vocabulary(const Reader& r, const Json& root, const Json& model, Token
     tokens[id] = text;
     types[id] = static_cast<int32_t>(type);
   };
+  std::array<bool, 256> have_byte{};
   for (const auto& [text, id] : vocab.items()) {
     const std::string key = fmt::format("model.vocab['{}']", json_io::escape(text));
-    place(r.as_id(id, key), text, TokenType::Normal, key);
+    const int byte = byte_fallback ? fallback_byte(text) : -1;
+    place(r.as_id(id, key), text, byte >= 0 ? TokenType::Byte : TokenType::Normal, key);
+    if (byte >= 0) have_byte[byte] = true;
+  }
+  for (int b = 0; b < 256 && byte_fallback; ++b) {
+    if (!have_byte[b]) {
+      r.fail("model.vocab", fmt::format("model.byte_fallback is true but there is no byte token "
+                                        "'<0x{:02X}>' (all 256 are needed)",
+                                        b));
+    }
   }
   if (const Json* added = r.find(root, "", "added_tokens")) {
     if (!added->is_array()) r.expected(*added, "added_tokens", "an array");
@@ -237,8 +362,11 @@ void read_vocabulary(const Reader& r, const Json& root, const Json& model, Token
           r.fail(Reader::join(key, flag), "true is not supported");
       }
       const bool special = r.get_bool(t, key, "special", false);
-      place(r.as_id(r.get(t, key, "id"), Reader::join(key, "id")), r.get_string(t, key, "content"),
+      const int32_t id = r.as_id(r.get(t, key, "id"), Reader::join(key, "id"));
+      place(id, r.get_string(t, key, "content"),
             special ? TokenType::Control : TokenType::UserDefined, key);
+      // tokenizers' default for an AddedToken: normalized unless special.
+      if (r.get_bool(t, key, "normalized", !special)) d.normalized_tokens.push_back(id);
     }
   }
   for (size_t id = 0; id < tokens.size(); ++id) {
@@ -372,17 +500,36 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
   if (!root.is_object()) r.expected(root, "(top level)", "an object");
 
   const Json& model = r.get(root, "", "model");
-  const bool ignore_merges = check_bpe_options(r, model);
-  check_normalizer(r, root);
-  check_decoder(r, root);
+  const BpeOptions options = check_bpe_options(r, model);
   TokenizerData d;
-  d.model = "gpt2";
-  d.pre = std::string(pre_tokenizer_name(r, root));
-  if (PreTokenizer::create(d.pre).ignore_merges() != ignore_merges) {
-    r.fail("model.ignore_merges",
-           fmt::format("{} is not supported with the '{}' pre-tokenizer", ignore_merges, d.pre));
+  d.normalizer = normalizer_of(r, root);
+  if (options.byte_fallback) {
+    // SentencePiece-style: merges over characters, spaces written "▁" by the normalizer.
+    d.model = "llama";
+    d.use_merges = true;
+    if (!d.normalizer.escape_spaces) {
+      r.fail("normalizer",
+             "model.byte_fallback needs a Replace(\" \", \"\u2581\") normalizer "
+             "(llmk has no Metaspace pre-tokenizer)");
+    }
+    if (options.ignore_merges) r.fail("model.ignore_merges", "true is not supported here");
+    check_fallback_pre_tokenizer(r, root, d.normalizer);
+    d.strip_space = check_fallback_decoder(r, root);
+  } else {
+    if (d.normalizer.prepend_space || d.normalizer.escape_spaces) {
+      r.fail("normalizer",
+             "Prepend/Replace of spaces needs model.byte_fallback (byte-level BPE "
+             "takes NFC only)");
+    }
+    check_byte_level_decoder(r, root);
+    d.model = "gpt2";
+    d.pre = std::string(pre_tokenizer_name(r, root));
+    if (PreTokenizer::create(d.pre).ignore_merges() != options.ignore_merges) {
+      r.fail("model.ignore_merges", fmt::format("{} is not supported with the '{}' pre-tokenizer",
+                                                options.ignore_merges, d.pre));
+    }
   }
-  read_vocabulary(r, root, model, d);
+  read_vocabulary(r, root, model, options.byte_fallback, d);
   read_merges(r, model, d);
   read_config(std::filesystem::path(file).parent_path().string(), root, model, d);
   try {

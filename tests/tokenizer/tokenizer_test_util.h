@@ -3,11 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "formats/gguf.h"
@@ -47,6 +50,33 @@ inline const Tokenizer* smollm2(std::string* why) {
   }();
   *why = error;
   return tok ? &*tok : nullptr;
+}
+
+// Checks every case of a cases file for one tokenizer: ids with and without special tokens
+// parsed, and decode against tokenizers' decode (`decoded`, `decoded_plain`: present where it
+// is not the text itself). `round_trip(text)` is what decode(encode(text)) must give without
+// special tokens parsed. Returns how many cases were checked.
+inline size_t check_hf_cases(const Tokenizer& tok, const nlohmann::json& cases,
+                             const std::string& name,
+                             const std::function<std::string(const std::string&)>& round_trip) {
+  size_t checked = 0;
+  const auto ids_of = [](const nlohmann::json& v) { return v.get<std::vector<int32_t>>(); };
+  for (const nlohmann::json& c : cases) {
+    const std::string text = c["text"].get<std::string>();
+    const std::vector<int32_t> ids = ids_of(c["ids"]);
+    const std::vector<int32_t> plain = c.contains("ids_plain") ? ids_of(c["ids_plain"]) : ids;
+    EXPECT_EQ(tok.encode(text, false, true), ids) << name << ": " << testing::PrintToString(text);
+    EXPECT_EQ(tok.encode(text, false, false), plain)
+        << name << " (special tokens not parsed): " << testing::PrintToString(text);
+    EXPECT_EQ(tok.decode(ids), c.value("decoded", text))
+        << name << ": " << testing::PrintToString(text);
+    EXPECT_EQ(tok.decode(plain), c.value("decoded_plain", text))
+        << name << " (special tokens not parsed): " << testing::PrintToString(text);
+    EXPECT_EQ(tok.decode(tok.encode(text, false, false)), round_trip(text))
+        << name << ": " << testing::PrintToString(text);
+    ++checked;
+  }
+  return checked;
 }
 
 #define LLMK_REQUIRE_SMOLLM2(tok)                                        \

@@ -61,17 +61,17 @@ TEST(BadModel, ShapeDisagreeingWithConfigNamesTensorFileAndConfig) {
   const std::string folder = dir.copy_family("llama3", "llama3");
   test::edit_config(folder, [](auto& j) { j["intermediate_size"] = 96; });
   expect_load_error(folder, {folder + "/model.safetensors: ",
-                             "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128, 64]",
-                             folder + "/config.json", "needs [96, 64]"});
+                             "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [192, 128]",
+                             folder + "/config.json", "needs [96, 128]"});
 }
 
 TEST(BadModel, FusedShapeDisagreeingWithConfigNamesTheFusedTensor) {
   ScratchDir dir;
   const std::string folder = dir.copy_family("phi3", "phi3");
-  test::edit_config(folder, [](auto& j) { j["num_key_value_heads"] = 4; });
+  test::edit_config(folder, [](auto& j) { j["num_key_value_heads"] = 2; });
   expect_load_error(folder, {"tensor 'model.layers.0.self_attn.qkv_proj.weight' has shape "
-                             "[128, 64]",
-                             "needs [192, 64]"});
+                             "[256, 128]",
+                             "needs [384, 128]"});
 }
 
 TEST(BadModel, UnknownRopeScalingTypeNamesConfigAndKey) {

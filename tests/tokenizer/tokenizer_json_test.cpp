@@ -5,6 +5,7 @@
 //
 // The round trip: decode(encode(s)) == s for tokenizers without a normalizer; with NFC it is
 // NFC(s) (checked against both tokenizers' decode and llmk's own unicode::nfc).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -204,6 +205,32 @@ class TokenizerJsonErrors : public testing::Test {
                 "byte_fallback": false, "ignore_merges": false,
                 "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}})");
   }
+  // A minimal SentencePiece-style file (Llama 2 / Phi-3 shape): <unk> <s> </s>, the 256 byte
+  // tokens, then "▁" "a" "b" "▁a" "ab" with merges (▁, a) and (a, b).
+  static json minimal_byte_fallback() {
+    json j = json::parse(R"({
+      "version": "1.0", "added_tokens": [
+        {"id": 1, "content": "<s>", "special": true, "lstrip": false, "rstrip": false,
+         "single_word": false, "normalized": false}],
+      "normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+      "pre_tokenizer": null, "post_processor": null,
+      "decoder": {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+      "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+                "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
+                "byte_fallback": true, "ignore_merges": false,
+                "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2}, "merges": [["\u2581", "a"], ["a", "b"]]}})");
+    json& vocab = j["model"]["vocab"];
+    for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
+    int id = 259;
+    for (const char* t : {"\u2581", "a", "b", "\u2581a", "ab"}) vocab[t] = id++;
+    return j;
+  }
+
   std::string write(const std::string& name, const std::string& text) const {
     const std::string path = (dir_ / name).string();
     std::ofstream(path, std::ios::binary) << text;
@@ -225,6 +252,7 @@ class TokenizerJsonErrors : public testing::Test {
                            const std::string& file = "") {
     const std::string message = error_of(path);
     ASSERT_FALSE(message.empty()) << "no error for " << path;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
     EXPECT_NE(message.find(file.empty() ? path : file), std::string::npos) << message;
     for (const std::string& part : parts)
       EXPECT_NE(message.find(part), std::string::npos) << message;
@@ -241,6 +269,62 @@ TEST_F(TokenizerJsonErrors, MinimalFileLoadsInBothMergeFormats) {
   const Tokenizer strings = Tokenizer::from_hf_json(write(j));
   EXPECT_EQ(strings.encode("abab", false, true), (std::vector<int32_t>{2, 2}));
   EXPECT_EQ(strings.token_type(3), TokenType::Control);
+}
+
+// Ids worked out by hand from minimal_byte_fallback() (▁ 259, a 260, b 261, ▁a 262, ab 263):
+// "ab a" is normalized to "▁ab▁a"; merge (▁, a) ranks before (a, b), so both ▁a form first and
+// "b" stays alone. "c" has no token and becomes its byte token <0x63>.
+TEST_F(TokenizerJsonErrors, MinimalByteFallbackFileLoads) {
+  const Tokenizer tok = Tokenizer::from_hf_json(write(minimal_byte_fallback()));
+  const int32_t space_a = 262, b = 261, ab = 263, byte_c = 3 + 0x63, bos = 1;
+  EXPECT_EQ(tok.encode("ab a", false, true), (std::vector<int32_t>{space_a, b, space_a}));
+  EXPECT_EQ(tok.encode("<s>ab", false, true), (std::vector<int32_t>{bos, space_a, b}));
+  EXPECT_EQ(tok.encode("c", false, true), (std::vector<int32_t>{259, byte_c}));  // "▁" "c"
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{space_a, b, space_a}), "ab a");      // Strip
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{ab}), "ab");
+  EXPECT_EQ(tok.token_type(byte_c), TokenType::Byte);
+  EXPECT_EQ(tok.token_bytes(byte_c), "c");
+  EXPECT_EQ(tok.unk_id(), 0);
+}
+
+TEST_F(TokenizerJsonErrors, ByteFallbackErrors) {
+  json j = minimal_byte_fallback();
+  j["model"]["vocab"].erase("<0x80>");
+  expect_error(write(j), {"model.vocab", "<0x80>"});
+  j = minimal_byte_fallback();
+  j["model"]["byte_fallback"] = "yes";
+  expect_error(write(j), {"model.byte_fallback", "expected a boolean"});
+  j = minimal_byte_fallback();
+  j["normalizer"] = nullptr;
+  expect_error(write(j), {"normalizer", "Replace"});
+  j = minimal_byte_fallback();
+  j["normalizer"]["normalizers"][0]["prepend"] = "x";
+  expect_error(write(j), {"normalizer.normalizers[0].prepend", "'x'"});
+  j = minimal_byte_fallback();
+  j["normalizer"]["normalizers"][1]["pattern"] = json::parse(R"({"Regex": " +"})");
+  expect_error(write(j), {"normalizer.normalizers[1]", "Replace"});
+  j = minimal_byte_fallback();
+  j["pre_tokenizer"] = json::parse(R"({"type": "Metaspace", "replacement": "\u2581",
+                                        "prepend_scheme": "first", "split": false})");
+  expect_error(write(j), {"pre_tokenizer", "Metaspace"});
+  j = minimal_byte_fallback();
+  j["decoder"]["decoders"].erase(1);  // no ByteFallback
+  expect_error(write(j), {"decoder.decoders[1].type", "Fuse"});
+  j = minimal_byte_fallback();
+  j["decoder"]["decoders"][3]["start"] = 2;
+  expect_error(write(j), {"decoder.decoders[3]", "Strip"});
+  j = minimal_byte_fallback();
+  j["decoder"] = json::parse(R"({"type": "ByteLevel"})");
+  expect_error(write(j), {"decoder.type", "ByteLevel"});
+  j = minimal_byte_fallback();
+  j["model"]["ignore_merges"] = true;
+  expect_error(write(j), {"model.ignore_merges"});
+  j = minimal_byte_fallback();
+  j["added_tokens"][0]["normalized"] = 1;
+  expect_error(write(j), {"added_tokens[0].normalized", "expected a boolean"});
+  j = minimal_byte_fallback();
+  j["model"]["merges"] = json::array({json::array({"\u2581", "z"})});
+  expect_error(write(j), {"merge 0", "'z'"});
 }
 
 TEST_F(TokenizerJsonErrors, MissingModel) {
@@ -311,8 +395,8 @@ TEST_F(TokenizerJsonErrors, UnsupportedOptions) {
   j["decoder"] = json::parse(R"({"type": "WordPiece"})");
   expect_error(write(j), {"decoder.type", "WordPiece"});
   j = minimal();
-  j["model"]["byte_fallback"] = true;
-  expect_error(write(j), {"model.byte_fallback"});
+  j["model"]["byte_fallback"] = true;  // a byte-level file: no Replace normalizer
+  expect_error(write(j), {"normalizer", "model.byte_fallback", "Replace"});
   j = minimal();
   j["model"]["ignore_merges"] = true;  // only the llama3 pre-tokenizer ignores merges
   expect_error(write(j), {"model.ignore_merges", "gpt2"});

@@ -68,6 +68,23 @@ struct AttentionParams {
 void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                const Tensor& positions, const AttentionParams& p);
 
+// Attention over a variable-length batch of B packed sequences (prefill). Sequence b owns q rows
+// [cu_q[b], cu_q[b+1]) and k/v rows [cu_k[b], cu_k[b+1]); q: [Tq, Hq, D] with Tq = cu_q[B];
+// k, v: [Tk, Hkv, D] with Tk >= cu_k[B]; cu_q, cu_k: [B + 1] i32, non-decreasing from 0; out:
+// [Tq, Hq, D]. causal: masks bottom-right aligned, so query i of a sequence with nq queries and
+// nk keys sits at position i + nk - nq and sees keys j <= that position (within the window;
+// none when it is negative: that out row is 0). Not causal: every key of its sequence (window
+// must be 0). lse (optional): [Hq, Tq] f32, the natural log-sum-exp of each row's scaled (and
+// capped) logits, -inf for a row that sees no key.
+// CPU: f32, the offsets are checked. CUDA: q, k, v, out all bf16 or all f16; cu_q, cu_k and lse
+// in device memory (the offsets are not checked: wrong ones are the caller's error).
+struct AttentionVarlenParams : AttentionParams {
+  bool causal = true;
+};
+void attention_varlen(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& cu_q, const Tensor& cu_k, const AttentionVarlenParams& p,
+                      Tensor* lse = nullptr);
+
 // Writes k, v: [T, Hkv, D] into rows positions[t] of the caches k_cache, v_cache: [L, Hkv, D].
 // CPU: f32. CUDA: bf16 (k, v may be f32 and are rounded).
 void kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,

@@ -35,6 +35,14 @@ bool attention_head_dim_supported(int D) { return D == 64 || D == 128 || D == 25
 
 void attention_prefill(const AttentionArgs& a) {
   if (a.T <= 0 || a.Hq <= 0) return;
+  LLMK_CHECK(a.page_table == nullptr,
+             "attention prefill: a paged KV cache (page_table) is read by the decode kernel only");
+  LLMK_CHECK((a.cu_q == nullptr) == (a.cu_k == nullptr),
+             "attention prefill: varlen batches need both cu_q and cu_k");
+  LLMK_CHECK(a.causal || a.window == 0,
+             "attention prefill: a sliding window (window = {}) needs the causal mask", a.window);
+  LLMK_CHECK(a.Hkv > 0 && a.Hq % a.Hkv == 0,
+             "attention prefill: {} query heads are not a multiple of {} KV heads", a.Hq, a.Hkv);
   dispatch_head_dim(a.D, "attention prefill",
                     [&](auto d) { attn::launch_prefill<decltype(d)::value>(a); });
 }

@@ -1,4 +1,4 @@
-// The per-head-dim launchers behind attention.h, instantiated in prefill.cu and decode.cu for
+// The per-head-dim launchers behind attention.h, instantiated in prefill_d*.cu and decode.cu for
 // kD in {64, 128, 256}; attention.cpp checks the arguments and picks the instantiation. Internal
 // to this folder.
 #pragma once
@@ -9,8 +9,16 @@
 
 namespace llmk::cuda::attn {
 
+// Prefill: specialised (one tiling per head dim) in prefill_d64.cu, prefill_d128.cu and
+// prefill_d256.cu.
 template <int kD>
 void launch_prefill(const AttentionArgs& a);
+template <>
+void launch_prefill<64>(const AttentionArgs& a);
+template <>
+void launch_prefill<128>(const AttentionArgs& a);
+template <>
+void launch_prefill<256>(const AttentionArgs& a);
 
 // Dynamic shared memory of one decode block serving `group` query heads.
 template <int kD>

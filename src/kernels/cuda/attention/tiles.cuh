@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -72,11 +73,48 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same for fp16 operands.
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Two floats as a bf16 pair (x in the low half), the register layout mma fragments use.
 __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
+
+// Two floats as an fp16 pair (x in the low half).
+__device__ __forceinline__ uint32_t pack_f16x2(float x, float y) {
+  const __half2 v = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The 16-bit element types the tensor-core kernels take (bf16, fp16): the matching mma and the
+// packing of two fp32 values into one operand register.
+template <class T>
+struct MmaElem;
+template <>
+struct MmaElem<__nv_bfloat16> {
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    mma_bf16_16816(c, a, b0, b1);
+  }
+  static __device__ __forceinline__ uint32_t pack(float x, float y) { return pack_bf16x2(x, y); }
+};
+template <>
+struct MmaElem<__half> {
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    mma_f16_16816(c, a, b0, b1);
+  }
+  static __device__ __forceinline__ uint32_t pack(float x, float y) { return pack_f16x2(x, y); }
+};
 
 // The logit of a raw dot product q.k in the log2 domain (so softmax can use exp2).
 __device__ __forceinline__ float logit_log2(float dot, float scale, float softcap) {

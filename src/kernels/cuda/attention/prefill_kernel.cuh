@@ -1,0 +1,448 @@
+// The prefill (flash-attention 2) kernel template behind launch_prefill<kD>: tensor-core
+// mma.sync m16n8k16 with bf16 or fp16 operands and fp32 accumulators, an online softmax in the
+// log2 domain, O(T) memory. Instantiated per head dim in prefill_d{64,128,256}.cu (one file
+// each, so they compile in parallel). Internal to this folder.
+//
+// One block serves kBM = kWarps * kMT * 16 query rows of one (sequence, query head); warp w owns
+// rows [w * kMT * 16, (w + 1) * kMT * 16), in kMT m-tiles of 16. The block walks the key tiles
+// (kBN keys each) its rows can see from the last to the first, so the tiles that need a mask
+// (causal diagonal, end of the keys, window edge) are few and decided per tile: the others run
+// the unmasked body. K and V tiles are copied with cp.async, kStages buffers each:
+//   1 stage (FA2):  V(i) lands while S(i) is computed, K(i+1) while P(i) V(i) is;
+//   2 stages:       K(i+1) is issued at the start of tile i, V(i+1) after S(i), each landing a
+//                   whole tile of work later.
+// Q fragments are loaded once into registers (kQRegs) or re-read from shared memory (saves
+// registers at large head dims). P stays in registers as the A operand of P V. Shared memory
+// rows are padded by 16 bytes, which makes every ldmatrix and cp.async conflict-free.
+//
+// Work items: the grid is 1-D, query head fastest (the heads of one KV group run together and
+// share K/V in L2), then query tiles in the order that puts each sequence's longest (last,
+// causal) tiles first. Varlen batches (cu_q) map a tile index to its sequence with a warp-wide
+// prefix sum over cu_q; the grid is sized for the worst case (ceil(T / kBM) + B - 1 tiles) and
+// surplus blocks exit at once.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "core/cuda/check.h"
+#include "core/cuda/stream.h"
+#include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/attention/tiles.cuh"
+
+namespace llmk::cuda::attn {
+
+template <int kD_, int kWarps_, int kMT_, int kBN_, bool kQRegs_, int kStages_, int kMinBlocks_>
+struct PrefillCfg {
+  static constexpr int kD = kD_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kMT = kMT_;  // m-tiles (16 rows) per warp
+  static constexpr int kBM = kWarps * kMT * 16;
+  static constexpr int kBN = kBN_;
+  static constexpr bool kQRegs = kQRegs_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kThreads = kWarps * kWarp;
+  static constexpr int kPitch = kD + 8;  // elements; 16 bytes of padding per row
+  static constexpr size_t kSmemBytes =
+      static_cast<size_t>(kBM + 2 * kStages * kBN) * kPitch * sizeof(uint16_t);
+  static_assert(kStages == 1 || kStages == 2, "1 or 2 K/V stages");
+  static_assert(kBN % 16 == 0 && kD % 16 == 0, "tiles are multiples of 16");
+};
+
+namespace prefill_detail {
+
+// 16-byte chunks of a [kRows, kD] tile of 16-bit elements, global -> shared (row pitch kP);
+// rows >= valid are zero-filled and not read.
+template <int kRows, int kD, int kP, int kThreads>
+__device__ __forceinline__ void load_rows(uint16_t* dst, const uint16_t* src, int64_t stride,
+                                          int valid) {
+  constexpr int kChunks = kD / 8;
+#pragma unroll
+  for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool ok = r < valid;
+    cp_async_16(dst + r * kP + col, ok ? src + r * stride + col : src, ok);
+  }
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// 2^x on the special-function unit (relative error ~2^-22; -inf gives +0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// What one block works on, decoded from blockIdx.
+struct Work {
+  int h;       // query head
+  int q0;      // first q row of the sequence (global row index)
+  int tq, tk;  // query rows and keys of the sequence
+  int k0;      // first k/v row of the sequence
+  int offset;  // query i sits at key position i + offset (bottom-right: tk - tq)
+  int m0;      // first query row of this block, within the sequence
+  bool valid;
+};
+
+template <int kBM>
+__device__ __forceinline__ Work find_work(const AttentionArgs& a) {
+  Work w{};
+  w.h = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.Hq));
+  const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(a.Hq));
+  if (a.cu_q == nullptr) {
+    const int n_tiles = (a.T + kBM - 1) / kBM;
+    const int pos0 = a.positions[0];
+    w.q0 = 0;
+    w.k0 = 0;
+    w.tq = a.T;
+    w.offset = pos0;
+    w.tk = static_cast<int>(min(static_cast<int64_t>(pos0) + a.T, a.L));
+    w.m0 = (n_tiles - 1 - tile) * kBM;
+    w.valid = tile < n_tiles;
+    return w;
+  }
+  // Warp-wide inclusive prefix sum of the tile counts of 32 sequences at a time.
+  const int lane = threadIdx.x % kWarp;
+  int acc = 0;
+  w.valid = false;
+  for (int b0 = 0; b0 < a.B; b0 += kWarp) {
+    const int b = b0 + lane;
+    int nt = 0, q_lo = 0, q_hi = 0;
+    if (b < a.B) {
+      q_lo = a.cu_q[b];
+      q_hi = a.cu_q[b + 1];
+      nt = (q_hi - q_lo + kBM - 1) / kBM;
+    }
+    int incl = nt;
+#pragma unroll
+    for (int o = 1; o < kWarp; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, b < a.B && tile < acc + incl);
+    if (hit != 0) {
+      const int src = __ffs(hit) - 1;
+      const int excl = __shfl_sync(0xffffffffu, acc + incl - nt, src);
+      const int ntb = __shfl_sync(0xffffffffu, nt, src);
+      w.q0 = __shfl_sync(0xffffffffu, q_lo, src);
+      w.tq = __shfl_sync(0xffffffffu, q_hi - q_lo, src);
+      const int bs = b0 + src;
+      w.k0 = a.cu_k[bs];
+      w.tk = a.cu_k[bs + 1] - w.k0;
+      w.offset = w.tk - w.tq;
+      w.m0 = (ntb - 1 - (tile - excl)) * kBM;
+      w.valid = true;
+      return w;
+    }
+    acc += __shfl_sync(0xffffffffu, incl, kWarp - 1);
+  }
+  return w;
+}
+
+}  // namespace prefill_detail
+
+template <class C, class T>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
+    prefill_kernel(const AttentionArgs a) {
+  using namespace prefill_detail;
+  using E = MmaElem<T>;
+  constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN, kP = C::kPitch, kMT = C::kMT;
+  constexpr int kNT = kBN / 8;  // n-tiles of S per m-tile
+  constexpr int kDT = kD / 8;   // n-tiles of O per m-tile
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);  // [kBM][kP]
+  uint16_t* sK = sQ + kBM * kP;                          // [kStages][kBN][kP]
+  uint16_t* sV = sK + C::kStages * kBN * kP;             // [kStages][kBN][kP]
+
+  const Work w = find_work<kBM>(a);
+  if (!w.valid) return;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int hk = w.h / (a.Hq / a.Hkv);
+  const int rows = min(kBM, w.tq - w.m0);
+
+  // Key range [lo, hi) any row of this block sees.
+  const int p_first = w.m0 + w.offset, p_last = w.m0 + rows - 1 + w.offset;
+  const int hi = a.causal ? min(w.tk, p_last + 1) : w.tk;
+  const int lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0;
+  const int n_lo = lo / kBN;
+  const int n_hi = hi > lo ? (hi + kBN - 1) / kBN : n_lo;
+  const int n_tiles = n_hi - n_lo;
+
+  const uint16_t* q_base =
+      reinterpret_cast<const uint16_t*>(a.q) + (w.q0 + static_cast<int64_t>(w.m0)) * a.q_t +
+      w.h * a.q_h;
+  const uint16_t* k_base =
+      reinterpret_cast<const uint16_t*>(a.k) + static_cast<int64_t>(w.k0) * a.k_t + hk * a.k_h;
+  const uint16_t* v_base =
+      reinterpret_cast<const uint16_t*>(a.v) + static_cast<int64_t>(w.k0) * a.v_t + hk * a.v_h;
+
+  // This thread's rows: m-tile mt, half r -> row warp * kMT * 16 + mt * 16 + lane / 4 + 8 r.
+  const int row_base = warp * kMT * 16 + lane / 4;
+  float o[kMT][kDT][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+
+  if (n_tiles > 0) {
+    auto tile_n0 = [&](int i) { return (n_hi - 1 - i) * kBN; };  // last tile first
+    auto load_k = [&](int i) {
+      const int n0 = tile_n0(i);
+      load_rows<kBN, kD, kP, C::kThreads>(sK + (i % C::kStages) * kBN * kP, k_base + n0 * a.k_t,
+                                          a.k_t, w.tk - n0);
+    };
+    auto load_v = [&](int i) {
+      const int n0 = tile_n0(i);
+      load_rows<kBN, kD, kP, C::kThreads>(sV + (i % C::kStages) * kBN * kP, v_base + n0 * a.v_t,
+                                          a.v_t, w.tk - n0);
+    };
+
+    load_rows<kBM, kD, kP, C::kThreads>(sQ, q_base, a.q_t, rows);
+    load_k(0);
+    cp_async_commit();
+    if constexpr (C::kStages == 2) {
+      load_v(0);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    uint32_t qr[C::kQRegs ? kMT : 1][C::kQRegs ? kD / 16 : 1][4];
+    if constexpr (C::kQRegs) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk)
+          ldsm_x4(qr[mt][kk],
+                  sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kP + kk * 16 + (lane / 16) * 8);
+    }
+
+    // Logits are taken to the log2 domain: softcap * tanh(s * scale / softcap) * log2(e), or
+    // s * scale * log2(e).
+    const bool capped = a.softcap > 0.0f;
+    const float mul = capped ? a.scale / a.softcap : a.scale * kLog2e;
+    const float cap = a.softcap * kLog2e;
+
+    for (int i = 0; i < n_tiles; ++i) {
+      const int n0 = tile_n0(i);
+      const uint16_t* k_tile = sK + (i % C::kStages) * kBN * kP;
+      const uint16_t* v_tile = sV + (i % C::kStages) * kBN * kP;
+      if constexpr (C::kStages == 2) {
+        if (i + 1 < n_tiles) load_k(i + 1);
+        cp_async_commit();
+        cp_async_wait<2>();  // K(i) landed (V(i) and K(i+1) may still fly)
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      if constexpr (C::kStages == 1) {
+        load_v(i);
+        cp_async_commit();
+      }
+
+      // S = Q K^T.
+      float s[kMT][kNT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t qa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          if constexpr (C::kQRegs) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) qa[mt][x] = qr[mt][kk][x];
+          } else {
+            ldsm_x4(qa[mt], sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kP + kk * 16 +
+                                (lane / 16) * 8);
+          }
+        }
+#pragma unroll
+        for (int j2 = 0; j2 < kBN / 16; ++j2) {
+          uint32_t kb[4];
+          ldsm_x4(kb, k_tile + (j2 * 16 + lane % 8 + (lane / 16) * 8) * kP + kk * 16 +
+                          ((lane / 8) % 2) * 8);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            E::mma(s[mt][2 * j2], qa[mt], kb[0], kb[1]);
+            E::mma(s[mt][2 * j2 + 1], qa[mt], kb[2], kb[3]);
+          }
+        }
+      }
+
+      // Logits in the log2 domain; masks only on tiles that cross an edge.
+      if (capped) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) s[mt][j][x] = cap * tanhf(s[mt][j][x] * mul);  // accurate: cap x error
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) s[mt][j][x] *= mul;
+      }
+      const bool need_mask = n0 + kBN > w.tk || (a.causal && n0 + kBN - 1 > p_first) ||
+                             (a.window > 0 && n0 <= p_first + kBM - 1 - a.window);
+      if (need_mask) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+              const int p = w.m0 + row_base + mt * 16 + (x / 2) * 8 + w.offset;
+              const int key = n0 + j * 8 + (lane % 4) * 2 + (x % 2);
+              const bool visible = key < w.tk && (!a.causal || key <= p) &&
+                                   (a.window == 0 || key > p - a.window);
+              if (!visible) s[mt][j][x] = -INFINITY;
+            }
+      }
+
+      // Online softmax: rescale the running O and l by exp2(m_old - m_new).
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m[mt][r], mx);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet
+          const float alpha = fast_exp2(m[mt][r] - m_use);
+          float sum = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+            s[mt][j][2 * r] = fast_exp2(s[mt][j][2 * r] - m_use);
+            s[mt][j][2 * r + 1] = fast_exp2(s[mt][j][2 * r + 1] - m_use);
+            sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+          }
+          l[mt][r] = l[mt][r] * alpha + sum;
+          m[mt][r] = m_new;
+#pragma unroll
+          for (int dn = 0; dn < kDT; ++dn) {
+            o[mt][dn][2 * r] *= alpha;
+            o[mt][dn][2 * r + 1] *= alpha;
+          }
+        }
+
+      if constexpr (C::kStages == 2) {
+        if (i + 1 < n_tiles) load_v(i + 1);
+        cp_async_commit();
+        cp_async_wait<2>();  // V(i) landed
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      if constexpr (C::kStages == 1) {
+        if (i + 1 < n_tiles) load_k(i + 1);
+        cp_async_commit();
+      }
+
+      // O += P V, P (16-bit) straight from the S accumulators as A fragments.
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          pa[mt][0] = E::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = E::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = E::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = E::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
+          uint32_t vb[4];
+          ldsm_x4_t(vb, v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 +
+                            (lane / 16) * 8);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            E::mma(o[mt][2 * dn2], pa[mt], vb[0], vb[1]);
+            E::mma(o[mt][2 * dn2 + 1], pa[mt], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+  }
+
+  // out = O / l (zeros for a row that sees no key); lse = (m + log2 l) ln 2 (-inf there).
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int t = w.m0 + row_base + mt * 16 + r * 8;
+      if (t >= w.tq) continue;
+      const int64_t row = w.q0 + static_cast<int64_t>(t);
+      T* dst = reinterpret_cast<T*>(a.out) + row * a.out_t + w.h * a.out_h + (lane % 4) * 2;
+#pragma unroll
+      for (int dn = 0; dn < kDT; ++dn) {
+        *reinterpret_cast<uint32_t*>(dst + dn * 8) =
+            E::pack(o[mt][dn][2 * r] * inv, o[mt][dn][2 * r + 1] * inv);
+      }
+      if (a.lse != nullptr && lane % 4 == 0) {
+        a.lse[static_cast<int64_t>(w.h) * a.T + row] =
+            sum > 0.0f ? (m[mt][r] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+      }
+    }
+}
+
+// Tuning switch read once from the environment: LLMK_PREFILL_VARIANT=1 picks each head dim's
+// alternative bf16 tiling (prefill_d*.cu), so one benchmark run can compare both.
+inline int prefill_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("LLMK_PREFILL_VARIANT");
+    return e != nullptr ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
+// Raises the kernel's shared-memory limit (once per instantiation, so capture sees no attribute
+// calls) and launches it over every (query tile, head) work item.
+template <class C, class T>
+void launch_prefill_cfg(const AttentionArgs& a) {
+  static const bool smem_raised = [] {
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<C, T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(C::kSmemBytes)));
+    return true;
+  }();
+  (void)smem_raised;
+  const int64_t tiles = ceil_div(a.T, C::kBM) + (a.cu_q != nullptr ? a.B - 1 : 0);
+  const dim3 grid(static_cast<unsigned>(tiles * a.Hq));
+  prefill_kernel<C, T><<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a);
+  check_launch("attention prefill");
+}
+
+}  // namespace llmk::cuda::attn

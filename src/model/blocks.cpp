@@ -16,6 +16,11 @@ void Projection::load(WeightLoader& loader, const std::vector<std::string>& weig
   }
   ws.clear();
   bs.clear();
+  if (weight_names.size() == 1) {  // stored fused (Phi-3): used as it is, borrowed on the CPU
+    w = loader.matrix(weight_names[0], shapes[0]);
+    b = bias_names.empty() ? Tensor() : loader.optional_vector(bias_names[0], bias_shapes[0]);
+    return;
+  }
   if (loader.can_stack(weight_names)) {
     w = loader.stacked(weight_names, shapes);
     b = bias_names.empty() ? Tensor() : loader.stacked(bias_names, bias_shapes, /*is_bias=*/true);

@@ -12,7 +12,8 @@ namespace llmk {
 // A linear layer whose output columns are several projections side by side (Q|K|V, gate|up).
 // Loaded as one stacked matrix when the parts can share a dtype (always on CUDA), so one GEMM
 // computes them all; otherwise the parts stay separate and write their column ranges of the
-// output. Biases, when present, follow the same layout.
+// output. Biases, when present, follow the same layout. A single part is a tensor the file
+// already stores fused (Phi-3's qkv_proj, gate_up_proj): loaded as any matrix.
 struct Projection {
   Tensor w, b;                 // stacked [rows, cols] and [rows], or undefined
   std::vector<Tensor> ws, bs;  // the parts, when not stacked

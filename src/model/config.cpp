@@ -210,9 +210,13 @@ void ModelConfig::validate(const std::string& where) const {
 std::string ModelConfig::summary() const {
   return fmt::format(
       "{} ({}): {} layers, d_model {}, heads {}/{} (kv), head dim {}, ffn {}, vocab {}, "
-      "context {}, rope theta {}{}",
+      "context {}, rope theta {}{}{}{}{}",
       name.empty() ? "unnamed" : name, arch, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff,
-      vocab_size, context_length, rope_theta, tied_embeddings ? ", tied embeddings" : "");
+      vocab_size, context_length, rope_theta,
+      rope_freq_factors.empty() ? "" : " (llama3 scaling)",
+      rope_freq_scale != 1.0f ? fmt::format(" (linear scaling x{})", 1.0f / rope_freq_scale) : "",
+      sliding_window > 0 ? fmt::format(", sliding window {}", sliding_window) : "",
+      tied_embeddings ? ", tied embeddings" : "");
 }
 
 }  // namespace llmk

@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "model/model.h"
+#include "ops/ops.h"
 
 #ifdef LLMK_HAS_CUDA
 #include "core/cuda/allocator.h"
@@ -81,6 +82,7 @@ Command add_bench(CLI::App& cmd) {
     SamplerConfig greedy;
     greedy.temperature = 0;
     std::vector<double> prefill_ms, step_ms;
+    ops::reset_attention_stats();
     for (int rep = 0; rep <= a->reps; ++rep) {  // rep 0 warms up (graph capture, algorithms)
       Decoder dec(*model, greedy, !a->no_graph);
       std::vector<int32_t> ids(batch);
@@ -117,6 +119,10 @@ Command add_bench(CLI::App& cmd) {
         {"decode_tokens_per_s", a->batch * 1000 / s_med},
         {"cuda_graph", device == Device::CUDA && !a->no_graph},
     };
+    const ops::AttentionStats att = ops::attention_stats();
+    out["attention_calls"] = {
+        {"prefill", att.prefill}, {"decode", att.decode}, {"chunked", att.chunked},
+        {"fallback", att.fallback}, {"cpu", att.cpu}};
     std::string where = fmt::format("cpu, {} threads", cpu_pool().num_threads());
 #ifdef LLMK_HAS_CUDA
     if (device == Device::CUDA) {
@@ -133,6 +139,7 @@ Command add_bench(CLI::App& cmd) {
         c.summary(), where, a->batch, a->prompt_tokens, p_med,
         a->batch * a->prompt_tokens / (p_med / 1000), a->batch, s_med, a->batch * 1000 / s_med,
         step_ms.size());
+    fmt::print("{}\n", attention_stats_line());
     if (!a->json.empty()) {
       std::ofstream f(a->json);
       LLMK_CHECK(f.good(), "{}: cannot write the JSON output", a->json);

@@ -59,5 +59,8 @@ Tokenizer load_tokenizer(const std::string& path);
 Tokenizer load_tokenizer(const Model& model, const std::string& path);
 // The model's chat template, or its family's when the file has none.
 ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path);
+
+// "attention calls: prefill N, decode N, ..." from ops::attention_stats().
+std::string attention_stats_line();
 }  // namespace cli
 }  // namespace llmk

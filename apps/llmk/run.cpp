@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "model/model.h"
+#include "ops/ops.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -34,7 +35,7 @@ Command add_run(CLI::App& cmd) {
     int n_predict = 128;
     int64_t ctx = 0;
     int threads = 0;
-    bool chat = false, echo = false, ignore_eos = false;
+    bool chat = false, echo = false, ignore_eos = false, stats = false;
     SamplerOptions s;
   };
   auto a = std::make_shared<Args>();
@@ -51,6 +52,9 @@ Command add_run(CLI::App& cmd) {
       ->check(CLI::NonNegativeNumber);
   cmd.add_flag("--echo", a->echo, "Print the prompt before the generated text");
   cmd.add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-generation tokens");
+  cmd.add_flag("--stats", a->stats,
+               "Print which attention kernel each attention call chose (prefill, decode, "
+               "chunked, cpu)");
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   cmd.footer(
@@ -90,6 +94,7 @@ Command add_run(CLI::App& cmd) {
       std::fflush(stdout);
     }
 
+    ops::reset_attention_stats();
     GenerateOptions opts;
     opts.max_tokens = a->n_predict;
     opts.sampler = sampler;
@@ -113,6 +118,7 @@ Command add_run(CLI::App& cmd) {
                model->device() == Device::CPU
                    ? fmt::format("cpu, {} threads", cpu_pool().num_threads())
                    : std::string("cuda"));
+    if (a->stats) fmt::print(stderr, "[llmk] {}\n", attention_stats_line());
     return 0;
   };
 }

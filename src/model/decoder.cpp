@@ -54,6 +54,10 @@ class DecoderModel final : public Model {
     cache_rows_ = Tensor::empty({cap}, DType::I32, opts.device);
   }
 
+ protected:
+  int32_t cache_row(int64_t seq, int64_t pos) override;
+  void on_staged() override;
+
   Tensor compute(int64_t t, bool all_logits) override;
   void reserve(int64_t t, bool all_logits) override;
 
@@ -65,13 +69,35 @@ class DecoderModel final : public Model {
   void allocate_cache();
   uint64_t kv_cache_bytes() const;
   uint64_t activation_bytes(int64_t t) const;
+  // Keys per page of the KV pool: on CUDA a page a few tiles of the decode kernel long; on the
+  // CPU one page per sequence (its keys stay contiguous for the CPU kernel).
+  int64_t page_size() const { return device() == Device::CUDA ? kPageSizeCuda : context(); }
+  int64_t pages_per_sequence() const { return (context() + page_size() - 1) / page_size(); }
+  int64_t pool_rows() const { return sequences() * pages_per_sequence() * page_size(); }
+  // Prompts longer than this (CUDA) gather their sequence's keys for the prefill kernel.
+  bool gathers(int64_t t) const {
+    return device() == Device::CUDA && t > kMaxPagedQueries && !staged_.one_per_sequence;
+  }
+  static constexpr int64_t kPageSizeCuda = 64;
+  static constexpr int64_t kMaxPagedQueries = 8;
 
   DType act_;
   Tensor tok_embd_, output_norm_, output_;
   Tensor rope_freqs_;  // [rope_dim/2] f32 divisors of the global layers' frequencies, or undefined
   std::vector<LayerWeights> layers_;
-  // Per layer [sequences * context, Hkv, D]: sequence s owns rows s*context .. (s+1)*context-1.
+  // The paged KV cache. Per layer a pool [pool_rows, Hkv, D] of pages of page_size() rows; key j
+  // of sequence s is row page_table_[s, j / page_size] * page_size + j % page_size. Pages are
+  // handed out in the order sequences first reach them (so sequences' pages interleave) and are
+  // kept for reuse; the pool holds every sequence's full context, so it never runs out.
   std::vector<Tensor> k_cache_, v_cache_;
+  std::vector<int32_t> host_pages_;  // [sequences, pages_per_sequence], -1 = not yet given out
+  int32_t next_page_ = 0;
+  bool pages_dirty_ = true;
+  Tensor page_table_;                 // [sequences, pages_per_sequence] i32 (device), fixed address
+  Tensor cu_batch_;                   // [sequences + 1] i32: 0, 1, ..., one query per sequence
+  Tensor gather_rows_;                // [context] i32: pool rows of keys 0.. of the staged sequence
+  std::vector<int32_t> host_gather_;
+  Tensor k_gather_, v_gather_;        // [context, Hkv * D]: a prompt's keys, contiguous (CUDA)
   Scratch s_;
 };
 
@@ -126,9 +152,9 @@ void DecoderModel::load_weights(WeightLoader& w) {
 
 uint64_t DecoderModel::kv_cache_bytes() const {
   const ModelConfig& c = config();
-  return 2ull * static_cast<uint64_t>(c.n_layers) *
-         static_cast<uint64_t>(
-             bytes_for(act_, sequences() * context() * c.n_kv_heads * c.head_dim));
+  const int64_t gather_rows = device() == Device::CUDA ? context() : 0;
+  return 2ull * static_cast<uint64_t>(bytes_for(
+                    act_, (c.n_layers * pool_rows() + gather_rows) * c.n_kv_heads * c.head_dim));
 }
 
 uint64_t DecoderModel::activation_bytes(int64_t t) const {
@@ -141,9 +167,46 @@ uint64_t DecoderModel::activation_bytes(int64_t t) const {
 void DecoderModel::allocate_cache() {
   const ModelConfig& c = config();
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    const int64_t rows = sequences() * context();
-    k_cache_.push_back(Tensor::empty({rows, c.n_kv_heads, c.head_dim}, act_, device()));
-    v_cache_.push_back(Tensor::empty({rows, c.n_kv_heads, c.head_dim}, act_, device()));
+    k_cache_.push_back(Tensor::empty({pool_rows(), c.n_kv_heads, c.head_dim}, act_, device()));
+    v_cache_.push_back(Tensor::empty({pool_rows(), c.n_kv_heads, c.head_dim}, act_, device()));
+  }
+  const int64_t S = sequences(), P = pages_per_sequence();
+  host_pages_.assign(static_cast<size_t>(S * P), -1);
+  page_table_ = Tensor::empty({S, P}, DType::I32, device());
+  Tensor cu = Tensor::empty({S + 1}, DType::I32);
+  for (int64_t b = 0; b <= S; ++b) cu.data<int32_t>()[b] = static_cast<int32_t>(b);
+  cu_batch_ = Tensor::empty({S + 1}, DType::I32, device());
+  ops::transfer(cu_batch_, cu);
+  if (device() == Device::CUDA) {
+    gather_rows_ = Tensor::empty({context()}, DType::I32, device());
+    k_gather_ = Tensor::empty({context(), c.n_kv_heads * c.head_dim}, act_, device());
+    v_gather_ = Tensor::empty({context(), c.n_kv_heads * c.head_dim}, act_, device());
+  }
+}
+
+int32_t DecoderModel::cache_row(int64_t seq, int64_t pos) {
+  const int64_t ps = page_size();
+  int32_t& page = host_pages_[static_cast<size_t>(seq * pages_per_sequence() + pos / ps)];
+  if (page < 0) {
+    page = next_page_++;
+    pages_dirty_ = true;
+  }
+  return static_cast<int32_t>(page * ps + pos % ps);
+}
+
+void DecoderModel::on_staged() {
+  if (gathers(staged_.tokens)) {  // the prompt's sequence, keys 0 .. pos + T - 1
+    const int64_t n = staged_.pos + staged_.tokens;
+    host_gather_.resize(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) host_gather_[static_cast<size_t>(j)] = cache_row(staged_.seq, j);
+    Tensor rows = gather_rows_.slice(0, 0, n);
+    ops::transfer(rows, Tensor::borrow(host_gather_.data(), {n}, DType::I32));
+  }
+  if (pages_dirty_) {  // pages not yet given out read as page 0: no key of theirs is visible
+    std::vector<int32_t> table(host_pages_.size());
+    for (size_t i = 0; i < table.size(); ++i) table[i] = std::max(host_pages_[i], 0);
+    ops::transfer(page_table_, Tensor::borrow(table.data(), page_table_.shape(), DType::I32));
+    pages_dirty_ = false;
   }
 }
 
@@ -176,7 +239,6 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   const int64_t qd = H * D, kvd = Hkv * D, F = c.d_ff;
   const Tensor ids = ids_.slice(0, 0, t), positions = positions_.slice(0, 0, t);
   const Tensor cache_rows = cache_rows_.slice(0, 0, t);
-  const int64_t ctx = context();
   Tensor x = s_.x.slice(0, 0, t), h = s_.h.slice(0, 0, t), o = s_.o.slice(0, 0, t);
   // Views into the Q|K|V output: [T, heads, D] with the row stride of the whole projection.
   Tensor qkv = s_.qkv.slice(0, 0, t);
@@ -219,17 +281,21 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
     ops::rope(qk, positions, local ? rope_local : rope_global);
     ops::kv_append(k_cache_[i], v_cache_[i], k, v, cache_rows);
     const ops::AttentionParams& ap = local ? attn_local : attn_global;
-    if (!staged_.one_per_sequence) {
-      const int64_t r = staged_.seq * ctx;
-      ops::attention(attn, q, k_cache_[i].slice(0, r, r + ctx), v_cache_[i].slice(0, r, r + ctx),
-                     positions, ap);
-    } else {
-      for (int64_t b = 0; b < t; ++b) {  // token b belongs to sequence b
-        Tensor out_b = attn.slice(0, b, b + 1);
-        ops::attention(out_b, q.slice(0, b, b + 1), k_cache_[i].slice(0, b * ctx, (b + 1) * ctx),
-                       v_cache_[i].slice(0, b * ctx, (b + 1) * ctx), positions.slice(0, b, b + 1),
-                       ap);
-      }
+    if (gathers(t)) {
+      // A prompt: its sequence's keys gathered from the pages into one contiguous block for
+      // the prefill kernel.
+      const int64_t n = staged_.pos + t;
+      Tensor kg = k_gather_.slice(0, 0, n), vg = v_gather_.slice(0, 0, n);
+      ops::embedding(kg, k_cache_[i].view({pool_rows(), kvd}), gather_rows_.slice(0, 0, n));
+      ops::embedding(vg, v_cache_[i].view({pool_rows(), kvd}), gather_rows_.slice(0, 0, n));
+      ops::attention(attn, q, kg.view({n, Hkv, D}), vg.view({n, Hkv, D}), positions, ap);
+    } else if (staged_.one_per_sequence) {  // token b belongs to sequence b: one launch for all
+      ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], page_table_.slice(0, 0, t),
+                           page_size(), cu_batch_.slice(0, 0, t + 1), positions, 1, ap);
+    } else {  // a step (or a short chunk) of one sequence
+      const int64_t s = staged_.seq;
+      ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], page_table_.slice(0, s, s + 1),
+                           page_size(), Tensor{}, positions, t, ap);
     }
     ops::linear(o, attn2, l.wo);
     if (c.sandwich_norms) ops::rms_norm(o, o, l.post_attn_norm, c.rms_eps, one);

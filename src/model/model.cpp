@@ -36,10 +36,11 @@ void Model::stage(std::span<const int32_t> tokens, int64_t pos, int64_t seq) {
   host_rows_.resize(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) {
     host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(pos + i);
-    host_rows_[static_cast<size_t>(i)] = static_cast<int32_t>(seq * context_ + pos + i);
+    host_rows_[static_cast<size_t>(i)] = cache_row(seq, pos + i);
   }
   upload(tokens);
-  staged_ = {.tokens = t, .seq = seq, .one_per_sequence = false};
+  staged_ = {.tokens = t, .seq = seq, .one_per_sequence = false, .pos = pos};
+  on_staged();
 }
 
 void Model::stage_step(std::span<const int32_t> tokens, std::span<const int64_t> pos) {
@@ -56,10 +57,11 @@ void Model::stage_step(std::span<const int32_t> tokens, std::span<const int64_t>
                "context of {} tokens",
                p, i, context_);
     host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(p);
-    host_rows_[static_cast<size_t>(i)] = static_cast<int32_t>(i * context_ + p);
+    host_rows_[static_cast<size_t>(i)] = cache_row(i, p);
   }
   upload(tokens);
   staged_ = {.tokens = b, .seq = 0, .one_per_sequence = true};
+  on_staged();
 }
 
 std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts) {

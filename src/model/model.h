@@ -76,7 +76,17 @@ class Model {
     int64_t tokens = 0;
     int64_t seq = 0;
     bool one_per_sequence = false;
+    int64_t pos = 0;  // position of the first token (single sequence)
   } staged_;
+  // The KV-cache row that holds position `pos` of sequence `seq`; stage() and stage_step() ask
+  // it for every staged token (a paged cache allocates the page here). Default: a contiguous
+  // region of context() rows per sequence.
+  virtual int32_t cache_row(int64_t seq, int64_t pos) {
+    return static_cast<int32_t>(seq * context_ + pos);
+  }
+  // Called at the end of stage() and stage_step(), once staged_ is set (uploads of per-step
+  // cache metadata such as page tables).
+  virtual void on_staged() {}
 
  private:
   friend std::unique_ptr<Model> load_model(const std::string&, const LoadOptions&);

@@ -85,6 +85,36 @@ void attention_varlen(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
                       const Tensor& cu_q, const Tensor& cu_k, const AttentionVarlenParams& p,
                       Tensor* lse = nullptr);
 
+// Attention of B sequences over a paged KV cache (decode steps, or short chunks of a prompt).
+// q, out: [T, Hq, D]; k_pool, v_pool: [pages * page_size, Hkv, D]; page_table: [B, P] i32: key j
+// of sequence b is pool row page_table[b, j / page_size] * page_size + j % page_size. cu_q:
+// [B + 1] i32, sequence b owns q rows [cu_q[b], cu_q[b+1]) (undefined: one sequence, B = 1,
+// owning every row); positions: [T] i32, each q row's
+// position in its sequence (consecutive within a sequence); sequence b sees its keys 0..(its
+// last row's position), causally (within the window). max_q_per_seq: a host-known bound on
+// any sequence's rows (sizes the CUDA grid).
+// CPU: f32, every index checked. CUDA: bf16; cu_q, positions and page_table in device memory,
+// unchecked (a captured step replays as they change). Up to 8 rows per sequence run in the
+// split-KV decode kernel; a single sequence with more runs in chunks of 8 (slow: meant for
+// short continuations; prompts should gather their keys and use ops::attention). Head dims
+// other than 64/128/256 run the generic fallback kernel, a batch one sequence at a time (with
+// more than one row per sequence, after reading cu_q back: that waits for the device).
+void attention_paged(Tensor& out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
+                     const Tensor& page_table, int64_t page_size, const Tensor& cu_q,
+                     const Tensor& positions, int64_t max_q_per_seq, const AttentionParams& p);
+
+// How many attention calls ran each way since the last reset (process-wide). A CUDA graph
+// replay calls no op: a captured step counts once, when it was captured.
+struct AttentionStats {
+  uint64_t prefill = 0;  // CUDA flash prefill kernel
+  uint64_t decode = 0;   // CUDA split-KV decode kernel
+  uint64_t chunked = 0;  // CUDA decode kernel over chunks of 8 queries (paged, > 8 queries)
+  uint64_t fallback = 0; // CUDA generic kernel: head dims the fast kernels lack (e.g. 96)
+  uint64_t cpu = 0;      // CPU reference kernel
+};
+AttentionStats attention_stats();
+void reset_attention_stats();
+
 // Writes k, v: [T, Hkv, D] into rows positions[t] of the caches k_cache, v_cache: [L, Hkv, D].
 // CPU: f32. CUDA: bf16 (k, v may be f32 and are rounded).
 void kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,

@@ -241,11 +241,12 @@ TEST_F(AttentionGpu, DecodeMatchesCpu) {
 }
 
 TEST_F(AttentionGpu, ArgumentErrors) {
-  const Tensor q = device_bf16({1, 4, 96}, random_bf16_values(4 * 96, 1, -1, 1));
-  const Tensor k = device_bf16({8, 2, 96}, random_bf16_values(8 * 2 * 96, 2, -1, 1));
-  Tensor out = device_nan_bf16({1, 4, 96});
+  // Head dims past the fallback kernel's 256 (96 runs there).
+  const Tensor q = device_bf16({1, 4, 264}, random_bf16_values(4 * 264, 1, -1, 1));
+  const Tensor k = device_bf16({8, 2, 264}, random_bf16_values(8 * 2 * 264, 2, -1, 1));
+  Tensor out = device_nan_bf16({1, 4, 264});
   const Tensor pos = positions_tensor(3, 1, Device::CUDA);
-  EXPECT_NE(error_message([&] { ops::attention(out, q, k, k, pos, {}); }).find("head dim 96"),
+  EXPECT_NE(error_message([&] { ops::attention(out, q, k, k, pos, {}); }).find("head dim 264"),
             std::string::npos);
 
   const Tensor q64 = device_bf16({1, 4, 64}, random_bf16_values(4 * 64, 3, -1, 1));

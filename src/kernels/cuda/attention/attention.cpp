@@ -2,11 +2,18 @@
 // split. (Kept out of the .cu files: fmt, and so llmk::Error, does not build under nvcc.)
 #include "kernels/cuda/attention/attention.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 #include <type_traits>
 
+#include "core/cuda/check.h"
 #include "core/cuda/device.h"
+#include "core/cuda/stream.h"
 #include "core/error.h"
 #include "kernels/cuda/attention/launch.h"
 
@@ -47,27 +54,140 @@ void attention_prefill(const AttentionArgs& a) {
                     [&](auto d) { attn::launch_prefill<decltype(d)::value>(a); });
 }
 
+namespace {
+
+// Rows per decode block: the smallest instantiation holding all query rows of one KV group
+// (max queries x G), else the largest, with several row groups.
+template <int kD>
+attn::DecodePlan decode_shape(const AttentionArgs& a) {
+  attn::DecodePlan p;
+  const int max_q = a.cu_q != nullptr ? a.max_q_per_seq : a.T;
+  const int rows = max_q * (a.Hq / a.Hkv);
+  p.rows = attn::decode_max_rows<kD>();
+  for (int r : {1, 2, 4, 8, 16}) {
+    if (r >= rows && r <= p.rows) {
+      p.rows = r;
+      break;
+    }
+  }
+  p.groups = (rows + p.rows - 1) / p.rows;
+  return p;
+}
+
+// Keys one sequence can hold: the grid is sized from this host-known bound.
+int64_t decode_capacity(const AttentionArgs& a) {
+  return a.page_table != nullptr ? static_cast<int64_t>(a.pages_per_seq) * a.page_size : a.L;
+}
+
+// Splits: enough blocks to fill every SM's resident slots once (B x Hkv x groups blocks without
+// a split), but at least two tiles of keys per split and at most kDecodeMaxSplit.
+template <int kD>
+int decode_split(const AttentionArgs& a, const attn::DecodePlan& p) {
+  if (a.decode_split > 0) return std::min(a.decode_split, attn::kDecodeMaxSplit);
+  const int64_t slots =
+      static_cast<int64_t>(device_info().sm_count) * attn::decode_blocks_per_sm<kD>(p.rows);
+  const int64_t base = static_cast<int64_t>(a.B) * a.Hkv * p.groups;
+  const int64_t by_slots = std::max<int64_t>(1, slots / base);
+  const int64_t tile = kD <= 128 ? 64 : 32;
+  const int64_t by_len = std::max<int64_t>(1, decode_capacity(a) / (2 * tile));
+  return static_cast<int>(std::min({by_slots, by_len, int64_t{attn::kDecodeMaxSplit}}));
+}
+
+// Split workspaces (the arrival counters, zeroed once; the partial results): grow-only, one
+// each per process. Buffers are never freed, so a captured graph keeps valid pointers after a
+// later launch needed a larger one. Launches on one stream use them in turn (every counter is
+// back at zero when its launch ends).
+class GrowOnlyBuffer {
+ public:
+  void* get(size_t need, const char* what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (need <= bytes_) return buffers_.back();
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    LLMK_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &capturing));
+    LLMK_CHECK(capturing == cudaStreamCaptureStatusNone,
+               "attention decode: the {} workspace must grow to {} bytes while the stream is "
+               "being captured; run the same step once outside the capture first",
+               what, need);
+    const size_t bytes = std::max<size_t>(need * 2, size_t{1} << 20);
+    void* p = nullptr;
+    LLMK_CUDA_CHECK(cudaMalloc(&p, bytes));
+    LLMK_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
+    buffers_.push_back(p);
+    bytes_ = bytes;
+    return p;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<void*> buffers_;
+  size_t bytes_ = 0;
+};
+
+template <int kD>
+attn::DecodePlan decode_plan(const AttentionArgs& a) {
+  attn::DecodePlan p = decode_shape<kD>(a);
+  p.split = decode_split<kD>(a, p);
+  return p;
+}
+
+void check_decode_args(const AttentionArgs& a) {
+  LLMK_CHECK(!a.fp16, "attention decode: fp16 is not supported by the decode kernel (bf16 only)");
+  LLMK_CHECK(a.Hkv > 0 && a.Hq % a.Hkv == 0 && a.B >= 1,
+             "attention decode: {} query heads, {} KV heads, {} sequences", a.Hq, a.Hkv, a.B);
+  if (a.cu_q != nullptr) {
+    LLMK_CHECK(a.max_q_per_seq >= 1 && a.max_q_per_seq <= kDecodeMaxQueries,
+               "attention decode: max_q_per_seq = {} must be in [1, {}] with cu_q", a.max_q_per_seq,
+               kDecodeMaxQueries);
+    LLMK_CHECK(a.cu_k != nullptr || a.positions != nullptr,
+               "attention decode: cu_q needs cu_k or positions");
+  } else {
+    LLMK_CHECK(a.B == 1 && a.T <= kDecodeMaxQueries && a.positions != nullptr,
+               "attention decode: {} queries of {} sequences without cu_q (one sequence, at most "
+               "{} queries, with positions)",
+               a.T, a.B, kDecodeMaxQueries);
+  }
+  if (a.page_table != nullptr) {
+    LLMK_CHECK(a.page_size >= 1 && a.pages_per_seq >= 1,
+               "attention decode: page_size {} and pages_per_seq {} must be >= 1", a.page_size,
+               a.pages_per_seq);
+  }
+  LLMK_CHECK(decode_capacity(a) <= INT32_MAX, "attention decode: {} keys per sequence is too many",
+             decode_capacity(a));
+}
+
+}  // namespace
+
+int attention_decode_split(const AttentionArgs& a) {
+  check_decode_args(a);
+  int split = 1;
+  dispatch_head_dim(a.D, "attention decode", [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    split = decode_plan<kD>(a).split;
+  });
+  return split;
+}
+
 void attention_decode(const AttentionArgs& a) {
   if (a.T <= 0 || a.Hq <= 0) return;
-  LLMK_CHECK(a.T <= kDecodeMaxQueries, "attention decode: {} queries, at most {}", a.T,
-             kDecodeMaxQueries);
+  check_decode_args(a);
   dispatch_head_dim(a.D, "attention decode", [&](auto d) {
     constexpr int kD = decltype(d)::value;
     const DeviceInfo& dev = device_info();
-    const int group = a.Hq / a.Hkv;
-    const size_t smem = attn::decode_smem_bytes<kD>(group);
+    attn::DecodePlan plan = decode_plan<kD>(a);
+    const size_t smem = attn::decode_smem_bytes<kD>(plan.rows);
     LLMK_CHECK(smem <= dev.max_smem_per_block_optin,
-               "attention decode: {} query heads per KV head need {} bytes of shared memory at "
-               "head dim {}; the device allows {}",
-               group, smem, kD, dev.max_smem_per_block_optin);
-    // Enough blocks to cover the SMs, but no more splits than key tiles the cache could hold
-    // (64 keys a tile at most). Host-known values only, so a captured launch fits any position.
-    const int64_t blocks = static_cast<int64_t>(a.Hkv) * a.T;
-    const int64_t by_sms = std::max<int64_t>(1, dev.sm_count / blocks);
-    const int64_t by_len = std::max<int64_t>(1, (a.L + 63) / 64);
-    const int64_t max_split = attn::kDecodeMaxSplit;
-    const int split = static_cast<int>(std::min({by_sms, by_len, max_split}));
-    attn::launch_decode<kD>(a, split);
+               "attention decode: {} bytes of shared memory at head dim {}; the device allows {}",
+               smem, kD, dev.max_smem_per_block_optin);
+    if (plan.split > 1) {
+      const size_t rows = static_cast<size_t>(a.T) * a.Hq * plan.split;
+      const size_t counters = static_cast<size_t>(a.B) * a.Hkv * plan.groups;
+      static GrowOnlyBuffer counter_ws, partial_ws;
+      plan.counters = static_cast<int*>(counter_ws.get(counters * sizeof(int), "counter"));
+      plan.part_ml =
+          static_cast<float*>(partial_ws.get(rows * (kD + 4) * sizeof(float), "partial"));
+      plan.part_o = plan.part_ml + (rows * 2 + 3) / 4 * 4;  // 16-byte aligned
+    }
+    attn::launch_decode<kD>(a, plan);
   });
 }
 

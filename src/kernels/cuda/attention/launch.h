@@ -20,12 +20,29 @@ void launch_prefill<128>(const AttentionArgs& a);
 template <>
 void launch_prefill<256>(const AttentionArgs& a);
 
-// Dynamic shared memory of one decode block serving `group` query heads.
+// Decode: how one launch is laid out, chosen on the host (attention.cpp) from host-known
+// values only, so a captured launch replays at any position.
+struct DecodePlan {
+  int rows = 0;    // query rows (query x head of one KV group) per block: 1, 2, 4, 8 or 16
+  int groups = 0;  // row groups per KV head: ceil(max_q_per_seq * G / rows)
+  int split = 1;   // blocks sharing the keys of one (sequence, KV head, row group)
+  // Split > 1: partial results [split][T * Hq][D] (unnormalised), their (max, sum) pairs
+  // [split][T * Hq][2] (log2 domain), and one arrival counter per (sequence, KV head, row
+  // group), zero between launches (the last block to arrive combines and resets it).
+  float* part_o = nullptr;
+  float* part_ml = nullptr;
+  int* counters = nullptr;
+};
+constexpr int kDecodeMaxSplit = 64;
+// Largest `rows` the kernels are built for at head dim kD.
 template <int kD>
-size_t decode_smem_bytes(int group);
-// `split` blocks (a cluster, 1..kDecodeMaxSplit) share the keys of one (query, KV head).
-constexpr int kDecodeMaxSplit = 8;  // the portable cluster size
+int decode_max_rows();
+// Dynamic shared memory of one decode block, and how many such blocks fit on one SM.
 template <int kD>
-void launch_decode(const AttentionArgs& a, int split);
+size_t decode_smem_bytes(int rows);
+template <int kD>
+int decode_blocks_per_sm(int rows);
+template <int kD>
+void launch_decode(const AttentionArgs& a, const DecodePlan& plan);
 
 }  // namespace llmk::cuda::attn

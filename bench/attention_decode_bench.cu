@@ -1,0 +1,264 @@
+// Benchmark of the split-KV decode kernel (cuda::attention_decode): one query token per sequence,
+// 32 query / 8 KV heads, head dim 128, bf16, over paged KV pools (and a contiguous cache), at the
+// issue's shapes (B1 L4096, B1 L32768, B8 L4096, B32 L4096) and a split sweep.
+//
+// Each shape rotates over enough pools (each with its own shuffled page table) to span 4x the L2
+// (read from the device), so every call streams K and V from HBM. Per shape: a warm-up, then
+// `samples` timings (CUDA events) of one CUDA graph replaying `batch` calls; the median gives us
+// per call. GB/s = the K and V bytes the sequences' keys occupy / time (the q, out and page-table
+// bytes are under 0.1%). The device-to-device copy rate (read + write) is measured first: the
+// floor of a shape is its bytes / that rate.
+//
+// Prints one JSON line per measurement:
+//   {"kind":"decode","B":1,"Hq":32,"Hkv":8,"L":4096,"D":128,"page_size":16,"split":..,"us":..,
+//    "gbps":..,"copy_gbps":..}
+// ("kind":"decode_split" for the sweep lines). bench/attention.py merges them with SDPA's.
+//   attention_decode_bench [--samples N]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "core/cuda/device.h"
+#include "core/cuda/stream.h"
+#include "kernels/cuda/attention/attention.h"
+
+namespace llmk::bench {
+namespace {
+
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    p[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
+  }
+}
+
+void fill(void* p, int64_t n, uint64_t seed, float scale) {
+  fill_bf16<<<1024, 256, 0, cuda::current_stream()>>>(static_cast<__nv_bfloat16*>(p), n, seed,
+                                                      scale);
+  cuda::check_launch("fill_bf16");
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+class Events {
+ public:
+  Events() {
+    LLMK_CUDA_CHECK(cudaEventCreate(&a_));
+    LLMK_CUDA_CHECK(cudaEventCreate(&b_));
+  }
+  ~Events() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  template <class Fn>
+  float time(Fn&& fn) {
+    const cudaStream_t s = cuda::current_stream();
+    LLMK_CUDA_CHECK(cudaEventRecord(a_, s));
+    fn();
+    LLMK_CUDA_CHECK(cudaEventRecord(b_, s));
+    LLMK_CUDA_CHECK(cudaEventSynchronize(b_));
+    float ms = 0;
+    LLMK_CUDA_CHECK(cudaEventElapsedTime(&ms, a_, b_));
+    return ms;
+  }
+
+ private:
+  cudaEvent_t a_ = nullptr, b_ = nullptr;
+};
+
+double copy_rate_gbs(Events& ev, int samples) {
+  const size_t bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  LLMK_CUDA_CHECK(cudaMalloc(&src, bytes));
+  LLMK_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  LLMK_CUDA_CHECK(cudaMemsetAsync(src, 1, bytes, cuda::current_stream()));
+  std::vector<float> ms;
+  for (int i = 0; i < samples + 2; ++i) {
+    const float t = ev.time([&] {
+      LLMK_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::current_stream()));
+    });
+    if (i >= 2) ms.push_back(t);
+  }
+  LLMK_CUDA_CHECK(cudaFree(src));
+  LLMK_CUDA_CHECK(cudaFree(dst));
+  return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+struct Shape {
+  int B;
+  int64_t L;
+  int page_size;  // 0: contiguous cache per sequence (B = 1 only)
+  int split = 0;  // 0: heuristic
+  const char* kind = "decode";
+};
+
+template <class T>
+T* device_copy(const std::vector<T>& h) {
+  T* p = nullptr;
+  LLMK_CUDA_CHECK(cudaMalloc(&p, h.size() * sizeof(T)));
+  LLMK_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
+  constexpr int Hq = 32, Hkv = 8, D = 128;
+  const int B = s.B;
+  const int64_t L = s.L;
+  const bool paged = s.page_size > 0;
+  const int pages_per_seq = paged ? static_cast<int>((L + s.page_size - 1) / s.page_size) : 0;
+  const int64_t rows = paged ? static_cast<int64_t>(B) * pages_per_seq * s.page_size : L;
+  const size_t kv_bytes = static_cast<size_t>(rows) * Hkv * D * 2;  // one of K, V
+  const size_t l2 = cuda::device_info().l2_bytes;
+  const int sets = static_cast<int>(std::max<size_t>(1, (4 * l2 + 2 * kv_bytes - 1) / (2 * kv_bytes)));
+  const int batch = std::max(sets, 20);
+
+  std::mt19937 rng(1234 + B);
+  std::vector<__nv_bfloat16*> ks(sets), vs(sets);
+  std::vector<int32_t*> tables(sets);
+  for (int i = 0; i < sets; ++i) {
+    LLMK_CUDA_CHECK(cudaMalloc(&ks[i], kv_bytes));
+    LLMK_CUDA_CHECK(cudaMalloc(&vs[i], kv_bytes));
+    fill(ks[i], rows * Hkv * D, 10 + 2 * i, 1.0f);
+    fill(vs[i], rows * Hkv * D, 11 + 2 * i, 1.0f);
+    if (paged) {  // every page of the pool used once, in a shuffled order
+      std::vector<int32_t> t(static_cast<size_t>(B) * pages_per_seq);
+      std::iota(t.begin(), t.end(), 0);
+      std::shuffle(t.begin(), t.end(), rng);
+      tables[i] = device_copy(t);
+    }
+  }
+  __nv_bfloat16 *q = nullptr, *out = nullptr;
+  LLMK_CUDA_CHECK(cudaMalloc(&q, static_cast<size_t>(B) * Hq * D * 2));
+  LLMK_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(B) * Hq * D * 2));
+  fill(q, static_cast<int64_t>(B) * Hq * D, 7, 1.0f);
+  std::vector<int32_t> cu(B + 1), pos(B, static_cast<int32_t>(L - 1));
+  std::iota(cu.begin(), cu.end(), 0);
+  int32_t* d_cu = device_copy(cu);
+  int32_t* d_pos = device_copy(pos);
+
+  cuda::AttentionArgs a;
+  a.out = out;
+  a.out_t = Hq * D;
+  a.out_h = D;
+  a.q = q;
+  a.q_t = Hq * D;
+  a.q_h = D;
+  a.k_t = a.v_t = Hkv * D;
+  a.k_h = a.v_h = D;
+  a.T = B;
+  a.Hq = Hq;
+  a.Hkv = Hkv;
+  a.D = D;
+  a.L = rows;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  a.B = B;
+  a.positions = d_pos;
+  if (paged || B > 1) {
+    a.cu_q = d_cu;
+    a.max_q_per_seq = 1;
+  }
+  if (paged) {
+    a.page_size = s.page_size;
+    a.pages_per_seq = pages_per_seq;
+  }
+  a.decode_split = s.split;
+  const int split = cuda::attention_decode_split(a);
+  auto call = [&](int i) {
+    cuda::AttentionArgs c = a;
+    c.k = ks[i % sets];
+    c.v = vs[i % sets];
+    c.page_table = paged ? tables[i % sets] : nullptr;
+    cuda::attention_decode(c);
+  };
+  for (int i = 0; i < sets; ++i) call(i);  // warm-up (and the split workspace, before capture)
+  LLMK_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  const cudaStream_t st = cuda::current_stream();
+  LLMK_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < batch; ++i) call(i);
+  LLMK_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  LLMK_CUDA_CHECK(cudaGraphLaunch(exec, st));
+  std::vector<float> ms;
+  for (int i = 0; i < samples; ++i) {
+    ms.push_back(ev.time([&] { LLMK_CUDA_CHECK(cudaGraphLaunch(exec, st)); }));
+  }
+  const double us = median(ms) * 1e3 / batch;
+  const double bytes = 2.0 * static_cast<double>(B) * L * Hkv * D * 2;
+  std::printf(
+      "{\"kind\":\"%s\",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"L\":%lld,\"D\":%d,\"page_size\":%d,"
+      "\"split\":%d,\"us\":%.2f,\"gbps\":%.0f,\"copy_gbps\":%.0f,\"floor_us\":%.2f}\n",
+      s.kind, B, Hq, Hkv, static_cast<long long>(L), D, s.page_size, split, us,
+      bytes / (us * 1e-6) / 1e9, copy_gbs, bytes / (copy_gbs * 1e9) * 1e6);
+  std::fflush(stdout);
+
+  LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
+  for (int i = 0; i < sets; ++i) {
+    LLMK_CUDA_CHECK(cudaFree(ks[i]));
+    LLMK_CUDA_CHECK(cudaFree(vs[i]));
+    if (paged) LLMK_CUDA_CHECK(cudaFree(tables[i]));
+  }
+  LLMK_CUDA_CHECK(cudaFree(q));
+  LLMK_CUDA_CHECK(cudaFree(out));
+  LLMK_CUDA_CHECK(cudaFree(d_cu));
+  LLMK_CUDA_CHECK(cudaFree(d_pos));
+}
+
+int main_impl(int argc, char** argv) {
+  int samples = 30;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--samples") == 0 && i + 1 < argc) samples = std::atoi(argv[++i]);
+  }
+  cuda::init();
+  Events ev;
+  const double copy = copy_rate_gbs(ev, samples);
+  std::fprintf(stderr, "device %s, %d SMs, copy rate %.0f GB/s\n", cuda::device_info().name.c_str(),
+               cuda::device_info().sm_count, copy);
+  const std::pair<int, int64_t> shapes[] = {{1, 4096}, {1, 32768}, {8, 4096}, {32, 4096}};
+  for (int page : {16, 64}) {
+    for (auto [B, L] : shapes) run({B, L, page}, samples, copy, ev);
+  }
+  run({1, 4096, 0}, samples, copy, ev);
+  run({1, 32768, 0}, samples, copy, ev);
+  for (auto [B, L] : shapes) {
+    for (int split : {1, 2, 4, 8, 16, 24, 32, 48, 64}) {
+      run({B, L, 16, split, "decode_split"}, samples, copy, ev);
+    }
+  }
+  run({1, 8192, 16}, samples, copy, ev);  // the Llama-3-8B e2e context
+  return 0;
+}
+
+}  // namespace
+}  // namespace llmk::bench
+
+int main(int argc, char** argv) {
+  try {
+    return llmk::bench::main_impl(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_decode_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -13,21 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using llmk::test::CliResult;
+using Result = CliResult;
+using llmk::test::slurp;
 
 class Cli : public ::testing::Test {
  protected:
@@ -47,16 +41,7 @@ class Cli : public ::testing::Test {
 
   // Runs `llmk <args>` with stdout and stderr captured separately.
   static Result llmk(const std::string& args, const std::string& input = "") {
-    const fs::path out = tmp() / "stdout", err = tmp() / "stderr", in = tmp() / "stdin";
-    std::ofstream(in, std::ios::binary) << input;
-    const std::string cmd = std::string(LLMK_BINARY_DIR) + "/llmk " + args + " >" + out.string() +
-                            " 2>" + err.string() + " <" + in.string();
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return llmk::test::run_llmk(args, tmp(), input);
   }
 
   // A copy of the real model with `from` replaced by `to` (same length) at its first occurrence.
@@ -75,11 +60,7 @@ class Cli : public ::testing::Test {
 
   // Exit code 1, nothing on stdout, and exactly one stderr line holding `needle`.
   static void expect_clean_error(const Result& r, const std::string& needle) {
-    EXPECT_EQ(r.code, 1) << r.err;
-    EXPECT_EQ(r.out, "");
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_EQ(r.err.rfind("llmk: error: ", 0), 0u) << r.err;
-    EXPECT_NE(r.err.find(needle), std::string::npos) << "wanted '" << needle << "' in: " << r.err;
+    llmk::test::expect_clean_error(r, {needle});
   }
 };
 

@@ -33,8 +33,10 @@ void read_gguf_rope_scaling(ModelConfig& c, const gguf::File& f, const std::stri
                f.path(), p, factor);
     c.rope_freq_scale = static_cast<float>(1.0 / factor);
   } else {
-    LLMK_CHECK(type == "none", "{}: {}rope.scaling.type '{}' is not supported (supported: none, "
-               "linear)", f.path(), p, type);
+    LLMK_CHECK(type == "none",
+               "{}: {}rope.scaling.type '{}' is not supported (supported: none, "
+               "linear)",
+               f.path(), p, type);
   }
 }
 
@@ -69,8 +71,8 @@ HfRope read_hf_rope(const HfConfig& r, const std::string& key, double theta, int
   const std::string type = r.get_string(type_key, "default");
   if (type == "linear") {
     const double factor = r.get_float("factor");
-    LLMK_CHECK(std::isfinite(factor) && factor > 0, "{}: {}.factor = {} must be > 0", r.path(),
-               key, factor);
+    LLMK_CHECK(std::isfinite(factor) && factor > 0, "{}: {}.factor = {} must be > 0", r.path(), key,
+               factor);
     out.freq_scale = static_cast<float>(1.0 / factor);
   } else if (type == "llama3") {
     const double factor = r.get_float("factor"), low = r.get_float("low_freq_factor");
@@ -82,8 +84,10 @@ HfRope read_hf_rope(const HfConfig& r, const std::string& key, double theta, int
                r.path(), key, factor, low, high, original);
     out.freq_factors = llama3_rope_factors(out.theta, rope_dim, factor, low, high, original);
   } else {
-    LLMK_CHECK(type == "default", "{}: {}.{} '{}' is not supported (supported: default, "
-               "linear, llama3)", r.path(), key, type_key, type);
+    LLMK_CHECK(type == "default",
+               "{}: {}.{} '{}' is not supported (supported: default, "
+               "linear, llama3)",
+               r.path(), key, type_key, type);
   }
   LLMK_CHECK(std::isfinite(out.theta) && out.theta > 1, "{}: {}.rope_theta = {} must be > 1",
              r.path(), key, out.theta);
@@ -157,7 +161,8 @@ ModelConfig ModelConfig::from_hf(const HfConfig& h) {
   if (c.arch != "gemma3") {  // Gemma 3 has one rope per layer type (src/model/gemma3.cpp)
     HfRope rope;
     rope.theta = h.get_float("rope_theta", rope.theta);
-    if (rope_key != nullptr) rope = read_hf_rope(h.object(rope_key), rope_key, rope.theta, c.rope_dim);
+    if (rope_key != nullptr)
+      rope = read_hf_rope(h.object(rope_key), rope_key, rope.theta, c.rope_dim);
     c.rope_theta = static_cast<float>(rope.theta);
     c.rope_freq_scale = rope.freq_scale;
     c.rope_freq_factors = std::move(rope.freq_factors);
@@ -197,10 +202,10 @@ void ModelConfig::validate(const std::string& where) const {
              "{}: rope dimension {} must be even and at most the head dim {}", where, rope_dim,
              head_dim);
   LLMK_CHECK(context_length > 0, "{}: context length {} must be positive", where, context_length);
-  LLMK_CHECK(rope_freq_factors.empty() || static_cast<int64_t>(rope_freq_factors.size()) ==
-                                              rope_dim / 2,
-             "{}: {} rope frequency factors for a rope dimension of {}", where,
-             rope_freq_factors.size(), rope_dim);
+  LLMK_CHECK(
+      rope_freq_factors.empty() || static_cast<int64_t>(rope_freq_factors.size()) == rope_dim / 2,
+      "{}: {} rope frequency factors for a rope dimension of {}", where, rope_freq_factors.size(),
+      rope_dim);
   LLMK_CHECK(local_layers.empty() || static_cast<int64_t>(local_layers.size()) == n_layers,
              "{}: {} layer types for {} layers", where, local_layers.size(), n_layers);
   LLMK_CHECK(sliding_window >= 0 && sliding_window <= (int64_t{1} << 30),
@@ -212,8 +217,7 @@ std::string ModelConfig::summary() const {
       "{} ({}): {} layers, d_model {}, heads {}/{} (kv), head dim {}, ffn {}, vocab {}, "
       "context {}, rope theta {}{}{}{}{}",
       name.empty() ? "unnamed" : name, arch, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff,
-      vocab_size, context_length, rope_theta,
-      rope_freq_factors.empty() ? "" : " (llama3 scaling)",
+      vocab_size, context_length, rope_theta, rope_freq_factors.empty() ? "" : " (llama3 scaling)",
       rope_freq_scale != 1.0f ? fmt::format(" (linear scaling x{})", 1.0f / rope_freq_scale) : "",
       sliding_window > 0 ? fmt::format(", sliding window {}", sliding_window) : "",
       tied_embeddings ? ", tied embeddings" : "");

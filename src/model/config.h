@@ -36,7 +36,7 @@ struct ModelConfig {
   bool tied_embeddings = false;
   ops::Activation activation = ops::Activation::SiLU;  // of the gated MLP
   float attn_scale = 0.0f;                             // multiplies q.k; 0 = 1/sqrt(head_dim)
-  float attn_softcap = 0.0f;  // attention logits = cap * tanh(logits / cap); 0 = off
+  float attn_softcap = 0.0f;   // attention logits = cap * tanh(logits / cap); 0 = off
   bool fused_qkv = false;      // one attn_qkv tensor [Hq*D + 2*Hkv*D, d_model] (Phi-3)
   bool fused_gate_up = false;  // ffn_up holds gate|up [2*d_ff, d_model], no ffn_gate (Phi-3)
   // Gemma: RMSNorm scales by (1 + w). GGUF files of Gemma store 1 + w already (llama.cpp's

@@ -73,7 +73,8 @@ void apply_gemma3_hf(ModelConfig& c, const HfConfig& h) {
       c.local_layers.push_back(sliding);
     }
   } else {  // transformers 4
-    c.sliding_pattern = h.get_int("sliding_window_pattern", h.get_int("_sliding_window_pattern", 6));
+    c.sliding_pattern =
+        h.get_int("sliding_window_pattern", h.get_int("_sliding_window_pattern", 6));
     LLMK_CHECK(c.sliding_pattern > 0, "{}: sliding_window_pattern {} must be positive", h.path(),
                c.sliding_pattern);
   }
@@ -83,10 +84,10 @@ void apply_gemma3_hf(ModelConfig& c, const HfConfig& h) {
   HfRope global, local;
   if (h.has("rope_parameters") && h.object("rope_parameters").has("full_attention")) {
     const HfConfig r = h.object("rope_parameters");  // transformers 5: one per layer type
-    global = read_hf_rope(r.object("full_attention"), "rope_parameters.full_attention", 1e6,
-                          c.rope_dim);
-    local = read_hf_rope(r.object("sliding_attention"), "rope_parameters.sliding_attention",
-                         1e4, c.rope_dim);
+    global =
+        read_hf_rope(r.object("full_attention"), "rope_parameters.full_attention", 1e6, c.rope_dim);
+    local = read_hf_rope(r.object("sliding_attention"), "rope_parameters.sliding_attention", 1e4,
+                         c.rope_dim);
   } else {  // transformers 4: rope_theta + rope_scaling for the global layers
     global.theta = h.get_float("rope_theta", 1e6);
     for (const char* key : {"rope_parameters", "rope_scaling"}) {

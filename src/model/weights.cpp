@@ -201,7 +201,8 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
       if (is_vector) return Tensor();  // e.g. no q/k/v biases at all
       LLMK_FAIL("{}: missing tensor '{}'", src_.path(), src_.file_name(names[i]));
     }
-    LLMK_CHECK(t.shape() == shapes[i], "{}: tensor '{}' has shape {} but the model config{} needs {}",
+    LLMK_CHECK(t.shape() == shapes[i],
+               "{}: tensor '{}' has shape {} but the model config{} needs {}",
                src_.file_of(names[i]), src_.file_name(names[i]), shape_str(t.shape()),
                config_note(src_), shape_str(shapes[i]));
     check_weight_dtype(src_, names[i], t);

@@ -28,7 +28,10 @@ class WeightSource {
   // A borrowed CPU view of the tensor, or an undefined Tensor when the file lacks it.
   virtual Tensor find(const std::string& gguf_name) const = 0;
   // The file holding the tensor (a shard of a folder), for messages; path() when absent.
-  virtual std::string file_of(const std::string& gguf_name) const { (void)gguf_name; return path(); }
+  virtual std::string file_of(const std::string& gguf_name) const {
+    (void)gguf_name;
+    return path();
+  }
   // Where the sizes the model expects come from, for messages ("<folder>/config.json"); "" when
   // the weights' own file says (GGUF).
   virtual std::string config_name() const = 0;

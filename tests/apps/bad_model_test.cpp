@@ -33,9 +33,9 @@ class BadModelCli : public ::testing::Test {
     std::string text;
     for (int32_t id : prompt) text += std::to_string(id) + " ";
     llmk::test::write_text(ids, text);
-    const std::string cmd = std::string(LLMK_BINARY_DIR) + "/llmk logits -m " + model +
-                            " --ids " + ids + " --out " + dir_.path() + "/logits.f32 -t 2 " +
-                            extra + " >" + out + " 2>" + err + " </dev/null";
+    const std::string cmd = std::string(LLMK_BINARY_DIR) + "/llmk logits -m " + model + " --ids " +
+                            ids + " --out " + dir_.path() + "/logits.f32 -t 2 " + extra + " >" +
+                            out + " 2>" + err + " </dev/null";
     const int status = std::system(cmd.c_str());
     Result r;
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -83,10 +83,10 @@ TEST_F(BadModelCli, MissingShard) {
 TEST_F(BadModelCli, ShapeDisagreesWithConfig) {
   const std::string folder = dir_.copy_family("llama3", "llama3");
   llmk::test::edit_config(folder, [](auto& j) { j["num_key_value_heads"] = 2; });
-  expect_clean_error(logits(folder), {folder + "/model.safetensors: ",
-                                      "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [64, 128]",
-                                      "needs [128, 128]",
-                                      folder + "/config.json"});
+  expect_clean_error(logits(folder),
+                     {folder + "/model.safetensors: ",
+                      "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [64, 128]",
+                      "needs [128, 128]", folder + "/config.json"});
 }
 
 TEST_F(BadModelCli, UnknownRopeScalingType) {

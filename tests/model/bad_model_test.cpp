@@ -78,8 +78,8 @@ TEST(BadModel, UnknownRopeScalingTypeNamesConfigAndKey) {
   ScratchDir dir;
   const std::string folder = dir.copy_family("llama3", "llama3");
   test::edit_config(folder, [](auto& j) { j["rope_parameters"]["rope_type"] = "yarn"; });
-  expect_load_error(folder, {folder + "/config.json: ",
-                             "rope_parameters.rope_type 'yarn' is not supported"});
+  expect_load_error(
+      folder, {folder + "/config.json: ", "rope_parameters.rope_type 'yarn' is not supported"});
 }
 
 TEST(BadModel, TransformersFourRopeScalingTypeNamesTheKey) {
@@ -118,8 +118,8 @@ TEST(BadModel, UnsupportedSafetensorsDtypeNamesFileAndTensor) {
   const std::string folder = dir.copy_family("llama3", "llama3");
   const std::string tensor = patch_first_dtype(folder + "/model.safetensors", "F64");
   ASSERT_FALSE(tensor.empty());
-  expect_load_error(folder, {folder + "/model.safetensors", "unsupported dtype F64",
-                             "'" + tensor + "'"});
+  expect_load_error(folder,
+                    {folder + "/model.safetensors", "unsupported dtype F64", "'" + tensor + "'"});
 }
 
 TEST(BadModel, IntegerWeightsNameFileAndTensor) {

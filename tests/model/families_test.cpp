@@ -63,8 +63,8 @@ class Family : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(Family, FixtureIsLongerThanItsWindow) {
-  const auto cfg = nlohmann::json::parse(test::read_text(test::family_dir(GetParam()) +
-                                                         "/config.json"));
+  const auto cfg =
+      nlohmann::json::parse(test::read_text(test::family_dir(GetParam()) + "/config.json"));
   ASSERT_EQ(ref_.ids.size(), 48u);
   if (cfg.contains("sliding_window") && !cfg["sliding_window"].is_null()) {
     EXPECT_LT(cfg["sliding_window"].get<int64_t>() * 2, static_cast<int64_t>(ref_.ids.size()));
@@ -107,9 +107,9 @@ double err_with_edited_config(const std::string& family, Edit&& edit) {
 }
 
 TEST(FamilyDetails, Llama3WithoutRopeScalingIsFarOff) {
-  const double err = err_with_edited_config(
-      "llama3", [](auto& j) { j["rope_parameters"] = {{"rope_type", "default"},
-                                                      {"rope_theta", 10000.0}}; });
+  const double err = err_with_edited_config("llama3", [](auto& j) {
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  });
   EXPECT_GT(err, kFarOff);
 }
 
@@ -125,8 +125,7 @@ TEST(FamilyDetails, Phi3WithFullRotaryIsFarOff) {
 }
 
 TEST(FamilyDetails, Gemma3WithoutSlidingWindowIsFarOff) {
-  EXPECT_GT(err_with_edited_config("gemma3", [](auto& j) { j["sliding_window"] = 4096; }),
-            kFarOff);
+  EXPECT_GT(err_with_edited_config("gemma3", [](auto& j) { j["sliding_window"] = 4096; }), kFarOff);
 }
 
 TEST(FamilyDetails, Gemma3WithHeadDimScaleIsFarOff) {
@@ -202,8 +201,8 @@ std::vector<float> permute_rows(const std::vector<float>& w, int64_t heads, int6
 }
 
 struct GgufOptions {
-  bool rope_freqs = true;           // llama: write rope_freqs.weight
-  std::string rope_scaling_type;    // "" = no rope.scaling.type key
+  bool rope_freqs = true;         // llama: write rope_freqs.weight
+  std::string rope_scaling_type;  // "" = no rope.scaling.type key
 };
 
 // Writes the fixture of `family` (llama3, qwen2 or phi3) as a float32 GGUF file, with the names,

@@ -48,8 +48,8 @@ inline void write_text(const std::string& path, const std::string& text) {
 
 // transformers' float32 CPU logits for the fixture's prompt.
 struct FamilyReference {
-  nlohmann::json meta;        // reference.json
-  std::vector<int32_t> ids;   // the prompt
+  nlohmann::json meta;       // reference.json
+  std::vector<int32_t> ids;  // the prompt
   int64_t vocab = 0;
   std::vector<float> logits;  // [ids.size(), vocab]
 
@@ -83,9 +83,7 @@ inline double row_rel_err(const float* got, const float* want, int64_t n) {
   return scale > 0 ? diff / scale : diff;
 }
 
-inline int64_t argmax(const float* x, int64_t n) {
-  return std::max_element(x, x + n) - x;
-}
+inline int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
 
 // A fresh directory under /tmp, removed with everything in it when the object dies.
 class ScratchDir {

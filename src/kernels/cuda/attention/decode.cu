@@ -1,21 +1,19 @@
 // Decode attention: up to 8 query tokens per sequence over a long KV cache, contiguous or paged.
-// Memory-bound: every K/V row must be read once per KV head, so one block serves `rows` query
-// rows (query token x query head of one KV group) and all of them share each loaded tile.
+// Memory-bound: every K/V row must be read once per KV head, so one block serves 16 query rows
+// (query token x query head of one KV group; unused rows are zero) and all of them share each
+// loaded tile.
 //
 // Grid (split, Hkv * groups, B); 128 threads (4 warps). Block (s, hk * groups + grp, b) takes
 // the s-th of `split` equal, tile-aligned shares of the keys sequence b's queries see (their
 // count is read on the device, so the grid depends only on host-known values and a captured
 // launch replays at every position). The share streams through shared memory in kStages-deep
-// cp.async tiles (16-byte copies; pool rows looked up in the page table per key). In a tile
-// warp w takes kKeysPerWarp keys: kParts lanes per key compute the dot products for every row
-// (K read from shared memory once per row group), then the warp keeps its own online softmax
-// (max, sum, fp32 accumulator with kD / 32 dims per lane) in registers. At the end the 4 warps
-// merge through shared memory. With split > 1 each block writes an unnormalised partial and
-// its (max, sum) to a workspace; the last block of a (sequence, KV head, row group) to arrive
-// (an atomic counter) combines them and resets the counter: one launch, no host sync.
-//
-// Scalar fp32 FMAs: with one query token (rows = G) the arithmetic is well under the memory
-// time; at 8 tokens x 4 heads it is not (tensor cores would be the next step).
+// cp.async tiles of 64 keys (16-byte copies; pool rows looked up in the page table per key).
+// In a tile warp w takes 16 keys: S = Q K^T and O += P V on the tensor cores (mma.sync
+// m16n8k16, bf16 in, fp32 accumulate, P rounded to bf16 as in the prefill kernel), with the
+// warp's own online softmax in registers. At the end the 4 warps merge through shared memory.
+// With split > 1 each block writes an unnormalised partial and its (max, sum) to a workspace;
+// the last block of a (sequence, KV head, row group) to arrive (an atomic counter) combines
+// them and resets the counter: one launch, no host sync.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -34,28 +32,21 @@ namespace {
 
 template <int kD>
 struct DecodeConfig {
-  static constexpr int kBlockN = kD <= 128 ? 64 : 32;  // keys per tile
+  static constexpr int kRows = 16;    // query rows per block: one m16n8k16 m-tile
+  static constexpr int kBlockN = 64;  // keys per tile: 16 per warp
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * kWarp;
-  static constexpr int kKeysPerWarp = kBlockN / kWarps;   // 16 or 8
-  static constexpr int kParts = kWarp / kKeysPerWarp;     // lanes per key in q.k: 2 or 4
-  static constexpr int kPartDims = kD / kParts;           // dims of one lane's part of q.k
-  static constexpr int kLaneDims = kD / kWarp;            // dims of the accumulator per lane
-  static constexpr int kPitch = kD + 8;  // smem row pitch (elements): conflict-free 16-byte reads
-  static constexpr int kStages = 3;
-  static constexpr int kMaxRows = kD <= 128 ? 16 : 8;
+  static constexpr int kKeysPerWarp = kBlockN / kWarps;
+  static constexpr int kPitch = kD + 8;  // smem row pitch (elements): conflict-free ldmatrix
+  static constexpr int kStages = kD <= 128 ? 3 : 2;
+  static constexpr bool kQRegs = kD <= 128;  // q fragments kept in registers (else ldmatrix)
   static constexpr size_t kStageBytes = static_cast<size_t>(2) * kBlockN * kPitch * sizeof(bf16);
   static constexpr size_t kTileBytes = kStages * kStageBytes;
-  // Tiles, then q (fp32, scaled) for the block's rows. The warps' final states reuse the tiles.
-  static size_t smem_bytes(int rows) {
-    return kTileBytes + sizeof(float) * static_cast<size_t>(rows) * kD;
-  }
-  static constexpr size_t merge_bytes(int rows) {
-    return sizeof(float) * static_cast<size_t>(kWarps) * rows * (kD + 2);
-  }
-  static_assert(kKeysPerWarp >= 8, "quarter-warps of q.k must share their q part (broadcast)");
-  static_assert(kPartDims % 8 == 0 && kLaneDims >= 2, "head dim");
-  static_assert(merge_bytes(kMaxRows) <= kTileBytes, "merge area must fit in the tiles");
+  // Tiles, then q (bf16) for the block's rows. The warps' final states reuse the tiles.
+  static constexpr size_t kSmemBytes = kTileBytes + sizeof(bf16) * kRows * kPitch;
+  static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kRows * (kD + 2);
+  static_assert(kKeysPerWarp == 16, "one k16 step of P V per warp and tile");
+  static_assert(kMergeBytes <= kTileBytes, "merge area must fit in the tiles");
 };
 
 // Where sequence b's queries and keys are, read from the device.
@@ -89,15 +80,15 @@ __device__ __forceinline__ SeqView seq_view(const AttentionArgs& a, int b, int64
   return s;
 }
 
-template <int kD, int kR>
+template <int kD>
 __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     decode_kernel(const AttentionArgs a, const DecodePlan plan) {
   using C = DecodeConfig<kD>;
   constexpr int kBN = C::kBlockN, kP = C::kPitch, kThreads = C::kThreads, kS = C::kStages;
-  constexpr int kKPW = C::kKeysPerWarp, kLD = C::kLaneDims;
+  constexpr int kR = C::kRows, kNB = kD / 8;  // n-blocks of 8 dims in the accumulator
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* tiles = reinterpret_cast<bf16*>(smem);                 // [kS][K|V][kBN][kP]
-  float* sQ = reinterpret_cast<float*>(smem + C::kTileBytes);  // [kR][kD]
+  bf16* sQ = reinterpret_cast<bf16*>(smem + C::kTileBytes);   // [kR][kP]
 
   const int G = a.Hq / a.Hkv;
   const int split = blockIdx.x, n_split = plan.split;
@@ -155,103 +146,120 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     cp_async_commit();
   }
 
-  // q rows, scaled (with a softcap the scale goes inside tanh; otherwise log2(e) is folded in).
-  const float q_scale = a.softcap > 0.0f ? 1.0f : a.scale * kLog2e;
-  for (int e = threadIdx.x; e < kR * kD; e += kThreads) {
-    const int r = e / kD, d = e % kD;
-    float x = 0.0f;
+  // q rows (bf16, unscaled: the scale is applied to the fp32 logits); rows past n_rows are 0.
+  for (int e = threadIdx.x; e < kR * (kD / 8); e += kThreads) {
+    const int r = e / (kD / 8), d = (e % (kD / 8)) * 8;
+    uint4 x = make_uint4(0, 0, 0, 0);
     if (r < n_rows) {
       const int t = (row0 + r) / G, g = (row0 + r) % G;
-      x = __bfloat162float(a.q[(sv.q0 + t) * a.q_t + (hk * G + g) * a.q_h + d]) * q_scale;
+      x = *reinterpret_cast<const uint4*>(a.q + (sv.q0 + t) * a.q_t + (hk * G + g) * a.q_h + d);
     }
-    sQ[e] = x;
+    *reinterpret_cast<uint4*>(sQ + r * kP + d) = x;
   }
-  // This warp's running state (identical in every lane): max (log2 domain), sum, accumulator.
-  float m[kR], l[kR], acc[kR][kLD];
-  int pos[kR];  // each row's query position (< capacity <= INT32_MAX)
+  __syncthreads();
+  uint32_t qa[C::kQRegs ? kD / 16 : 1][4];
+  if constexpr (C::kQRegs) {
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-    pos[r] = r < n_rows ? static_cast<int>(sv.pos0 + (row0 + r) / G) : -1;
-#pragma unroll
-    for (int i = 0; i < kLD; ++i) acc[r][i] = 0.0f;
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      ldmatrix_x4(qa[kk], sQ + (lane % 16) * kP + kk * 16 + (lane / 16) * 8);
+    }
   }
 
-  const int key_in_warp = lane % kKPW, part = lane / kKPW;
+  // This lane's accumulator: o[nb][x] is row lane / 4 + 8 (x / 2), dim nb * 8 + 2 (lane % 4) +
+  // x % 2; m, l of its two rows (the warp's keys only; l is this lane's partial sum).
+  float o[kNB][4];
+#pragma unroll
+  for (int nb = 0; nb < kNB; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  int pos[2];  // query position of the lane's rows (-1: padding row, sees nothing)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = lane / 4 + 8 * h;
+    pos[h] = r < n_rows ? static_cast<int>(sv.pos0 + (row0 + r) / G) : -1;
+  }
+  const float scale_log2 = a.scale * kLog2e;
+
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<kS - 2>();  // this thread's copies of tile it have landed
-    __syncthreads();          // everyone's have; everyone is done with tile it - 1 (and q is set)
+    __syncthreads();          // everyone's have; everyone is done with tile it - 1
     if (it + kS - 1 < n_tiles) load_tile(it + kS - 1);  // into the stage tile it - 1 used
     cp_async_commit();
 
-    const bf16* sK = tiles + (it % kS) * 2 * kBN * kP;
+    const bf16* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // the warp's 16 keys
     const bf16* sV = sK + kBN * kP;
-    const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN;
-    const int jw = warp * kKPW;  // the warp's first key in the tile
+    const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN + warp * 16;
 
-    // Logits of key jw + key_in_warp for every row: this lane's part of the dims, then the parts
-    // summed across lanes.
-    float s[kR];
+    // S = Q K^T for the warp's 16 keys: s[j][x] is row lane / 4 + 8 (x / 2), key 8 j +
+    // 2 (lane % 4) + x % 2.
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-    for (int r = 0; r < kR; ++r) s[r] = 0.0f;
-    const bf16* krow = sK + (jw + key_in_warp) * kP + part * C::kPartDims;
-    const float* qpart = sQ + part * C::kPartDims;
-#pragma unroll 4
-    for (int d = 0; d < C::kPartDims; d += 8) {
-      float kf[8];
-      load_bf16<8>(krow + d, kf);
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t qf[4];
+      if constexpr (C::kQRegs) {
 #pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const float4 q0 = *reinterpret_cast<const float4*>(qpart + r * kD + d);
-        const float4 q1 = *reinterpret_cast<const float4*>(qpart + r * kD + d + 4);
-        s[r] = fmaf(q0.x, kf[0], s[r]);
-        s[r] = fmaf(q0.y, kf[1], s[r]);
-        s[r] = fmaf(q0.z, kf[2], s[r]);
-        s[r] = fmaf(q0.w, kf[3], s[r]);
-        s[r] = fmaf(q1.x, kf[4], s[r]);
-        s[r] = fmaf(q1.y, kf[5], s[r]);
-        s[r] = fmaf(q1.z, kf[6], s[r]);
-        s[r] = fmaf(q1.w, kf[7], s[r]);
+        for (int x = 0; x < 4; ++x) qf[x] = qa[kk][x];
+      } else {
+        ldmatrix_x4(qf, sQ + (lane % 16) * kP + kk * 16 + (lane / 16) * 8);
       }
+      uint32_t kb[4];
+      ldmatrix_x4(kb, sK + (lane % 8 + (lane / 16) * 8) * kP + kk * 16 + ((lane / 8) % 2) * 8);
+      mma_bf16_16816(s[0], qf, kb[0], kb[1]);
+      mma_bf16_16816(s[1], qf, kb[2], kb[3]);
     }
-    const int64_t j = n0 + jw + key_in_warp;  // this lane's key
-    float p[kR];
+
+    // Logits (log2 domain), masked; online softmax per row over the warp's keys.
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
 #pragma unroll
-      for (int o = kKPW; o < kWarp; o <<= 1) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
-      const bool visible =
-          j <= my_hi && j <= pos[r] && (a.window <= 0 || j > pos[r] - a.window);
-      const float x = !visible ? -INFINITY
-                               : (a.softcap > 0.0f ? logit_log2(s[r], a.scale, a.softcap) : s[r]);
-      // Online softmax over the warp's keys (lanes of other parts hold the same values).
-      float mx = x;
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int o = 1; o < kKPW; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m_new = fmaxf(m[r], mx);
+        for (int c = 0; c < 2; ++c) {
+          const int64_t key = n0 + 8 * j + 2 * (lane % 4) + c;
+          const bool visible = key <= my_hi && key <= pos[h] &&
+                               (a.window <= 0 || key > pos[h] - a.window);
+          const float raw = s[j][2 * h + c];
+          const float x = a.softcap > 0.0f ? logit_log2(raw, a.scale, a.softcap) : raw * scale_log2;
+          s[j][2 * h + c] = visible ? x : -INFINITY;
+          mx = fmaxf(mx, s[j][2 * h + c]);
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: keep everything 0
-      p[r] = exp2f(x - m_use);
-      float sum = p[r];
+      const float alpha = exp2f(m[h] - m_use);
+      float sum = 0.0f;
 #pragma unroll
-      for (int o = 1; o < kKPW; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      const float alpha = exp2f(m[r] - m_use);
-      l[r] = l[r] * alpha + sum;
-      m[r] = m_new;
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int i = 0; i < kLD; ++i) acc[r][i] *= alpha;
-    }
-    // acc += P V over the warp's keys: lane owns dims lane * kLD ..; p of key jj from lane jj.
-#pragma unroll
-    for (int jj = 0; jj < kKPW; ++jj) {
-      float vf[kLD];
-      load_bf16<kLD>(sV + (jw + jj) * kP + lane * kLD, vf);
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const float pj = __shfl_sync(0xffffffffu, p[r], jj);
-#pragma unroll
-        for (int i = 0; i < kLD; ++i) acc[r][i] = fmaf(pj, vf[i], acc[r][i]);
+        for (int c = 0; c < 2; ++c) {
+          const float p = exp2f(s[j][2 * h + c] - m_use);
+          s[j][2 * h + c] = p;
+          sum += p;
+        }
       }
+      l[h] = l[h] * alpha + sum;
+      m[h] = m_new;
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) {
+        o[nb][2 * h] *= alpha;
+        o[nb][2 * h + 1] *= alpha;
+      }
+    }
+
+    // O += P V: P (bf16) straight from the S accumulators as the A fragment.
+    uint32_t pa[4];
+    pa[0] = pack_bf16x2(s[0][0], s[0][1]);
+    pa[1] = pack_bf16x2(s[0][2], s[0][3]);
+    pa[2] = pack_bf16x2(s[1][0], s[1][1]);
+    pa[3] = pack_bf16x2(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, sV + (lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 + (lane / 16) * 8);
+      mma_bf16_16816(o[2 * dn2], pa, vb[0], vb[1]);
+      mma_bf16_16816(o[2 * dn2 + 1], pa, vb[2], vb[3]);
     }
   }
   cp_async_wait<0>();
@@ -261,13 +269,18 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   float* merge = reinterpret_cast<float*>(smem);
   constexpr int kMS = kD + 2;
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    float* dst = merge + (warp * kR + r) * kMS;
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    float* dst = merge + (warp * kR + lane / 4 + 8 * h) * kMS;
 #pragma unroll
-    for (int i = 0; i < kLD; ++i) dst[lane * kLD + i] = acc[r][i];
-    if (lane == 0) {
-      dst[kD] = m[r];
-      dst[kD + 1] = l[r];
+    for (int nb = 0; nb < kNB; ++nb) {
+      dst[nb * 8 + 2 * (lane % 4)] = o[nb][2 * h];
+      dst[nb * 8 + 2 * (lane % 4) + 1] = o[nb][2 * h + 1];
+    }
+    if (lane % 4 == 0) {
+      dst[kD] = m[h];
+      dst[kD + 1] = l[h];
     }
   }
   __syncthreads();
@@ -277,10 +290,10 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     const int t = (row0 + r) / G, g = (row0 + r) % G;
     return (sv.q0 + t) * a.Hq + hk * G + g;
   };
-  auto store_out = [&](int r, int d, const float (&o)[4], float m_all, float den) {
+  auto store_out = [&](int r, int d, const float (&o4)[4], float m_all, float den) {
     const int t = (row0 + r) / G, g = (row0 + r) % G;
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    const float v[4] = {o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv};
+    const float v[4] = {o4[0] * inv, o4[1] * inv, o4[2] * inv, o4[3] * inv};
     store_bf16<4>(a.out + (sv.q0 + t) * a.out_t + (hk * G + g) * a.out_h + d, v);
     if (a.lse != nullptr && d == 0) {
       a.lse[static_cast<int64_t>(hk * G + g) * a.T + sv.q0 + t] =
@@ -294,20 +307,20 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
 #pragma unroll
     for (int w = 0; w < C::kWarps; ++w) m_all = fmaxf(m_all, merge[(w * kR + r) * kMS + kD]);
     const float m_use = m_all == -INFINITY ? 0.0f : m_all;
-    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f}, den = 0.0f;
+    float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, den = 0.0f;
 #pragma unroll
     for (int w = 0; w < C::kWarps; ++w) {
       const float* src = merge + (w * kR + r) * kMS;
       const float wt = exp2f(src[kD] - m_use);
       den += src[kD + 1] * wt;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) o[i] += src[d + i] * wt;
+      for (int i = 0; i < 4; ++i) o4[i] += src[d + i] * wt;
     }
     if (n_split == 1) {
-      store_out(r, d, o, m_all, den);
+      store_out(r, d, o4, m_all, den);
     } else {
       const int64_t wr = static_cast<int64_t>(split) * rows_total + out_row(r);
-      *reinterpret_cast<float4*>(plan.part_o + wr * kD + d) = make_float4(o[0], o[1], o[2], o[3]);
+      *reinterpret_cast<float4*>(plan.part_o + wr * kD + d) = make_float4(o4[0], o4[1], o4[2], o4[3]);
       if (d == 0) *reinterpret_cast<float2*>(plan.part_ml + wr * 2) = make_float2(m_all, den);
     }
   }
@@ -330,7 +343,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       m_all = fmaxf(m_all, __ldcg(plan.part_ml + (sp * static_cast<int64_t>(rows_total) + row) * 2));
     }
     const float m_use = m_all == -INFINITY ? 0.0f : m_all;
-    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f}, den = 0.0f;
+    float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, den = 0.0f;
     for (int sp = 0; sp < n_split; ++sp) {
       const int64_t wr = sp * static_cast<int64_t>(rows_total) + row;
       const float2 ml = __ldcg(reinterpret_cast<const float2*>(plan.part_ml + wr * 2));
@@ -338,85 +351,60 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       const float wt = exp2f(ml.x - m_use);
       const float4 po = __ldcg(reinterpret_cast<const float4*>(plan.part_o + wr * kD + d));
       den += ml.y * wt;
-      o[0] += po.x * wt;
-      o[1] += po.y * wt;
-      o[2] += po.z * wt;
-      o[3] += po.w * wt;
+      o4[0] += po.x * wt;
+      o4[1] += po.y * wt;
+      o4[2] += po.z * wt;
+      o4[3] += po.w * wt;
     }
-    store_out(r, d, o, m_all, den);
+    store_out(r, d, o4, m_all, den);
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (stream order)
 }
 
-template <int kD, int kR>
+template <int kD>
 void set_smem_limit_once() {
-  static const bool done = [] {  // once per instantiation, so capture sees no attribute calls
+  static const bool done = [] {  // once per head dim, so capture sees no attribute calls
     // Exactly what the launch uses: the kernel's static shared memory counts against the
     // opt-in limit too, so asking for the whole limit would be refused.
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<kD, kR>,
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<kD>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(DecodeConfig<kD>::smem_bytes(kR))));
+                                         static_cast<int>(DecodeConfig<kD>::kSmemBytes)));
     return true;
   }();
   (void)done;
-}
-
-// Calls fn(std::integral_constant<int, R>{}) for the rows instantiation.
-template <int kD, class Fn>
-void dispatch_rows(int rows, Fn&& fn) {
-  switch (rows) {
-    case 1:
-      return fn(std::integral_constant<int, 1>{});
-    case 2:
-      return fn(std::integral_constant<int, 2>{});
-    case 4:
-      return fn(std::integral_constant<int, 4>{});
-    case 8:
-      return fn(std::integral_constant<int, 8>{});
-    default:
-      if constexpr (DecodeConfig<kD>::kMaxRows >= 16) return fn(std::integral_constant<int, 16>{});
-  }
 }
 
 }  // namespace
 
 template <int kD>
 int decode_max_rows() {
-  return DecodeConfig<kD>::kMaxRows;
+  return DecodeConfig<kD>::kRows;
 }
 
 template <int kD>
-size_t decode_smem_bytes(int rows) {
-  return DecodeConfig<kD>::smem_bytes(rows);
+size_t decode_smem_bytes(int) {
+  return DecodeConfig<kD>::kSmemBytes;
 }
 
 template <int kD>
-int decode_blocks_per_sm(int rows) {
-  int blocks = 1;
-  dispatch_rows<kD>(rows, [&](auto r) {
-    constexpr int kR = decltype(r)::value;
-    static const int cached = [] {  // once per instantiation: no API call per launch
-      set_smem_limit_once<kD, kR>();
-      int b = 0;
-      LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &b, decode_kernel<kD, kR>, DecodeConfig<kD>::kThreads, DecodeConfig<kD>::smem_bytes(kR)));
-      return b > 0 ? b : 1;
-    }();
-    blocks = cached;
-  });
+int decode_blocks_per_sm(int) {
+  static const int blocks = [] {  // once per head dim: no API call per launch
+    set_smem_limit_once<kD>();
+    int b = 0;
+    LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &b, decode_kernel<kD>, DecodeConfig<kD>::kThreads, DecodeConfig<kD>::kSmemBytes));
+    return b > 0 ? b : 1;
+  }();
   return blocks;
 }
 
 template <int kD>
 void launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   using C = DecodeConfig<kD>;
-  dispatch_rows<kD>(plan.rows, [&](auto r) {
-    constexpr int kR = decltype(r)::value;
-    set_smem_limit_once<kD, kR>();
-    const dim3 grid(static_cast<unsigned>(plan.split),
-                    static_cast<unsigned>(a.Hkv * plan.groups), static_cast<unsigned>(a.B));
-    decode_kernel<kD, kR><<<grid, C::kThreads, C::smem_bytes(kR), current_stream()>>>(a, plan);
-  });
+  set_smem_limit_once<kD>();
+  const dim3 grid(static_cast<unsigned>(plan.split), static_cast<unsigned>(a.Hkv * plan.groups),
+                  static_cast<unsigned>(a.B));
+  decode_kernel<kD><<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a, plan);
   check_launch("attention decode");
 }
 

@@ -1,7 +1,5 @@
 #include "formats/hf_config.h"
 
-#include "formats/mapped_file.h"
-
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -17,13 +15,13 @@
 #include <utility>
 
 #include "core/error.h"
+#include "formats/mapped_file.h"
 
 namespace llmk {
 
 namespace json_io {
 
 namespace {
-
 
 // What nlohmann says after its "[json.exception.parse_error.101] parse error at line 1,
 // column 2: " prefix; the position is recomputed by the caller.
@@ -42,7 +40,8 @@ class DuplicateKeyCheck {
   DuplicateKeyCheck(const std::string& path, const DuplicateKeyFn& on_duplicate)
       : path_(path), on_duplicate_(on_duplicate) {}
 
-  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, Json& parsed) {
+  template <class AnyJson>
+  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, AnyJson& parsed) {
     using E = nlohmann::json::parse_event_t;
     switch (event) {
       case E::object_start:
@@ -56,7 +55,8 @@ class DuplicateKeyCheck {
         if (!frames_.empty()) frames_.pop_back();
         break;
       case E::key:
-        if (!frames_.empty() && parsed.is_string()) on_key(parsed.get_ref<const std::string&>());
+        if (!frames_.empty() && parsed.is_string())
+          on_key(parsed.template get_ref<const std::string&>());
         break;
       case E::value:
         break;
@@ -110,13 +110,16 @@ TextPosition text_position(std::string_view text, size_t offset) {
   return p;
 }
 
-Json parse(std::string_view text, const std::string& path, const DuplicateKeyFn& on_duplicate) {
+namespace {
+
+template <class AnyJson>
+AnyJson parse_as(std::string_view text, const std::string& path,
+                 const DuplicateKeyFn& on_duplicate) {
   DuplicateKeyCheck check(path, on_duplicate);
   try {
-    return Json::parse(text.begin(), text.end(),
-                       [&check](int depth, nlohmann::json::parse_event_t event, Json& parsed) {
-                         return check(depth, event, parsed);
-                       });
+    return AnyJson::parse(text.begin(), text.end(),
+                          [&check](int depth, nlohmann::json::parse_event_t event,
+                                   AnyJson& parsed) { return check(depth, event, parsed); });
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte is 1-based: the byte at which the parser gave up.
     const TextPosition p = text_position(text, e.byte > 0 ? e.byte - 1 : 0);
@@ -125,6 +128,17 @@ Json parse(std::string_view text, const std::string& path, const DuplicateKeyFn&
   } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
     LLMK_FAIL("{}: malformed JSON: {}", path, e.what());
   }
+}
+
+}  // namespace
+
+Json parse(std::string_view text, const std::string& path, const DuplicateKeyFn& on_duplicate) {
+  return parse_as<Json>(text, path, on_duplicate);
+}
+
+nlohmann::json parse_sorted(std::string_view text, const std::string& path,
+                            const DuplicateKeyFn& on_duplicate) {
+  return parse_as<nlohmann::json>(text, path, on_duplicate);
 }
 
 std::string describe(const Json& v) {

@@ -2,56 +2,35 @@
 // transformers, and broken Hugging Face folders give exactly one "llmk: error: ..." line naming
 // the file and the key or tensor, with exit code 1.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <algorithm>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
+#include <vector>
 
+#include "apps/cli_util.h"
 #include "model/family_fixtures.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using llmk::test::expect_clean_error;
 using llmk::test::ScratchDir;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = llmk::test::CliResult;
 
 class BadModelCli : public ::testing::Test {
  protected:
   // `llmk logits` over `prompt` (default: the llama3 fixture's ids), to <dir>/logits.f32.
   Result logits(const std::string& model, const std::string& extra = "",
                 std::vector<int32_t> prompt = {}) {
-    const std::string ids = dir_.path() + "/ids.txt", out = dir_.path() + "/out";
-    const std::string err = dir_.path() + "/err";
+    const std::string ids = dir_.path() + "/ids.txt";
     if (prompt.empty()) prompt = llmk::test::FamilyReference::load("llama3").ids;
     std::string text;
     for (int32_t id : prompt) text += std::to_string(id) + " ";
     llmk::test::write_text(ids, text);
-    const std::string cmd = std::string(LLMK_BINARY_DIR) + "/llmk logits -m " + model + " --ids " +
-                            ids + " --out " + dir_.path() + "/logits.f32 -t 2 " + extra + " >" +
-                            out + " 2>" + err + " </dev/null";
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = llmk::test::read_text(out);
-    r.err = llmk::test::read_text(err);
-    return r;
-  }
-
-  static void expect_clean_error(const Result& r, std::initializer_list<std::string> needles) {
-    EXPECT_EQ(r.code, 1) << r.err;
-    EXPECT_EQ(r.out, "");
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_EQ(r.err.rfind("llmk: error: ", 0), 0u) << r.err;
-    for (const std::string& n : needles) {
-      EXPECT_NE(r.err.find(n), std::string::npos) << "wanted '" << n << "' in: " << r.err;
-    }
+    return llmk::test::run_llmk("logits -m " + model + " --ids " + ids + " --out " + dir_.path() +
+                                    "/logits.f32 -t 2 " + extra,
+                                dir_.path());
   }
 
   ScratchDir dir_;

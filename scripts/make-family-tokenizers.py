@@ -27,6 +27,9 @@ hf_json fixtures, and shaped like the family's real tokenizer.json, at most 512 
            <unk> <mask> and the turn/image tokens in the model vocabulary and as special added
            tokens, the byte tokens, then the pieces; normalizer Replace(" ", "▁"), pre-tokenizer
            Split(" ", merged_with_previous), decoder without Strip; bos added.
+Two variants of phi3's vocabulary go to tests/fixtures/tokenizer/hf_json/metaspace_{first,always}/:
+the shape transformers 5's LlamaTokenizer writes (no normalizer; pre-tokenizer
+Metaspace(prepend_scheme first, or always as for legacy files, split false); decoder with Strip).
 The pieces of the SentencePiece-style ones are learnt with a Metaspace split (word-initial "▁"
 pieces, as SentencePiece learns them); the files have no pre-tokenizer, like the real ones.
 
@@ -434,13 +437,31 @@ def families(text):
     return {"llama3": llama3, "qwen2": qwen2, "phi3": phi3, "gemma3": gemma3}, configs
 
 
+def metaspace_variant(phi3, scheme):
+    j = json.loads(json.dumps(phi3))
+    j["normalizer"] = None
+    j["pre_tokenizer"] = json.loads(pre_tokenizers.Metaspace(
+        replacement=SPACE, prepend_scheme=scheme, split=False).__getstate__())
+    return j
+
+
 def main():
     out = os.path.join(ROOT, "tests", "fixtures", "families")
     text = J.training_text()
     texts = corpus()
     tokenizers_json, configs = families(text)
+    for scheme in ("first", "always"):
+        tokenizers_json["metaspace_" + scheme] = metaspace_variant(tokenizers_json["phi3"], scheme)
     all_cases = {}
     for name, j in tokenizers_json.items():
+        if name.startswith("metaspace_"):
+            path = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "hf_json", name,
+                                "tokenizer.json")
+            J.write_json(path, j, indent=1)
+            written = Tokenizer.from_file(path)
+            all_cases[name] = {"vocab_size": written.get_vocab_size(with_added_tokens=True),
+                               "cases": J.case_ids(written, texts)}
+            continue
         path = os.path.join(out, name, "tokenizer.json")
         J.write_json(path, j, indent=1)
         J.write_json(os.path.join(out, name, "tokenizer_config.json"), configs[name], indent=2)

@@ -15,7 +15,8 @@
 namespace llmk {
 namespace {
 
-constexpr std::string_view kSpmModel = "llama";  // SentencePiece-style BPE (spm_model.h)
+constexpr std::string_view kSpmModel = "llama";          // SentencePiece-style BPE (spm_model.h)
+constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 constexpr std::string_view kSupportedModels = "gpt2, llama";
 
 // Texts of tokens that end a generated turn in the families llmk knows.
@@ -51,8 +52,8 @@ struct Tokenizer::Impl {
                size());
   }
 
-  // Appends the ids of text that holds no special token.
-  void encode_plain(std::string_view text, std::vector<std::string_view>& pieces,
+  // Appends the ids of text that holds no special token; at_start: the text begins the input.
+  void encode_plain(std::string_view text, bool at_start, std::vector<std::string_view>& pieces,
                     BpeModel::Scratch& scratch, std::vector<int32_t>& out) const;
 
   // Cuts the special tokens of one stage (those matched in the normalized text, or in the raw
@@ -111,6 +112,8 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
   LLMK_CHECK(!data.use_merges || spm, "use_merges is for the '{}' model only", kSpmModel);
   LLMK_CHECK(data.use_merges || !(data.normalizer.prepend_space || data.normalizer.escape_spaces),
              "a normalizer that writes '\u2581' for spaces needs a BPE with byte fallback");
+  LLMK_CHECK(data.use_merges || data.metaspace == TokenizerData::Metaspace::None,
+             "the Metaspace pre-tokenizer needs a BPE with byte fallback");
   for (const int32_t id : data.normalized_tokens) {
     LLMK_CHECK(id >= 0 && static_cast<size_t>(id) < n, "normalized token id {} out of range", id);
   }
@@ -233,10 +236,20 @@ void Tokenizer::Impl::split_specials(std::string_view text, bool normalized, boo
   if (pos < text.size()) plain(text.substr(pos));
 }
 
-void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<std::string_view>& pieces,
+void Tokenizer::Impl::encode_plain(std::string_view text, bool at_start,
+                                   std::vector<std::string_view>& pieces,
                                    BpeModel::Scratch& scratch, std::vector<int32_t>& out) const {
-  if (data.use_merges) {  // no pre-tokenizer: the whole stretch is one piece
-    bpe.encode(text, scratch, out);
+  using Metaspace = TokenizerData::Metaspace;
+  if (data.use_merges && (data.metaspace == Metaspace::None || text.empty())) {
+    bpe.encode(text, scratch, out);  // no pre-tokenizer: the whole stretch is one piece
+    return;
+  }
+  if (data.use_merges) {
+    std::string escaped = Normalizer{.escape_spaces = true}.apply(text);
+    const bool prepend =
+        data.metaspace == Metaspace::Always || (data.metaspace == Metaspace::First && at_start);
+    if (prepend && !escaped.starts_with(kSpaceMark)) escaped.insert(0, kSpaceMark);
+    bpe.encode(escaped, scratch, out);
     return;
   }
   // The regexes need valid UTF-8: split off invalid bytes, each of which is its own piece.
@@ -271,21 +284,28 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
   std::vector<std::string_view> pieces;
   BpeModel::Scratch scratch;
   SpmModel::Scratch spm_scratch;
-  const auto encode_plain = [&](std::string_view plain) {
+  const auto encode_plain = [&](std::string_view plain, bool at_start) {
     if (m.spm) {
       m.spm->encode(plain, spm_scratch, out);
     } else {
-      m.encode_plain(plain, pieces, scratch, out);
+      m.encode_plain(plain, at_start, pieces, scratch, out);
     }
   };
 
   // Added tokens matched in the raw text first; each stretch between them is normalized, and
-  // the added tokens matched in the normalized text are cut out of it.
+  // the added tokens matched in the normalized text are cut out of it. A piece is at the start
+  // of the text when it begins both its stretch and the text.
   const auto encode_stretch = [&](std::string_view stretch) {
+    const bool first = stretch.data() == text.data();
+    const auto split_normalized = [&](std::string_view normalized) {
+      m.split_specials(normalized, true, parse_special, out, [&](std::string_view piece) {
+        encode_plain(piece, first && piece.data() == normalized.data());
+      });
+    };
     if (m.data.normalizer.empty()) {
-      m.split_specials(stretch, true, parse_special, out, encode_plain);
+      split_normalized(stretch);
     } else {
-      m.split_specials(m.data.normalizer.apply(stretch), true, parse_special, out, encode_plain);
+      split_normalized(m.data.normalizer.apply(stretch));
     }
   };
   m.split_specials(text, false, parse_special, out, encode_stretch);

@@ -62,6 +62,11 @@ struct TokenizerData {
   // after those matched in the raw text. The others are matched in the raw text.
   std::vector<int32_t> normalized_tokens;
   bool strip_space = false;  // decode drops one leading space (decoder Strip(" ", 1, 0))
+  // "llama" with use_merges: tokenizers' Metaspace pre-tokenizer (split: false), after the
+  // normalizer: spaces become "▁", and a "▁" goes before each non-empty stretch that does not
+  // start with one (Always), or only before such a stretch at the start of the text (First).
+  enum class Metaspace { None, Never, Always, First };
+  Metaspace metaspace = Metaspace::None;
   // "llama": BPE by the ranks of `merges`, starting from characters with byte fallback
   // (tokenizer.json's BPE with byte_fallback), instead of SentencePiece merging by scores. The
   // text arrives with spaces already escaped by the normalizer.

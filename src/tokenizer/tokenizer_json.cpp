@@ -6,8 +6,9 @@
 //  - BPE with byte_fallback, as transformers' LlamaConverter and GemmaConverter write
 //    SentencePiece models (Llama 2, Phi-3, Gemma): normalizer Replace(" ", "▁"), with
 //    Prepend("▁") before it for Llama 2 / Phi-3; no pre-tokenizer (Gemma's Split on " " finds no
-//    space left after the normalizer); decoder Replace("▁", " "), ByteFallback, Fuse, and
-//    Strip(" ", 1, 0) where Prepend added a space.
+//    space left after the normalizer), or instead of that normalizer a Metaspace pre-tokenizer
+//    without splitting (transformers 5's LlamaTokenizer); decoder Replace("▁", " "), ByteFallback,
+//    Fuse, and Strip(" ", 1, 0) where Prepend added a space.
 #include <fmt/format.h>
 
 #include <array>
@@ -260,20 +261,45 @@ bool check_fallback_decoder(const Reader& r, const Json& root) {
   return true;
 }
 
-// The pre-tokenizer of a BPE with byte fallback: none, or a Split on " " (Gemma's), which finds
-// nothing once the normalizer has replaced every space.
-void check_fallback_pre_tokenizer(const Reader& r, const Json& root, const Normalizer& n) {
+// The pre-tokenizer of a BPE with byte fallback: none; a Split on " " (Gemma's), which finds
+// nothing once the normalizer has replaced every space; or Metaspace without splitting (what
+// transformers 5's LlamaTokenizer writes).
+TokenizerData::Metaspace fallback_pre_tokenizer(const Reader& r, const Json& root,
+                                                const Normalizer& n) {
+  using Metaspace = TokenizerData::Metaspace;
   const Json* pre = r.find(root, "", "pre_tokenizer");
-  if (pre == nullptr) return;
+  if (pre == nullptr) return Metaspace::None;
   const std::string type = r.get_string(*pre, "pre_tokenizer", "type");
   if (type == "Split" && n.escape_spaces) {
     const std::optional<std::string> pattern =
         r.find_string(r.get(*pre, "pre_tokenizer", "pattern"), "pre_tokenizer.pattern", "String");
-    if (pattern == " " && !r.get_bool(*pre, "pre_tokenizer", "invert", false)) return;
+    if (pattern == " " && !r.get_bool(*pre, "pre_tokenizer", "invert", false)) {
+      return Metaspace::None;
+    }
+  }
+  if (type == "Metaspace") {
+    if (r.get_string(*pre, "pre_tokenizer", "replacement") != kSpace) {
+      r.fail("pre_tokenizer.replacement", "only \"\u2581\" is supported");
+    }
+    // Files from before prepend_scheme and split existed meant split = true.
+    if (r.get_bool(*pre, "pre_tokenizer", "split", true)) {
+      r.fail("pre_tokenizer.split", "true (or missing) is not supported");
+    }
+    const std::optional<std::string> scheme =
+        r.find_string(*pre, "pre_tokenizer", "prepend_scheme");
+    if (!scheme) {
+      return r.get_bool(*pre, "pre_tokenizer", "add_prefix_space", true) ? Metaspace::Always
+                                                                         : Metaspace::Never;
+    }
+    if (*scheme == "first") return Metaspace::First;
+    if (*scheme == "always") return Metaspace::Always;
+    if (*scheme == "never") return Metaspace::Never;
+    r.fail("pre_tokenizer.prepend_scheme",
+           fmt::format("unknown value '{}' (first, always, never)", json_io::escape(*scheme)));
   }
   r.fail("pre_tokenizer", fmt::format("unsupported pre-tokenizer '{}' with byte_fallback (llmk "
-                                      "supports none, or a Split on \" \" after the normalizer "
-                                      "replaced spaces)",
+                                      "supports none, Metaspace without split, or a Split on "
+                                      "\" \" after the normalizer replaced spaces)",
                                       json_io::escape(type)));
 }
 
@@ -508,13 +534,13 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
     // SentencePiece-style: merges over characters, spaces written "▁" by the normalizer.
     d.model = "llama";
     d.use_merges = true;
-    if (!d.normalizer.escape_spaces) {
+    d.metaspace = fallback_pre_tokenizer(r, root, d.normalizer);
+    if (!d.normalizer.escape_spaces && d.metaspace == TokenizerData::Metaspace::None) {
       r.fail("normalizer",
              "model.byte_fallback needs a Replace(\" \", \"\u2581\") normalizer "
-             "(llmk has no Metaspace pre-tokenizer)");
+             "or a Metaspace pre-tokenizer");
     }
     if (options.ignore_merges) r.fail("model.ignore_merges", "true is not supported here");
-    check_fallback_pre_tokenizer(r, root, d.normalizer);
     d.strip_space = check_fallback_decoder(r, root);
   } else {
     if (d.normalizer.prepend_space || d.normalizer.escape_spaces) {

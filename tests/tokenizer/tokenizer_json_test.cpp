@@ -305,8 +305,13 @@ TEST_F(TokenizerJsonErrors, ByteFallbackErrors) {
   expect_error(write(j), {"normalizer.normalizers[1]", "Replace"});
   j = minimal_byte_fallback();
   j["pre_tokenizer"] = json::parse(R"({"type": "Metaspace", "replacement": "\u2581",
-                                        "prepend_scheme": "first", "split": false})");
-  expect_error(write(j), {"pre_tokenizer", "Metaspace"});
+                                        "prepend_scheme": "first", "split": true})");
+  expect_error(write(j), {"pre_tokenizer.split"});
+  j["pre_tokenizer"]["split"] = false;
+  j["pre_tokenizer"]["prepend_scheme"] = "sometimes";
+  expect_error(write(j), {"pre_tokenizer.prepend_scheme", "sometimes"});
+  j["pre_tokenizer"] = json::parse(R"({"type": "Whitespace"})");
+  expect_error(write(j), {"pre_tokenizer", "Whitespace"});
   j = minimal_byte_fallback();
   j["decoder"]["decoders"].erase(1);  // no ByteFallback
   expect_error(write(j), {"decoder.decoders[1].type", "Fuse"});
@@ -395,7 +400,9 @@ TEST_F(TokenizerJsonErrors, UnsupportedOptions) {
   j["decoder"] = json::parse(R"({"type": "WordPiece"})");
   expect_error(write(j), {"decoder.type", "WordPiece"});
   j = minimal();
-  j["model"]["byte_fallback"] = true;  // a byte-level file: no Replace normalizer
+  j["model"]["byte_fallback"] = true;  // a byte-level file: ByteLevel pre-tokenizer
+  expect_error(write(j), {"pre_tokenizer", "ByteLevel", "byte_fallback"});
+  j["pre_tokenizer"] = nullptr;  // and no Replace normalizer
   expect_error(write(j), {"normalizer", "model.byte_fallback", "Replace"});
   j = minimal();
   j["model"]["ignore_merges"] = true;  // only the llama3 pre-tokenizer ignores merges

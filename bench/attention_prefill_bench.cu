@@ -73,8 +73,8 @@ void run(const Shape& s, int samples, int variant, void* flush, size_t flush_byt
   LLMK_CUDA_CHECK(cudaGetLastError());
   std::vector<int32_t> cu_h(static_cast<size_t>(s.B) + 1);
   for (int b = 0; b <= s.B; ++b) cu_h[static_cast<size_t>(b)] = b * s.S;
-  LLMK_CUDA_CHECK(cudaMemcpy(cu, cu_h.data(), cu_h.size() * sizeof(int32_t),
-                             cudaMemcpyHostToDevice));
+  LLMK_CUDA_CHECK(
+      cudaMemcpy(cu, cu_h.data(), cu_h.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
 
   cuda::AttentionArgs a;
   a.out = out;
@@ -141,7 +141,8 @@ int main_impl(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: attention_prefill_bench [--samples N] [--only B,Hq,S,D,causal]\n");
+      std::fprintf(stderr,
+                   "usage: attention_prefill_bench [--samples N] [--only B,Hq,S,D,causal]\n");
       return 2;
     }
   }
@@ -149,9 +150,9 @@ int main_impl(int argc, char** argv) {
   const char* env = std::getenv("LLMK_PREFILL_VARIANT");
   const int variant = env != nullptr ? std::atoi(env) : 0;
   std::vector<Shape> shapes = {
-      {16, 32, 32, 512, 64, false},  {16, 32, 32, 512, 64, true},   {4, 32, 32, 2048, 128, false},
-      {4, 32, 32, 2048, 128, true},  {2, 32, 32, 8192, 128, true},  {1, 32, 32, 16384, 128, true},
-      {2, 8, 8, 8192, 256, true},    {1, 32, 8, 4096, 128, true},
+      {16, 32, 32, 512, 64, false}, {16, 32, 32, 512, 64, true},  {4, 32, 32, 2048, 128, false},
+      {4, 32, 32, 2048, 128, true}, {2, 32, 32, 8192, 128, true}, {1, 32, 32, 16384, 128, true},
+      {2, 8, 8, 8192, 256, true},   {1, 32, 8, 4096, 128, true},
   };
   if (only != nullptr) {
     Shape s{};

@@ -36,7 +36,8 @@ Dims check_shapes(const Tensor& out, const Tensor& q, const Tensor& k, const Ten
     require_ndim(kOp, name, *t, 3);
     require_last_dim_contiguous(kOp, name, *t);
   }
-  const Dims d{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(0), cu_q.ndim() == 1 ? cu_q.dim(0) - 1 : 0};
+  const Dims d{q.dim(0), q.dim(1), k.dim(1),
+               q.dim(2), k.dim(0), cu_q.ndim() == 1 ? cu_q.dim(0) - 1 : 0};
   LLMK_CHECK(k.dim(2) == d.D, "ops::attention_varlen: q is {} but k is {}: head dims differ",
              q.str(), k.str());
   require_shape(kOp, "v", v, k.shape());
@@ -47,12 +48,11 @@ Dims check_shapes(const Tensor& out, const Tensor& q, const Tensor& k, const Ten
   require_dtype(kOp, "cu_q", cu_q, DType::I32);
   require_dtype(kOp, "cu_k", cu_k, DType::I32);
   require_ndim(kOp, "cu_q", cu_q, 1);
-  LLMK_CHECK(d.B >= 1, "ops::attention_varlen: cu_q ({}) must hold B + 1 >= 2 offsets",
-             cu_q.str());
+  LLMK_CHECK(d.B >= 1, "ops::attention_varlen: cu_q ({}) must hold B + 1 >= 2 offsets", cu_q.str());
   require_shape(kOp, "cu_k", cu_k, {d.B + 1});
   LLMK_CHECK(p.window >= 0, "ops::attention_varlen: window = {} must be >= 0", p.window);
-  LLMK_CHECK(p.causal || p.window == 0,
-             "ops::attention_varlen: window = {} needs causal = true", p.window);
+  LLMK_CHECK(p.causal || p.window == 0, "ops::attention_varlen: window = {} needs causal = true",
+             p.window);
   LLMK_CHECK(p.softcap >= 0.0f && std::isfinite(p.softcap),
              "ops::attention_varlen: softcap = {} must be >= 0", p.softcap);
   LLMK_CHECK(std::isfinite(p.scale), "ops::attention_varlen: scale = {} must be finite", p.scale);
@@ -87,8 +87,8 @@ void check_offsets(const Tensor& cu, std::string_view name, int64_t B, int64_t e
   }
   const int64_t last = c[B * s];
   LLMK_CHECK(exact ? last == end : last <= end,
-             "ops::attention_varlen: {}[{}] = {} but {} has {} rows", name, B, last,
-             rows_of.str(), end);
+             "ops::attention_varlen: {}[{}] = {} but {} has {} rows", name, B, last, rows_of.str(),
+             end);
 }
 
 // log-sum-exp (natural log) of one query row's visible logits, in double.
@@ -181,8 +181,8 @@ void attention_varlen_cpu(Tensor& out, const Tensor& q, const Tensor& k, const T
         for (int64_t h = 0; h < d.Hq; ++h) {
           const float* qr = q.data<const float>() + (q0 + i) * q.stride(0) + h * q.stride(1);
           const float* kr = k.data<const float>() + k0 * k.stride(0) + (h / group) * k.stride(1);
-          l[h * d.Tq + q0 + i] = static_cast<float>(
-              row_lse(qr, kr, k.stride(0), first, last, d.D, scale, p.softcap));
+          l[h * d.Tq + q0 + i] =
+              static_cast<float>(row_lse(qr, kr, k.stride(0), first, last, d.D, scale, p.softcap));
         }
       }
     }
@@ -259,10 +259,16 @@ void attention_varlen(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
                       Tensor* lse) {
   const bool cuda =
       lse != nullptr
-          ? on_cuda(kOp, {{"out", &out}, {"q", &q}, {"k", &k}, {"v", &v}, {"cu_q", &cu_q},
-                          {"cu_k", &cu_k}, {"lse", lse}})
-          : on_cuda(kOp, {{"out", &out}, {"q", &q}, {"k", &k}, {"v", &v}, {"cu_q", &cu_q},
-                          {"cu_k", &cu_k}});
+          ? on_cuda(kOp, {{"out", &out},
+                          {"q", &q},
+                          {"k", &k},
+                          {"v", &v},
+                          {"cu_q", &cu_q},
+                          {"cu_k", &cu_k},
+                          {"lse", lse}})
+          : on_cuda(
+                kOp,
+                {{"out", &out}, {"q", &q}, {"k", &k}, {"v", &v}, {"cu_q", &cu_q}, {"cu_k", &cu_k}});
   const Dims d = check_shapes(out, q, k, v, cu_q, cu_k, p, lse);
   if (cuda) {
 #ifdef LLMK_HAS_CUDA

@@ -188,7 +188,7 @@ TEST_F(AttentionPrefillGpu, SingleSequencesMatchCpu) {
 
 TEST_F(AttentionPrefillGpu, MixedBatchesMatchCpu) {
   const std::vector<std::pair<int, int>> mixed = {{1, 1}, {17, 17}, {127, 300}, {1000, 1000},
-                                                  {0, 5},  {33, 0}, {200, 129}, {5, 4099}};
+                                                  {0, 5}, {33, 0},  {200, 129}, {5, 4099}};
   const VarlenCase cases[] = {
       {.seqs = mixed, .Hq = 32, .Hkv = 8, .D = 128},
       {.seqs = mixed, .Hq = 8, .Hkv = 1, .D = 64, .window = 64},
@@ -264,7 +264,8 @@ TEST_F(AttentionPrefillGpu, ArgumentErrors) {
   Tensor out = poisoned_cuda({4, 4, 64}, DType::BF16);
 
   const Tensor k16 = random_host({8, 2, 64}, DType::F16, 2).to(Device::CUDA);
-  const std::string mixed = error_message([&] { ops::attention_varlen(out, q, k16, k16, cq, ck, {}); });
+  const std::string mixed =
+      error_message([&] { ops::attention_varlen(out, q, k16, k16, cq, ck, {}); });
   EXPECT_NE(mixed.find("ops::attention_varlen: k"), std::string::npos) << mixed;
 
   ops::AttentionVarlenParams nc;
@@ -280,8 +281,9 @@ TEST_F(AttentionPrefillGpu, ArgumentErrors) {
       error_message([&] { ops::attention_varlen(out96, q96, k96, k96, cq, ck, {}); });
   EXPECT_NE(d96.find("head dim 96"), std::string::npos) << d96;
 
-  const std::string host_cu = error_message(
-      [&] { ops::attention_varlen(out, q, k, k, i32_host({0, 4}), ck, {}); });
+  const std::string host_cu = error_message([&] {
+    ops::attention_varlen(out, q, k, k, i32_host({0, 4}), ck, {});
+  });
   EXPECT_NE(host_cu.find("cu_q"), std::string::npos) << host_cu;
 
   Tensor lse_bad = poisoned_cuda({4, 5}, DType::F32);

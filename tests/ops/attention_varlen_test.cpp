@@ -79,14 +79,16 @@ void run_case(const Case& c, uint32_t seed) {
         }
         double sum = 0;
         for (int64_t j = 0; j < nk; ++j) {
-          if (seen[static_cast<size_t>(j)]) sum += w[static_cast<size_t>(j)] = std::exp(w[static_cast<size_t>(j)] - mx);
+          if (seen[static_cast<size_t>(j)])
+            sum += w[static_cast<size_t>(j)] = std::exp(w[static_cast<size_t>(j)] - mx);
         }
         const float* o = out.data<float>() + (t * c.Hq + h) * D;
         for (int64_t d = 0; d < D; ++d) {
           double e = 0;
           for (int64_t j = 0; j < nk; ++j) {
             if (seen[static_cast<size_t>(j)]) {
-              e += w[static_cast<size_t>(j)] * v.data<float>()[((ck[b] + j) * c.Hkv + h / group) * D + d];
+              e += w[static_cast<size_t>(j)] *
+                   v.data<float>()[((ck[b] + j) * c.Hkv + h / group) * D + d];
             }
           }
           e = sum > 0 ? e / sum : 0.0;
@@ -107,7 +109,7 @@ void run_case(const Case& c, uint32_t seed) {
 }
 
 TEST(AttentionVarlen, MatchesFloat64Definition) {
-  const std::vector<std::pair<int, int>> mixed = {{1, 1}, {17, 17}, {5, 40}, {0, 3},
+  const std::vector<std::pair<int, int>> mixed = {{1, 1}, {17, 17}, {5, 40},   {0, 3},
                                                   {9, 0}, {30, 11}, {127, 127}};
   const Case cases[] = {
       {.seqs = {{17, 17}}, .Hq = 4, .Hkv = 4, .D = 16},
@@ -129,28 +131,52 @@ TEST(AttentionVarlen, MatchesFloat64Definition) {
 TEST(AttentionVarlen, ArgumentErrors) {
   const Tensor q = random_tensor({6, 4, 16}, 1), k = random_tensor({8, 2, 16}, 2);
   Tensor out = poisoned({6, 4, 16});
-  expect_error([&] { ops::attention_varlen(out, q, k, k, i32({0, 3, 5}), i32({0, 4, 8}), {}); },
-               {"ops::attention_varlen", "cu_q[2] = 5", "6 rows"});
-  expect_error([&] { ops::attention_varlen(out, q, k, k, i32({0, 4, 6}), i32({0, 5, 9}), {}); },
-               {"cu_k[2] = 9"});
-  expect_error([&] { ops::attention_varlen(out, q, k, k, i32({0, 4, 3}), i32({0, 4, 8}), {}); },
-               {"non-decreasing"});
-  expect_error([&] { ops::attention_varlen(out, q, k, k, i32({1, 6}), i32({0, 8}), {}); },
-               {"cu_q[0] = 1"});
-  expect_error([&] { ops::attention_varlen(out, q, k, k, i32({0, 6}), i32({0, 4, 8}), {}); },
-               {"cu_k"});
+  expect_error(
+      [&] {
+        ops::attention_varlen(out, q, k, k, i32({0, 3, 5}), i32({0, 4, 8}), {});
+      },
+      {"ops::attention_varlen", "cu_q[2] = 5", "6 rows"});
+  expect_error(
+      [&] {
+        ops::attention_varlen(out, q, k, k, i32({0, 4, 6}), i32({0, 5, 9}), {});
+      },
+      {"cu_k[2] = 9"});
+  expect_error(
+      [&] {
+        ops::attention_varlen(out, q, k, k, i32({0, 4, 3}), i32({0, 4, 8}), {});
+      },
+      {"non-decreasing"});
+  expect_error(
+      [&] {
+        ops::attention_varlen(out, q, k, k, i32({1, 6}), i32({0, 8}), {});
+      },
+      {"cu_q[0] = 1"});
+  expect_error(
+      [&] {
+        ops::attention_varlen(out, q, k, k, i32({0, 6}), i32({0, 4, 8}), {});
+      },
+      {"cu_k"});
   ops::AttentionVarlenParams p;
   p.causal = false;
   p.window = 4;
-  expect_error([&] { ops::attention_varlen(out, q, k, k, i32({0, 6}), i32({0, 8}), p); },
-               {"window = 4", "causal"});
+  expect_error(
+      [&] {
+        ops::attention_varlen(out, q, k, k, i32({0, 6}), i32({0, 8}), p);
+      },
+      {"window = 4", "causal"});
   Tensor lse = poisoned({6, 4});
   expect_error(
-      [&] { ops::attention_varlen(out, q, k, k, i32({0, 6}), i32({0, 8}), {}, &lse); }, {"lse"});
+      [&] {
+        ops::attention_varlen(out, q, k, k, i32({0, 6}), i32({0, 8}), {}, &lse);
+      },
+      {"lse"});
   const Tensor q3 = random_tensor({6, 3, 16}, 3);
   Tensor out3 = poisoned({6, 3, 16});
-  expect_error([&] { ops::attention_varlen(out3, q3, k, k, i32({0, 6}), i32({0, 8}), {}); },
-               {"not a multiple"});
+  expect_error(
+      [&] {
+        ops::attention_varlen(out3, q3, k, k, i32({0, 6}), i32({0, 8}), {});
+      },
+      {"not a multiple"});
 }
 
 }  // namespace

@@ -1,19 +1,28 @@
 // launch_prefill<256>: the prefill kernel's tiling at head dim 256 (see prefill_kernel.cuh).
+// PrefillCfg<kD, warps, m-tiles per warp, keys per tile, Q in registers, K/V stages, min blocks>.
 #include "kernels/cuda/attention/launch.h"
 #include "kernels/cuda/attention/prefill_kernel.cuh"
 
 namespace llmk::cuda::attn {
 
 namespace {
-using Cfg = PrefillCfg<256, 8, 1, 64, false, 1, 1>;
-using CfgAlt = PrefillCfg<256, 8, 1, 32, true, 2, 1>;  // LLMK_PREFILL_VARIANT=1 (bf16), for tuning
+using Cfg = PrefillCfg<256, 8, 1, 64, false, 2, 1>;
+// Alternatives for tuning (bf16), picked by LLMK_PREFILL_VARIANT=1 or 2.
+using CfgV1 = PrefillCfg<256, 8, 1, 64, false, 1, 1>;
+using CfgV2 = PrefillCfg<256, 8, 1, 32, false, 2, 1>;
 }  // namespace
 
 template <>
 void launch_prefill<256>(const AttentionArgs& a) {
   if (a.fp16) return launch_prefill_cfg<Cfg, __half>(a);
-  if (prefill_variant() == 1) return launch_prefill_cfg<CfgAlt, __nv_bfloat16>(a);
-  launch_prefill_cfg<Cfg, __nv_bfloat16>(a);
+  switch (prefill_variant()) {
+    case 1:
+      return launch_prefill_cfg<CfgV1, __nv_bfloat16>(a);
+    case 2:
+      return launch_prefill_cfg<CfgV2, __nv_bfloat16>(a);
+    default:
+      return launch_prefill_cfg<Cfg, __nv_bfloat16>(a);
+  }
 }
 
 }  // namespace llmk::cuda::attn

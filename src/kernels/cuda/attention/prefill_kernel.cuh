@@ -8,9 +8,10 @@
 // (kBN keys each) its rows can see from the last to the first, so the tiles that need a mask
 // (causal diagonal, end of the keys, window edge) are few and decided per tile: the others run
 // the unmasked body. K and V tiles are copied with cp.async, kStages buffers each:
-//   1 stage (FA2):  V(i) lands while S(i) is computed, K(i+1) while P(i) V(i) is;
-//   2 stages:       K(i+1) is issued at the start of tile i, V(i+1) after S(i), each landing a
-//                   whole tile of work later.
+//   1 stage (FA2):  V(i) lands while S(i) is computed, K(i+1) while P(i) V(i) is (two
+//                   barriers per tile);
+//   2 stages:       K(i+1) and V(i+1) are issued at the start of tile i and land during its
+//                   whole work (one barrier per tile).
 // Q fragments are loaded once into registers (kQRegs) or re-read from shared memory (saves
 // registers at large head dims). P stays in registers as the A operand of P V. Shared memory
 // rows are padded by 16 bytes, which makes every ldmatrix and cp.async conflict-free.
@@ -27,6 +28,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "core/cuda/check.h"
 #include "core/cuda/stream.h"
@@ -182,9 +184,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const int n_hi = hi > lo ? (hi + kBN - 1) / kBN : n_lo;
   const int n_tiles = n_hi - n_lo;
 
-  const uint16_t* q_base =
-      reinterpret_cast<const uint16_t*>(a.q) + (w.q0 + static_cast<int64_t>(w.m0)) * a.q_t +
-      w.h * a.q_h;
+  const uint16_t* q_base = reinterpret_cast<const uint16_t*>(a.q) +
+                           (w.q0 + static_cast<int64_t>(w.m0)) * a.q_t + w.h * a.q_h;
   const uint16_t* k_base =
       reinterpret_cast<const uint16_t*>(a.k) + static_cast<int64_t>(w.k0) * a.k_t + hk * a.k_h;
   const uint16_t* v_base =
@@ -217,13 +218,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     load_rows<kBM, kD, kP, C::kThreads>(sQ, q_base, a.q_t, rows);
     load_k(0);
     cp_async_commit();
-    if constexpr (C::kStages == 2) {
-      load_v(0);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    if constexpr (C::kStages == 2) load_v(0);
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
 
     uint32_t qr[C::kQRegs ? kMT : 1][C::kQRegs ? kD / 16 : 1][4];
@@ -236,158 +233,190 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
                   sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kP + kk * 16 + (lane / 16) * 8);
     }
 
-    // Logits are taken to the log2 domain: softcap * tanh(s * scale / softcap) * log2(e), or
-    // s * scale * log2(e).
+    // Logits in the log2 domain: softcap * tanh(s * scale / softcap) * log2(e), or s * scale *
+    // log2(e). Plain logits with a positive scale keep the raw dot products: the row max is taken
+    // over them and exp2(s * fold - max * fold) is one FFMA. Otherwise a pre-pass maps s to the
+    // log2 domain and fold = 1.
     const bool capped = a.softcap > 0.0f;
     const float mul = capped ? a.scale / a.softcap : a.scale * kLog2e;
     const float cap = a.softcap * kLog2e;
+    const bool prepass = capped || !(mul > 0.0f);
+    const float fold = prepass ? 1.0f : mul;
 
     for (int i = 0; i < n_tiles; ++i) {
       const int n0 = tile_n0(i);
       const uint16_t* k_tile = sK + (i % C::kStages) * kBN * kP;
       const uint16_t* v_tile = sV + (i % C::kStages) * kBN * kP;
+      cp_async_wait<0>();
+      __syncthreads();  // tile i landed; every warp is done with tile i - 1
       if constexpr (C::kStages == 2) {
-        if (i + 1 < n_tiles) load_k(i + 1);
+        if (i + 1 < n_tiles) {  // into the buffers tile i - 1 used
+          load_k(i + 1);
+          load_v(i + 1);
+        }
         cp_async_commit();
-        cp_async_wait<2>();  // K(i) landed (V(i) and K(i+1) may still fly)
-      } else {
-        cp_async_wait<0>();
       }
-      __syncthreads();
       if constexpr (C::kStages == 1) {
         load_v(i);
         cp_async_commit();
       }
 
-      // S = Q K^T.
-      float s[kMT][kNT][4];
+      // The tile's work, one straight-line body per (mask, pre-pass) case so that the compiler
+      // schedules S, the softmax and P V together.
+      auto tile = [&](auto mask_tag, auto pre_tag) {
+        constexpr bool kMask = decltype(mask_tag)::value;
+        constexpr bool kPre = decltype(pre_tag)::value;
+        // S = Q K^T.
+        float s[kMT][kNT][4];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int j = 0; j < kNT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+          for (int j = 0; j < kNT; ++j)
+            s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        uint32_t qa[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          if constexpr (C::kQRegs) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x) qa[mt][x] = qr[mt][kk][x];
-          } else {
-            ldsm_x4(qa[mt], sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kP + kk * 16 +
-                                (lane / 16) * 8);
-          }
-        }
-#pragma unroll
-        for (int j2 = 0; j2 < kBN / 16; ++j2) {
-          uint32_t kb[4];
-          ldsm_x4(kb, k_tile + (j2 * 16 + lane % 8 + (lane / 16) * 8) * kP + kk * 16 +
-                          ((lane / 8) % 2) * 8);
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          uint32_t qa[kMT][4];
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            E::mma(s[mt][2 * j2], qa[mt], kb[0], kb[1]);
-            E::mma(s[mt][2 * j2 + 1], qa[mt], kb[2], kb[3]);
+            if constexpr (C::kQRegs) {
+#pragma unroll
+              for (int x = 0; x < 4; ++x) qa[mt][x] = qr[mt][kk][x];
+            } else {
+              ldsm_x4(qa[mt], sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kP + kk * 16 +
+                                  (lane / 16) * 8);
+            }
+          }
+#pragma unroll
+          for (int j2 = 0; j2 < kBN / 16; ++j2) {
+            uint32_t kb[4];
+            ldsm_x4(kb, k_tile + (j2 * 16 + lane % 8 + (lane / 16) * 8) * kP + kk * 16 +
+                            ((lane / 8) % 2) * 8);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              E::mma(s[mt][2 * j2], qa[mt], kb[0], kb[1]);
+              E::mma(s[mt][2 * j2 + 1], qa[mt], kb[2], kb[3]);
+            }
           }
         }
-      }
 
-      // Logits in the log2 domain; masks only on tiles that cross an edge.
-      if (capped) {
+        if constexpr (C::kStages == 1) {
+          cp_async_wait<0>();
+          __syncthreads();  // V(i) landed; every warp is done with K(i)
+          if (i + 1 < n_tiles) load_k(i + 1);
+          cp_async_commit();
+        }
+
+        // Logits in the log2 domain (up to the factor fold); masks only on tiles that cross an
+        // edge.
+        if constexpr (kPre) {
+          if (capped) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+              for (int j = 0; j < kNT; ++j)
+#pragma unroll
+                for (int x = 0; x < 4; ++x) s[mt][j][x] = cap * tanhf(s[mt][j][x] * mul);
+          } else {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+              for (int j = 0; j < kNT; ++j)
+#pragma unroll
+                for (int x = 0; x < 4; ++x) s[mt][j][x] *= mul;
+          }
+        }
+        if constexpr (kMask) {
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int j = 0; j < kNT; ++j)
+#pragma unroll
+              for (int x = 0; x < 4; ++x) {
+                const int p = w.m0 + row_base + mt * 16 + (x / 2) * 8 + w.offset;
+                const int key = n0 + j * 8 + (lane % 4) * 2 + (x % 2);
+                const bool visible =
+                    key < w.tk && (!a.causal || key <= p) && (a.window == 0 || key > p - a.window);
+                if (!visible) s[mt][j][x] = -INFINITY;
+              }
+        }
+
+        // Online softmax: rescale the running O and l by exp2(m_old - m_new). Reductions are
+        // trees (short dependency chains).
+        float alpha[kMT][2];
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int j = 0; j < kNT; ++j)
+          for (int r = 0; r < 2; ++r) {
+            float t[kNT];
 #pragma unroll
-            for (int x = 0; x < 4; ++x) s[mt][j][x] = cap * tanhf(s[mt][j][x] * mul);  // accurate: cap x error
-      } else {
+            for (int j = 0; j < kNT; ++j) t[j] = fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+            for (int h = kNT / 2; h >= 1; h /= 2)
 #pragma unroll
-          for (int j = 0; j < kNT; ++j)
+              for (int j = 0; j < h; ++j) t[j] = fmaxf(t[j], t[j + h]);
+            float mx = t[0];
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[mt][r], mx * fold);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet
+            alpha[mt][r] = fast_exp2(m[mt][r] - m_use);
 #pragma unroll
-            for (int x = 0; x < 4; ++x) s[mt][j][x] *= mul;
-      }
+            for (int j = 0; j < kNT; ++j) {
+              s[mt][j][2 * r] = fast_exp2(fmaf(s[mt][j][2 * r], fold, -m_use));
+              s[mt][j][2 * r + 1] = fast_exp2(fmaf(s[mt][j][2 * r + 1], fold, -m_use));
+              t[j] = s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+            }
+#pragma unroll
+            for (int h = kNT / 2; h >= 1; h /= 2)
+#pragma unroll
+              for (int j = 0; j < h; ++j) t[j] += t[j + h];
+            l[mt][r] = l[mt][r] * alpha[mt][r] + t[0];
+            m[mt][r] = m_new;
+          }
+        {
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int dn = 0; dn < kDT; ++dn) {
+              o[mt][dn][0] *= alpha[mt][0];
+              o[mt][dn][1] *= alpha[mt][0];
+              o[mt][dn][2] *= alpha[mt][1];
+              o[mt][dn][3] *= alpha[mt][1];
+            }
+        }
+
+        // O += P V, P (16-bit) straight from the S accumulators as A fragments.
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          uint32_t pa[kMT][4];
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            pa[mt][0] = E::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = E::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = E::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = E::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          }
+#pragma unroll
+          for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
+            uint32_t vb[4];
+            ldsm_x4_t(vb, v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 +
+                              (lane / 16) * 8);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              E::mma(o[mt][2 * dn2], pa[mt], vb[0], vb[1]);
+              E::mma(o[mt][2 * dn2 + 1], pa[mt], vb[2], vb[3]);
+            }
+          }
+        }
+      };
       const bool need_mask = n0 + kBN > w.tk || (a.causal && n0 + kBN - 1 > p_first) ||
                              (a.window > 0 && n0 <= p_first + kBM - 1 - a.window);
+      using T_ = std::true_type;
+      using F_ = std::false_type;
       if (need_mask) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-          for (int j = 0; j < kNT; ++j)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-              const int p = w.m0 + row_base + mt * 16 + (x / 2) * 8 + w.offset;
-              const int key = n0 + j * 8 + (lane % 4) * 2 + (x % 2);
-              const bool visible = key < w.tk && (!a.causal || key <= p) &&
-                                   (a.window == 0 || key > p - a.window);
-              if (!visible) s[mt][j][x] = -INFINITY;
-            }
-      }
-
-      // Online softmax: rescale the running O and l by exp2(m_old - m_new).
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[mt][r], mx);
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet
-          const float alpha = fast_exp2(m[mt][r] - m_use);
-          float sum = 0.0f;
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) {
-            s[mt][j][2 * r] = fast_exp2(s[mt][j][2 * r] - m_use);
-            s[mt][j][2 * r + 1] = fast_exp2(s[mt][j][2 * r + 1] - m_use);
-            sum += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
-          }
-          l[mt][r] = l[mt][r] * alpha + sum;
-          m[mt][r] = m_new;
-#pragma unroll
-          for (int dn = 0; dn < kDT; ++dn) {
-            o[mt][dn][2 * r] *= alpha;
-            o[mt][dn][2 * r + 1] *= alpha;
-          }
-        }
-
-      if constexpr (C::kStages == 2) {
-        if (i + 1 < n_tiles) load_v(i + 1);
-        cp_async_commit();
-        cp_async_wait<2>();  // V(i) landed
+        prepass ? tile(T_{}, T_{}) : tile(T_{}, F_{});
       } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
-      if constexpr (C::kStages == 1) {
-        if (i + 1 < n_tiles) load_k(i + 1);
-        cp_async_commit();
-      }
-
-      // O += P V, P (16-bit) straight from the S accumulators as A fragments.
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        uint32_t pa[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          pa[mt][0] = E::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          pa[mt][1] = E::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          pa[mt][2] = E::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          pa[mt][3] = E::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
-          uint32_t vb[4];
-          ldsm_x4_t(vb, v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 +
-                            (lane / 16) * 8);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            E::mma(o[mt][2 * dn2], pa[mt], vb[0], vb[1]);
-            E::mma(o[mt][2 * dn2 + 1], pa[mt], vb[2], vb[3]);
-          }
-        }
+        prepass ? tile(F_{}, T_{}) : tile(F_{}, F_{});
       }
     }
     cp_async_wait<0>();
@@ -418,8 +447,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     }
 }
 
-// Tuning switch read once from the environment: LLMK_PREFILL_VARIANT=1 picks each head dim's
-// alternative bf16 tiling (prefill_d*.cu), so one benchmark run can compare both.
+// Tuning switch read once from the environment: LLMK_PREFILL_VARIANT=1 or 2 picks one of each head
+// dim's alternative bf16 tilings (prefill_d*.cu), so one benchmark run can compare both.
 inline int prefill_variant() {
   static const int v = [] {
     const char* e = std::getenv("LLMK_PREFILL_VARIANT");

@@ -128,7 +128,8 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
   const int64_t rows = paged ? static_cast<int64_t>(B) * pages_per_seq * s.page_size : L;
   const size_t kv_bytes = static_cast<size_t>(rows) * Hkv * D * 2;  // one of K, V
   const size_t l2 = cuda::device_info().l2_bytes;
-  const int sets = static_cast<int>(std::max<size_t>(1, (4 * l2 + 2 * kv_bytes - 1) / (2 * kv_bytes)));
+  const int sets =
+      static_cast<int>(std::max<size_t>(1, (4 * l2 + 2 * kv_bytes - 1) / (2 * kv_bytes)));
   const int batch = std::max(sets, 20);
 
   std::mt19937 rng(1234 + B);

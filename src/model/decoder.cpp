@@ -93,11 +93,11 @@ class DecoderModel final : public Model {
   std::vector<int32_t> host_pages_;  // [sequences, pages_per_sequence], -1 = not yet given out
   int32_t next_page_ = 0;
   bool pages_dirty_ = true;
-  Tensor page_table_;                 // [sequences, pages_per_sequence] i32 (device), fixed address
-  Tensor cu_batch_;                   // [sequences + 1] i32: 0, 1, ..., one query per sequence
-  Tensor gather_rows_;                // [context] i32: pool rows of keys 0.. of the staged sequence
+  Tensor page_table_;   // [sequences, pages_per_sequence] i32 (device), fixed address
+  Tensor cu_batch_;     // [sequences + 1] i32: 0, 1, ..., one query per sequence
+  Tensor gather_rows_;  // [context] i32: pool rows of keys 0.. of the staged sequence
   std::vector<int32_t> host_gather_;
-  Tensor k_gather_, v_gather_;        // [context, Hkv * D]: a prompt's keys, contiguous (CUDA)
+  Tensor k_gather_, v_gather_;  // [context, Hkv * D]: a prompt's keys, contiguous (CUDA)
   Scratch s_;
 };
 
@@ -116,8 +116,8 @@ void DecoderModel::load_weights(WeightLoader& w) {
   } else if (!c.rope_freq_factors.empty() && !w.planning()) {
     const auto n = static_cast<int64_t>(c.rope_freq_factors.size());
     rope_freqs_ = Tensor::empty({n}, DType::F32, device());
-    ops::transfer(rope_freqs_, Tensor::borrow(const_cast<float*>(c.rope_freq_factors.data()),
-                                              {n}, DType::F32));
+    ops::transfer(rope_freqs_,
+                  Tensor::borrow(const_cast<float*>(c.rope_freq_factors.data()), {n}, DType::F32));
   }
   layers_.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
@@ -198,7 +198,8 @@ void DecoderModel::on_staged() {
   if (gathers(staged_.tokens)) {  // the prompt's sequence, keys 0 .. pos + T - 1
     const int64_t n = staged_.pos + staged_.tokens;
     host_gather_.resize(static_cast<size_t>(n));
-    for (int64_t j = 0; j < n; ++j) host_gather_[static_cast<size_t>(j)] = cache_row(staged_.seq, j);
+    for (int64_t j = 0; j < n; ++j)
+      host_gather_[static_cast<size_t>(j)] = cache_row(staged_.seq, j);
     Tensor rows = gather_rows_.slice(0, 0, n);
     ops::transfer(rows, Tensor::borrow(host_gather_.data(), {n}, DType::I32));
   }
@@ -259,7 +260,8 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   // Local layers with a base of their own (Gemma 3) are unscaled; else they share the global's.
   ops::RopeParams rope_local = rope_global;
   if (c.rope_theta_local > 0) {
-    rope_local = {.rot_dim = rope_global.rot_dim, .theta = c.rope_theta_local, .layout = c.rope_layout};
+    rope_local = {
+        .rot_dim = rope_global.rot_dim, .theta = c.rope_theta_local, .layout = c.rope_layout};
   }
   const ops::AttentionParams attn_global{.scale = c.attn_scale, .softcap = c.attn_softcap};
   const ops::AttentionParams attn_local{.scale = c.attn_scale,

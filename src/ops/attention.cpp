@@ -228,24 +228,31 @@ PagedDims check_paged_shapes(const Tensor& out, const Tensor& q, const Tensor& k
     require_ndim(kPagedOp, name, *t, 3);
     require_last_dim_contiguous(kPagedOp, name, *t);
   }
-  const PagedDims d{q.dim(0), q.dim(1), k_pool.dim(1), q.dim(2),
+  const PagedDims d{q.dim(0),
+                    q.dim(1),
+                    k_pool.dim(1),
+                    q.dim(2),
                     cu_q.defined() ? cu_q.numel() - 1 : 1,
                     page_table.ndim() == 2 ? page_table.dim(1) : 0};
-  LLMK_CHECK(k_pool.dim(2) == d.D, "ops::attention_paged: q is {} but k_pool is {}: head dims differ",
-             q.str(), k_pool.str());
+  LLMK_CHECK(k_pool.dim(2) == d.D,
+             "ops::attention_paged: q is {} but k_pool is {}: head dims differ", q.str(),
+             k_pool.str());
   require_shape(kPagedOp, "v_pool", v_pool, k_pool.shape());
   require_shape(kPagedOp, "out", out, q.shape());
-  LLMK_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0,
-             "ops::attention_paged: q has {} heads, not a multiple of the {} KV heads of k_pool ({})",
-             d.Hq, d.Hkv, k_pool.str());
+  LLMK_CHECK(
+      d.Hkv > 0 && d.Hq % d.Hkv == 0,
+      "ops::attention_paged: q has {} heads, not a multiple of the {} KV heads of k_pool ({})",
+      d.Hq, d.Hkv, k_pool.str());
   if (cu_q.defined()) {
     require_dtype(kPagedOp, "cu_q", cu_q, DType::I32);
     require_ndim(kPagedOp, "cu_q", cu_q, 1);
     LLMK_CHECK(d.B >= 1, "ops::attention_paged: cu_q ({}) must hold B + 1 >= 2 offsets",
                cu_q.str());
   } else {
-    LLMK_CHECK(max_q >= d.T, "ops::attention_paged: one sequence of {} rows (no cu_q) but "
-               "max_q_per_seq = {}", d.T, max_q);
+    LLMK_CHECK(max_q >= d.T,
+               "ops::attention_paged: one sequence of {} rows (no cu_q) but "
+               "max_q_per_seq = {}",
+               d.T, max_q);
   }
   require_dtype(kPagedOp, "page_table", page_table, DType::I32);
   require_shape(kPagedOp, "page_table", page_table, {d.B, d.P});
@@ -260,9 +267,9 @@ PagedDims check_paged_shapes(const Tensor& out, const Tensor& q, const Tensor& k
   LLMK_CHECK(p.softcap >= 0.0f && std::isfinite(p.softcap),
              "ops::attention_paged: softcap = {} must be >= 0", p.softcap);
   LLMK_CHECK(std::isfinite(p.scale), "ops::attention_paged: scale = {} must be finite", p.scale);
-  for (const auto& [name, t] : {NamedTensor{"q", &q}, NamedTensor{"k_pool", &k_pool},
-                                NamedTensor{"v_pool", &v_pool}, NamedTensor{"page_table", &page_table},
-                                NamedTensor{"positions", &positions}}) {
+  for (const auto& [name, t] :
+       {NamedTensor{"q", &q}, NamedTensor{"k_pool", &k_pool}, NamedTensor{"v_pool", &v_pool},
+        NamedTensor{"page_table", &page_table}, NamedTensor{"positions", &positions}}) {
     require_disjoint(kPagedOp, "out", out, name, *t);
   }
   return d;
@@ -297,8 +304,8 @@ void attention_paged_cpu(Tensor& out, const Tensor& q, const Tensor& k_pool, con
     for (int64_t i = 0; i < n_pages; ++i) {
       const int32_t pg = table[b * d.P + i];
       LLMK_CHECK(pg >= 0 && pg < pool_pages,
-                 "ops::attention_paged: page_table[{}, {}] = {} is outside the pool of {} pages",
-                 b, i, pg, pool_pages);
+                 "ops::attention_paged: page_table[{}, {}] = {} is outside the pool of {} pages", b,
+                 i, pg, pool_pages);
       adjacent = adjacent && pg == table[b * d.P] + i;
     }
     const int64_t row_elems = d.Hkv * d.D;
@@ -315,11 +322,13 @@ void attention_paged_cpu(Tensor& out, const Tensor& q, const Tensor& k_pool, con
       kbuf.resize(static_cast<size_t>(n_keys * row_elems));
       vbuf.resize(kbuf.size());
       for (int64_t j = 0; j < n_keys; ++j) {
-        const int64_t row = static_cast<int64_t>(table[b * d.P + j / page_size]) * page_size +
-                            j % page_size;
+        const int64_t row =
+            static_cast<int64_t>(table[b * d.P + j / page_size]) * page_size + j % page_size;
         for (int64_t h = 0; h < d.Hkv; ++h) {
-          const float* ks = k_pool.data<const float>() + row * k_pool.stride(0) + h * k_pool.stride(1);
-          const float* vs = v_pool.data<const float>() + row * v_pool.stride(0) + h * v_pool.stride(1);
+          const float* ks =
+              k_pool.data<const float>() + row * k_pool.stride(0) + h * k_pool.stride(1);
+          const float* vs =
+              v_pool.data<const float>() + row * v_pool.stride(0) + h * v_pool.stride(1);
           std::copy(ks, ks + d.D, kbuf.data() + (j * d.Hkv + h) * d.D);
           std::copy(vs, vs + d.D, vbuf.data() + (j * d.Hkv + h) * d.D);
         }
@@ -370,11 +379,11 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
              "(64, 128 or 256; the fallback kernel: even, at most {})",
              d.D, q.str(), cuda::kGenericMaxD);
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
-  LLMK_CHECK(d.T <= kMaxInt && d.B <= 65535 && d.P * page_size <= kMaxInt &&
-                 k_pool.dim(0) <= kMaxInt,
-             "ops::attention_paged: q is {}, k_pool is {}, page_table is {}: too large for the CUDA "
-             "kernels",
-             q.str(), k_pool.str(), page_table.str());
+  LLMK_CHECK(
+      d.T <= kMaxInt && d.B <= 65535 && d.P * page_size <= kMaxInt && k_pool.dim(0) <= kMaxInt,
+      "ops::attention_paged: q is {}, k_pool is {}, page_table is {}: too large for the CUDA "
+      "kernels",
+      q.str(), k_pool.str(), page_table.str());
   if (d.T == 0 || d.Hq == 0) return;
   cuda::AttentionArgs a;
   a.out = out.data<__nv_bfloat16>();
@@ -480,8 +489,8 @@ void attention_paged(Tensor& out, const Tensor& q, const Tensor& k_pool, const T
 #endif
     return;
   }
-  attention_paged_cpu(out, q, k_pool, v_pool, page_table, page_size, cu_q, positions,
-                      max_q_per_seq, p, d);
+  attention_paged_cpu(out, q, k_pool, v_pool, page_table, page_size, cu_q, positions, max_q_per_seq,
+                      p, d);
 }
 
 }  // namespace llmk::ops

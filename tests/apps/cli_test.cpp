@@ -71,6 +71,17 @@ TEST_F(Cli, GreedyCapitalOfFranceIsParis) {
   EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
 }
 
+// --stats: on the CPU every attention call runs the CPU kernel, one per layer per forward pass.
+TEST_F(Cli, StatsCountAttentionCalls) {
+  const Result r =
+      llmk("run -m " + model() + " -p 'The capital of France is' --temp 0 -n 4 -t 2 --stats");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string key = "attention calls: prefill 0, decode 0, chunked 0, fallback 0, cpu ";
+  const size_t at = r.err.find(key);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  EXPECT_GT(std::stoll(r.err.substr(at + key.size())), 0) << r.err;
+}
+
 TEST_F(Cli, SameSeedSameTextOtherSeedOtherText) {
   const std::string args =
       "run -m " + model() +

@@ -72,7 +72,8 @@ struct Case {
 
 std::string describe(const Case& c) {
   std::string s = "seqs";
-  for (const Seq& q : c.seqs) s += " (" + std::to_string(q.n_keys) + "," + std::to_string(q.tq) + ")";
+  for (const Seq& q : c.seqs)
+    s += " (" + std::to_string(q.n_keys) + "," + std::to_string(q.tq) + ")";
   char buf[200];
   std::snprintf(buf, sizeof buf,
                 " Hq/Hkv=%d/%d D=%d page=%d window=%d softcap=%g split=%d cu_k=%d lse=%d", c.Hq,
@@ -142,7 +143,8 @@ void run_case(const Case& c, uint32_t seed) {
   for (uint16_t& x : q) x = rand_bf16(rng, -2.0f, 2.0f);  // peaked enough to test the max
 
   DeviceBuf<uint16_t> dq(q), dk(k), dv(v), dout(std::vector<uint16_t>(q.size(), kBf16NaN));
-  DeviceBuf<int32_t> dcu_q(cu_q), dcu_k(cu_k), dpos(positions), dpt(paged ? page_table : std::vector<int32_t>{0});
+  DeviceBuf<int32_t> dcu_q(cu_q), dcu_k(cu_k), dpos(positions),
+      dpt(paged ? page_table : std::vector<int32_t>{0});
   DeviceBuf<float> dlse(std::vector<float>(static_cast<size_t>(Hq) * T, std::nanf("")));
 
   cuda::AttentionArgs a;
@@ -200,8 +202,9 @@ void run_case(const Case& c, uint32_t seed) {
           const int64_t row = key_row(b, j);
           double dot = 0;
           for (int d = 0; d < D; ++d) {
-            dot += static_cast<double>(bf16_to_float(q[(static_cast<size_t>(t) * Hq + h) * D + d])) *
-                   bf16_to_float(k[(row * Hkv + hk) * D + d]);
+            dot +=
+                static_cast<double>(bf16_to_float(q[(static_cast<size_t>(t) * Hq + h) * D + d])) *
+                bf16_to_float(k[(row * Hkv + hk) * D + d]);
           }
           double s = dot * a.scale;
           if (c.softcap > 0) s = c.softcap * std::tanh(s / c.softcap);
@@ -297,10 +300,13 @@ TEST_F(AttentionDecodeGpu, WindowSoftcapLse) {
   run_case({.seqs = seqs, .window = 1}, seed++);
   run_case({.seqs = seqs, .softcap = 5.0f}, seed++);
   run_case({.seqs = seqs, .lse = true}, seed++);
-  run_case({.seqs = seqs, .Hq = 8, .Hkv = 2, .D = 256, .window = 512, .softcap = 3.0f,
-            .lse = true},
+  run_case({.seqs = seqs, .Hq = 8, .Hkv = 2, .D = 256, .window = 512, .softcap = 3.0f, .lse = true},
            seed++);
-  run_case({.seqs = {{4099, 1}}, .page_size = 0, .window = 1000, .softcap = 30.0f, .split = 7,
+  run_case({.seqs = {{4099, 1}},
+            .page_size = 0,
+            .window = 1000,
+            .softcap = 30.0f,
+            .split = 7,
             .lse = true},
            seed++);
 }
@@ -348,7 +354,8 @@ TEST_F(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) {
   };
   auto to_bf16_device = [](const Tensor& f) {
     Tensor h = Tensor::empty(f.shape(), DType::BF16);
-    for (int64_t i = 0; i < f.numel(); ++i) h.data<uint16_t>()[i] = float_to_bf16(f.data<float>()[i]);
+    for (int64_t i = 0; i < f.numel(); ++i)
+      h.data<uint16_t>()[i] = float_to_bf16(f.data<float>()[i]);
     return h.to(Device::CUDA);
   };
   auto i32 = [](std::vector<int32_t> v, Shape shape) {
@@ -360,9 +367,11 @@ TEST_F(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) {
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   perm.resize(static_cast<size_t>(B * P));
-  const Tensor k_pool = rand_tensor({pool_rows, Hkv, D}, -1, 1), v_pool = rand_tensor({pool_rows, Hkv, D}, -1, 1);
+  const Tensor k_pool = rand_tensor({pool_rows, Hkv, D}, -1, 1),
+               v_pool = rand_tensor({pool_rows, Hkv, D}, -1, 1);
   const Tensor table = i32(perm, {B, P});
-  const Tensor dk = to_bf16_device(k_pool), dv = to_bf16_device(v_pool), dtable = table.to(Device::CUDA);
+  const Tensor dk = to_bf16_device(k_pool), dv = to_bf16_device(v_pool),
+               dtable = table.to(Device::CUDA);
 
   auto compare = [&](const Tensor& q, const Tensor& cu_q, const Tensor& pos, int64_t max_q,
                      const Tensor& gpu_out, const Tensor& tbl) {
@@ -403,7 +412,8 @@ TEST_F(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) {
   LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (const std::vector<int32_t>& p : {std::vector<int32_t>{6, 601, 131}, {639, 0, 400}}) {
     pos = i32(p, {B});
-    LLMK_CUDA_CHECK(cudaMemcpyAsync(dpos.data(), pos.data(), pos.nbytes(), cudaMemcpyHostToDevice, stream));
+    LLMK_CUDA_CHECK(
+        cudaMemcpyAsync(dpos.data(), pos.data(), pos.nbytes(), cudaMemcpyHostToDevice, stream));
     LLMK_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream));
     LLMK_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     LLMK_CUDA_CHECK(cudaStreamSynchronize(stream));

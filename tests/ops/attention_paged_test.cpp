@@ -60,8 +60,10 @@ void check_paged(const std::vector<Seq>& seqs, int64_t page_size, const ops::Att
     v_seq.push_back(random_tensor({s.n_keys, Hkv, D}, seed + 50 + static_cast<uint32_t>(b)));
     for (int64_t j = 0; j < s.n_keys; ++j) {
       const int64_t r = table.data<int32_t>()[b * P + j / page_size] * page_size + j % page_size;
-      std::copy_n(k_seq.back().data<float>() + j * Hkv * D, Hkv * D, k_pool.data<float>() + r * Hkv * D);
-      std::copy_n(v_seq.back().data<float>() + j * Hkv * D, Hkv * D, v_pool.data<float>() + r * Hkv * D);
+      std::copy_n(k_seq.back().data<float>() + j * Hkv * D, Hkv * D,
+                  k_pool.data<float>() + r * Hkv * D);
+      std::copy_n(v_seq.back().data<float>() + j * Hkv * D, Hkv * D,
+                  v_pool.data<float>() + r * Hkv * D);
     }
     for (int i = 0; i < s.tq; ++i) positions.data<int32_t>()[row + i] = s.n_keys - s.tq + i;
     row += s.tq;

@@ -8,8 +8,8 @@
 #include <climits>
 #include <cstdint>
 #include <mutex>
-#include <vector>
 #include <type_traits>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/device.h"

@@ -51,11 +51,11 @@ struct DecodeConfig {
 
 // Where sequence b's queries and keys are, read from the device.
 struct SeqView {
-  int q0 = 0;         // first query row (of T)
-  int tq = 0;         // query rows
-  int64_t pos0 = 0;   // position of the first query; query i sits at pos0 + i
-  int64_t key0 = 0;   // contiguous cache: row of key 0
-  int64_t n_keys = 0; // keys 0 .. n_keys - 1 exist (capped by the capacity)
+  int q0 = 0;          // first query row (of T)
+  int tq = 0;          // query rows
+  int64_t pos0 = 0;    // position of the first query; query i sits at pos0 + i
+  int64_t key0 = 0;    // contiguous cache: row of key 0
+  int64_t n_keys = 0;  // keys 0 .. n_keys - 1 exist (capped by the capacity)
 };
 
 __device__ __forceinline__ SeqView seq_view(const AttentionArgs& a, int b, int64_t capacity) {
@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   constexpr int kBN = C::kBlockN, kP = C::kPitch, kThreads = C::kThreads, kS = C::kStages;
   constexpr int kR = C::kRows, kNB = kD / 8;  // n-blocks of 8 dims in the accumulator
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* tiles = reinterpret_cast<bf16*>(smem);                 // [kS][K|V][kBN][kP]
-  bf16* sQ = reinterpret_cast<bf16*>(smem + C::kTileBytes);   // [kR][kP]
+  bf16* tiles = reinterpret_cast<bf16*>(smem);               // [kS][K|V][kBN][kP]
+  bf16* sQ = reinterpret_cast<bf16*>(smem + C::kTileBytes);  // [kR][kP]
 
   const int G = a.Hq / a.Hkv;
   const int split = blockIdx.x, n_split = plan.split;
@@ -132,9 +132,9 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       int64_t row = 0;
       if (valid) {
         const int j32 = static_cast<int>(j);  // < capacity <= INT32_MAX
-        row = paged ? static_cast<int64_t>(pages[j32 / a.page_size]) * a.page_size +
-                          j32 % a.page_size
-                    : sv.key0 + j;
+        row = paged
+                  ? static_cast<int64_t>(pages[j32 / a.page_size]) * a.page_size + j32 % a.page_size
+                  : sv.key0 + j;
       }
       cp_async_16(sK + r * kP + col, k_head + row * a.k_t + col, valid);
       cp_async_16(sV + r * kP + col, v_head + row * a.v_t + col, valid);
@@ -216,8 +216,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int64_t key = n0 + 8 * j + 2 * (lane % 4) + c;
-          const bool visible = key <= my_hi && key <= pos[h] &&
-                               (a.window <= 0 || key > pos[h] - a.window);
+          const bool visible =
+              key <= my_hi && key <= pos[h] && (a.window <= 0 || key > pos[h] - a.window);
           const float raw = s[j][2 * h + c];
           const float x = a.softcap > 0.0f ? logit_log2(raw, a.scale, a.softcap) : raw * scale_log2;
           s[j][2 * h + c] = visible ? x : -INFINITY;
@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
 #pragma unroll
     for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
       uint32_t vb[4];
-      ldmatrix_x4_trans(vb, sV + (lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 + (lane / 16) * 8);
+      ldmatrix_x4_trans(vb,
+                        sV + (lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 + (lane / 16) * 8);
       mma_bf16_16816(o[2 * dn2], pa, vb[0], vb[1]);
       mma_bf16_16816(o[2 * dn2 + 1], pa, vb[2], vb[3]);
     }
@@ -290,7 +291,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     const int t = (row0 + r) / G, g = (row0 + r) % G;
     return (sv.q0 + t) * a.Hq + hk * G + g;
   };
-  auto store_out = [&](int r, int d, const float (&o4)[4], float m_all, float den) {
+  auto store_out = [&](int r, int d, const float(&o4)[4], float m_all, float den) {
     const int t = (row0 + r) / G, g = (row0 + r) % G;
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
     const float v[4] = {o4[0] * inv, o4[1] * inv, o4[2] * inv, o4[3] * inv};
@@ -320,7 +321,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       store_out(r, d, o4, m_all, den);
     } else {
       const int64_t wr = static_cast<int64_t>(split) * rows_total + out_row(r);
-      *reinterpret_cast<float4*>(plan.part_o + wr * kD + d) = make_float4(o4[0], o4[1], o4[2], o4[3]);
+      *reinterpret_cast<float4*>(plan.part_o + wr * kD + d) =
+          make_float4(o4[0], o4[1], o4[2], o4[3]);
       if (d == 0) *reinterpret_cast<float2*>(plan.part_ml + wr * 2) = make_float2(m_all, den);
     }
   }
@@ -340,7 +342,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     const int64_t row = out_row(r);
     float m_all = -INFINITY;
     for (int sp = 0; sp < n_split; ++sp) {
-      m_all = fmaxf(m_all, __ldcg(plan.part_ml + (sp * static_cast<int64_t>(rows_total) + row) * 2));
+      m_all =
+          fmaxf(m_all, __ldcg(plan.part_ml + (sp * static_cast<int64_t>(rows_total) + row) * 2));
     }
     const float m_use = m_all == -INFINITY ? 0.0f : m_all;
     float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, den = 0.0f;
@@ -408,10 +411,10 @@ void launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   check_launch("attention decode");
 }
 
-#define LLMK_INSTANTIATE_DECODE(D)              \
-  template int decode_max_rows<D>();            \
-  template size_t decode_smem_bytes<D>(int);    \
-  template int decode_blocks_per_sm<D>(int);    \
+#define LLMK_INSTANTIATE_DECODE(D)           \
+  template int decode_max_rows<D>();         \
+  template size_t decode_smem_bytes<D>(int); \
+  template int decode_blocks_per_sm<D>(int); \
   template void launch_decode<D>(const AttentionArgs&, const DecodePlan&);
 LLMK_INSTANTIATE_DECODE(64)
 LLMK_INSTANTIATE_DECODE(128)

@@ -12,8 +12,6 @@
 namespace llmk {
 namespace {
 
-constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
-
 // NFC of valid UTF-8 (utf8proc_map allocates the result with malloc).
 void append_nfc(std::string_view valid, std::string& out) {
   if (valid.empty()) return;
@@ -48,13 +46,13 @@ std::string nfc(std::string_view text) {
 
 std::string Normalizer::apply(std::string_view text) const {
   std::string s = nfc ? unicode::nfc(text) : std::string(text);
-  if (prepend_space && !s.empty()) s.insert(0, kSpace);
+  if (prepend_space && !s.empty()) s.insert(0, kSpaceMark);
   if (escape_spaces) {
     std::string escaped;
     escaped.reserve(s.size() + s.size() / 4);
     for (char c : s) {
       if (c == ' ') {
-        escaped += kSpace;
+        escaped += kSpaceMark;
       } else {
         escaped += c;
       }

@@ -11,6 +11,9 @@
 
 namespace llmk {
 
+// U+2581 "▁", SentencePiece's written form of a space.
+inline constexpr std::string_view kSpaceMark = "\xE2\x96\x81";
+
 struct Normalizer {
   bool nfc = false;            // NFC: Unicode canonical composition
   bool prepend_space = false;  // Prepend("▁"): U+2581 before each non-empty stretch

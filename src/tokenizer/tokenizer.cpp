@@ -15,8 +15,7 @@
 namespace llmk {
 namespace {
 
-constexpr std::string_view kSpmModel = "llama";          // SentencePiece-style BPE (spm_model.h)
-constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+constexpr std::string_view kSpmModel = "llama";  // SentencePiece-style BPE (spm_model.h)
 constexpr std::string_view kSupportedModels = "gpt2, llama";
 
 // Texts of tokens that end a generated turn in the families llmk knows.

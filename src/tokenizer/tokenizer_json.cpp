@@ -33,8 +33,6 @@ namespace {
 // Sorted objects: a vocabulary of 262k keys parses in seconds (file order is not needed).
 using Json = nlohmann::json;
 
-constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
-
 // The Split regexes of the table's entries, as tokenizer.json spells them (PreTokenizer keeps
 // its own copies; tokenizer_json_test checks that both give the same ids).
 constexpr std::string_view kLlama3Regex =
@@ -195,7 +193,7 @@ void read_normalizer(const Reader& r, const Json& v, const std::string& key, Nor
     set_once(n.nfc);
   } else if (type == "Prepend") {
     const std::string prepend = r.get_string(v, key, "prepend");
-    if (prepend != kSpace) {
+    if (prepend != kSpaceMark) {
       r.fail(key + ".prepend",
              fmt::format("'{}' is not supported (only \"\u2581\")", json_io::escape(prepend)));
     }
@@ -204,7 +202,7 @@ void read_normalizer(const Reader& r, const Json& v, const std::string& key, Nor
     const std::optional<std::string> pattern =
         r.find_string(r.get(v, key, "pattern"), key + ".pattern", "String");
     const std::string content = r.get_string(v, key, "content");
-    if (pattern != " " || content != kSpace) {
+    if (pattern != " " || content != kSpaceMark) {
       r.fail(key, "only Replace(\" \", \"\u2581\") is supported (a String pattern)");
     }
     set_once(n.escape_spaces);
@@ -247,7 +245,7 @@ bool check_fallback_decoder(const Reader& r, const Json& root) {
   const Json& replace = list[0];
   const std::optional<std::string> pattern = r.find_string(
       r.get(replace, "decoder.decoders[0]", "pattern"), "decoder.decoders[0].pattern", "String");
-  if (pattern != kSpace || r.get_string(replace, "decoder.decoders[0]", "content") != " ") {
+  if (pattern != kSpaceMark || r.get_string(replace, "decoder.decoders[0]", "content") != " ") {
     r.fail("decoder.decoders[0]", "only Replace(\"\u2581\", \" \") is supported");
   }
   if (list.size() < 4) return false;
@@ -278,7 +276,7 @@ TokenizerData::Metaspace fallback_pre_tokenizer(const Reader& r, const Json& roo
     }
   }
   if (type == "Metaspace") {
-    if (r.get_string(*pre, "pre_tokenizer", "replacement") != kSpace) {
+    if (r.get_string(*pre, "pre_tokenizer", "replacement") != kSpaceMark) {
       r.fail("pre_tokenizer.replacement", "only \"\u2581\" is supported");
     }
     // Files from before prepend_scheme and split existed meant split = true.

@@ -18,8 +18,12 @@ void attention_generic(const AttentionArgs& a) {
   LLMK_CHECK(a.Hkv > 0 && a.Hq % a.Hkv == 0,
              "attention (fallback kernel): {} query heads are not a multiple of {} KV heads", a.Hq,
              a.Hkv);
-  LLMK_CHECK(a.cu_q == nullptr || (a.cu_k != nullptr && a.B > 0),
-             "attention (fallback kernel): varlen batches need cu_q, cu_k and B > 0");
+  LLMK_CHECK(a.cu_q == nullptr || a.B > 0,
+             "attention (fallback kernel): a batch (cu_q) needs B > 0");
+  LLMK_CHECK(a.cu_k != nullptr || a.positions != nullptr,
+             "attention (fallback kernel): without cu_k the queries need positions");
+  LLMK_CHECK(a.cu_q != nullptr || a.cu_k == nullptr,
+             "attention (fallback kernel): cu_k without cu_q");
   LLMK_CHECK(a.page_table == nullptr || (a.page_size > 0 && a.pages_per_seq > 0),
              "attention (fallback kernel): a page table needs page_size and pages_per_seq");
   attn::launch_generic(a);

@@ -6,7 +6,10 @@
 #   scripts/gpu-check.sh                 # build test sanitize bench
 #   scripts/gpu-check.sh e2e             # bench/e2e_vs_hf.py (needs torch + transformers)
 #   scripts/gpu-check.sh profile         # Nsight Compute: per-kernel time of a decode step
+#   scripts/gpu-check.sh attention       # bench/attention.py: llmk beside torch SDPA, one table
+#   scripts/gpu-check.sh long            # Llama-3-8B shapes: decode after an 8000-token prompt
 #   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e profile
+#                                        #   attention long
 #
 # Binaries: build/cuda (step `build`), or .devbin/ made by scripts/pack-devbin.sh on a machine
 # that could build them (the GPU machine lacks PCRE2's development files).
@@ -94,6 +97,25 @@ if has e2e; then
   note "e2e vs transformers: rc=$rc"
   grep -E "^\|" "$out/e2e.log" >> "$summary"
   [ $rc -ne 0 ] && status=1
+fi
+
+if has attention; then
+  python3 bench/attention.py --bin "$bin" --variants 0 --json "$out/attention.json" 2>&1 |
+    tee "$out/attention.md" | grep -E "^\||^note"
+  rc=${PIPESTATUS[0]}
+  note "attention bench: rc=$rc"
+  grep -E "^\|" "$out/attention.md" >> "$summary"
+  [ $rc -ne 0 ] && status=1
+fi
+
+if has long; then
+  # Decode of the Llama-3-8B configuration (random bf16 weights) after an 8000-token prompt:
+  # attention over ~8k keys is about 15% of each step there.
+  llama=/tmp/llmk-e2e/llama-3-8b
+  [ -d "$llama" ] || python3 bench/e2e_vs_hf.py --configs llama-3-8b --save-only >/dev/null 2>&1
+  $bin/llmk bench -m "$llama" --prompt-tokens 8000 --gen-tokens 128 --reps 3 --device cuda \
+    --json "$out/bench_llama3_8b_p8000.json" 2>&1 | tee "$out/bench_llama3_8b_p8000.log" | grep -E "prefill|decode|attention"
+  note "llama-3-8b, prompt 8000: $(grep -E 'decode:' "$out/bench_llama3_8b_p8000.log")"
 fi
 
 if has profile; then

@@ -80,6 +80,20 @@ __device__ __forceinline__ SeqView seq_view(const AttentionArgs& a, int b, int64
   return s;
 }
 
+// Programmatic dependent launch (sm_90): wait for the preceding kernel's grid to complete and
+// its writes to be visible; let the following kernel's blocks launch. No-ops without the launch
+// attribute, and compiled out for older architectures.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 template <int kD>
 __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     decode_kernel(const AttentionArgs a, const DecodePlan plan) {
@@ -89,6 +103,12 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* tiles = reinterpret_cast<bf16*>(smem);               // [kS][K|V][kBN][kP]
   bf16* sQ = reinterpret_cast<bf16*>(smem + C::kTileBytes);  // [kR][kP]
+
+  // Launched with programmatic stream serialisation (launch_decode): the block may start while
+  // the previous kernel in the stream is still finishing, so it waits for that kernel's results
+  // (q, the appended K/V, positions, this workspace) before reading or writing global memory.
+  // What it saves is the launch and block setup, not any memory traffic.
+  grid_dependency_wait();
 
   const int G = a.Hq / a.Hkv;
   const int split = blockIdx.x, n_split = plan.split;
@@ -116,35 +136,55 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   const bf16* k_head = a.k + hk * a.k_h;
   const bf16* v_head = a.v + hk * a.v_h;
   const int32_t* pages = paged ? a.page_table + static_cast<int64_t>(b) * a.pages_per_seq : nullptr;
-  // Copies keys [n0, n0 + kBN) of K and V into stage `buf`; keys past my_hi are zero-filled.
-  auto load_tile = [&](int it) {
+
+  // Tile copy layout: chunk c = threadIdx.x + i * kThreads (16 bytes) is row c / kChunks, column
+  // (c % kChunks) * 8. As kThreads and kWarp are multiples of kChunks, warp w copies rows
+  // w * kRowsPW + lane / kChunks + i * kWarps * kRowsPW: 16 distinct rows per tile. Their pool
+  // rows are looked up once per tile and warp, lane k % 16 taking the warp's k-th row (k =
+  // i * kRowsPW + a), and reach the copying lanes by shuffle. One page-table load per lane
+  // instead of one per chunk, and it is issued a tile ahead, so its latency is not in front of
+  // every tile's copies.
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  constexpr int kIters = kBN * kChunks / kThreads;
+  constexpr int kRowsPW = kWarp / kChunks;  // rows one warp covers per copy round
+  static_assert(kThreads % kChunks == 0 && kWarp % kChunks == 0, "whole rows per warp");
+  static_assert(kIters * kRowsPW == 16, "each warp copies 16 distinct rows of a tile");
+  const int my_key =
+      warp * kRowsPW + (lane % 16) % kRowsPW + (lane % 16) / kRowsPW * C::kWarps * kRowsPW;
+  // Pool row of tile it's key my_key (0 for keys past my_hi, which are not copied).
+  auto lookup_row = [&](int it) -> int64_t {
+    const int64_t j = my_lo + static_cast<int64_t>(it) * kBN + my_key;
+    if (j > my_hi) return 0;
+    if (!paged) return sv.key0 + j;
+    const int j32 = static_cast<int>(j);  // < capacity <= INT32_MAX
+    return static_cast<int64_t>(pages[j32 / a.page_size]) * a.page_size + j32 % a.page_size;
+  };
+  // Copies keys [n0, n0 + kBN) of tile it into its stage; keys past my_hi are zero-filled.
+  // `row` is this lane's lookup_row(it). All lanes of the block call it (shuffles).
+  auto load_tile = [&](int it, int64_t row) {
     const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN;
     bf16* sK = tiles + (it % kS) * 2 * kBN * kP;
     bf16* sV = sK + kBN * kP;
-    constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-    static_assert(kBN * kChunks % kThreads == 0, "tile copy: whole rounds of the block");
+    const int col = (threadIdx.x % kChunks) * 8;
 #pragma unroll
-    for (int i = 0; i < kBN * kChunks / kThreads; ++i) {
-      const int c = threadIdx.x + i * kThreads;
-      const int r = c / kChunks, col = (c % kChunks) * 8;
-      const int64_t j = n0 + r;
-      const bool valid = j <= my_hi;
-      int64_t row = 0;
-      if (valid) {
-        const int j32 = static_cast<int>(j);  // < capacity <= INT32_MAX
-        row = paged
-                  ? static_cast<int64_t>(pages[j32 / a.page_size]) * a.page_size + j32 % a.page_size
-                  : sv.key0 + j;
-      }
-      cp_async_16(sK + r * kP + col, k_head + row * a.k_t + col, valid);
-      cp_async_16(sV + r * kP + col, v_head + row * a.v_t + col, valid);
+    for (int i = 0; i < kIters; ++i) {
+      const int r = (threadIdx.x + i * kThreads) / kChunks;
+      const int64_t src = __shfl_sync(0xffffffffu, row, i * kRowsPW + lane / kChunks);
+      const bool valid = n0 + r <= my_hi;
+      cp_async_16(sK + r * kP + col, k_head + src * a.k_t + col, valid);
+      cp_async_16(sV + r * kP + col, v_head + src * a.v_t + col, valid);
     }
   };
+  // All first lookups in flight at once, then the first kS - 1 tiles.
+  int64_t first_rows[kS];
+#pragma unroll
+  for (int st = 0; st < kS; ++st) first_rows[st] = lookup_row(st);
 #pragma unroll
   for (int st = 0; st < kS - 1; ++st) {
-    if (st < n_tiles) load_tile(st);
+    if (st < n_tiles) load_tile(st, first_rows[st]);
     cp_async_commit();
   }
+  int64_t next_row = first_rows[kS - 1];  // lookup_row(it + kS - 1) at the top of iteration it
 
   // q rows (bf16, unscaled: the scale is applied to the fp32 logits); rows past n_rows are 0.
   for (int e = threadIdx.x; e < kR * (kD / 8); e += kThreads) {
@@ -182,8 +222,9 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<kS - 2>();  // this thread's copies of tile it have landed
     __syncthreads();          // everyone's have; everyone is done with tile it - 1
-    if (it + kS - 1 < n_tiles) load_tile(it + kS - 1);  // into the stage tile it - 1 used
+    if (it + kS - 1 < n_tiles) load_tile(it + kS - 1, next_row);  // the stage tile it - 1 used
     cp_async_commit();
+    next_row = lookup_row(it + kS);  // used one iteration later: its latency hides behind tile it
 
     const bf16* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // the warp's 16 keys
     const bf16* sV = sK + kBN * kP;
@@ -263,6 +304,9 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       mma_bf16_16816(o[2 * dn2 + 1], pa, vb[2], vb[3]);
     }
   }
+  // Every K/V read is issued: a kernel launched after this one with programmatic serialisation
+  // may start its blocks now (they still wait for this grid to finish before touching memory).
+  grid_dependents_launch();
   cp_async_wait<0>();
   __syncthreads();  // tiles free: the warps' states go there
 
@@ -337,29 +381,84 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   __syncthreads();
   if (!is_last) return;
   __threadfence();
+
+  // Combine, in two parallel steps with no chain of dependent loads. First the weights: warp w
+  // takes rows w, w + kWarps, ...; lane x holds splits x and x + 32 of each, all their (max,
+  // sum) loads in flight at once, and warp shuffles give the row's max and denominator. The
+  // weights (exp2(m_s - max)) go to shared memory (the merge area is free now).
+  static_assert(kDecodeMaxSplit <= 2 * kWarp, "two splits per lane in the combine");
+  constexpr int kRowsPerWarp = kR / C::kWarps;
+  float* comb_w = reinterpret_cast<float*>(smem);  // [kDecodeMaxSplit][kR] weights
+  float* comb_m = comb_w + kDecodeMaxSplit * kR;   // [kR] max over splits (log2 domain)
+  float* comb_l = comb_m + kR;                     // [kR] denominator
+  static_assert(sizeof(float) * (kDecodeMaxSplit + 2) * kR <= C::kTileBytes, "combine area");
+  {
+    float2 ml[kRowsPerWarp][2];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + i * C::kWarps;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int sp = lane + h * kWarp;
+        ml[i][h] = make_float2(-INFINITY, 0.0f);
+        if (r < n_rows && sp < n_split) {
+          const int64_t wr = sp * static_cast<int64_t>(rows_total) + out_row(r);
+          ml[i][h] = __ldcg(reinterpret_cast<const float2*>(plan.part_ml + wr * 2));
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + i * C::kWarps;  // warp-uniform
+      if (r >= n_rows) continue;
+      float mx = fmaxf(ml[i][0].x, ml[i][1].x);
+#pragma unroll
+      for (int off = kWarp / 2; off > 0; off /= 2) {
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      }
+      const float m_use = mx == -INFINITY ? 0.0f : mx;  // no split saw a key: all weights 0
+      float den = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float wt = exp2f(ml[i][h].x - m_use);  // 0 for empty and unused splits
+        comb_w[(lane + h * kWarp) * kR + r] = wt;
+        den += ml[i][h].y * wt;
+      }
+#pragma unroll
+      for (int off = kWarp / 2; off > 0; off /= 2) den += __shfl_xor_sync(0xffffffffu, den, off);
+      if (lane == 0) {
+        comb_m[r] = mx;
+        comb_l[r] = den;
+      }
+    }
+  }
+  __syncthreads();
+  // Then the rows: each thread sums its 4 dims over the splits, kBatch independent loads in
+  // flight per step. A split with no visible key wrote zeros and has weight 0.
+  constexpr int kBatch = 8;
   for (int e = threadIdx.x * 4; e < n_rows * kD; e += kThreads * 4) {
     const int r = e / kD, d = e % kD;
-    const int64_t row = out_row(r);
-    float m_all = -INFINITY;
-    for (int sp = 0; sp < n_split; ++sp) {
-      m_all =
-          fmaxf(m_all, __ldcg(plan.part_ml + (sp * static_cast<int64_t>(rows_total) + row) * 2));
+    const float* src = plan.part_o + out_row(r) * static_cast<int64_t>(kD) + d;
+    const int64_t split_stride = static_cast<int64_t>(rows_total) * kD;
+    float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int sp0 = 0; sp0 < n_split; sp0 += kBatch) {
+      float4 po[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        po[i] = sp0 + i < n_split
+                    ? __ldcg(reinterpret_cast<const float4*>(src + (sp0 + i) * split_stride))
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const float wt = sp0 + i < n_split ? comb_w[(sp0 + i) * kR + r] : 0.0f;
+        o4[0] += po[i].x * wt;
+        o4[1] += po[i].y * wt;
+        o4[2] += po[i].z * wt;
+        o4[3] += po[i].w * wt;
+      }
     }
-    const float m_use = m_all == -INFINITY ? 0.0f : m_all;
-    float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, den = 0.0f;
-    for (int sp = 0; sp < n_split; ++sp) {
-      const int64_t wr = sp * static_cast<int64_t>(rows_total) + row;
-      const float2 ml = __ldcg(reinterpret_cast<const float2*>(plan.part_ml + wr * 2));
-      if (ml.x == -INFINITY) continue;  // a split with no visible key
-      const float wt = exp2f(ml.x - m_use);
-      const float4 po = __ldcg(reinterpret_cast<const float4*>(plan.part_o + wr * kD + d));
-      den += ml.y * wt;
-      o4[0] += po.x * wt;
-      o4[1] += po.y * wt;
-      o4[2] += po.z * wt;
-      o4[3] += po.w * wt;
-    }
-    store_out(r, d, o4, m_all, den);
+    store_out(r, d, o4, comb_m[r], comb_l[r]);
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (stream order)
 }
@@ -407,7 +506,21 @@ void launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   set_smem_limit_once<kD>();
   const dim3 grid(static_cast<unsigned>(plan.split), static_cast<unsigned>(a.Hkv * plan.groups),
                   static_cast<unsigned>(a.B));
-  decode_kernel<kD><<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a, plan);
+  // Programmatic stream serialisation (sm_90+): the grid may be launched before the previous
+  // kernel in the stream has finished; the kernel waits for it (grid_dependency_wait) before any
+  // global memory access. Kept in stream capture as a programmatic graph edge.
+  static const bool pdl = device_info().cc_major >= 9;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(C::kThreads);
+  cfg.dynamicSmemBytes = C::kSmemBytes;
+  cfg.stream = current_stream();
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD>, a, plan));
   check_launch("attention decode");
 }
 

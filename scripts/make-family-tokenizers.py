@@ -27,9 +27,13 @@ hf_json fixtures, and shaped like the family's real tokenizer.json, at most 512 
            <unk> <mask> and the turn/image tokens in the model vocabulary and as special added
            tokens, the byte tokens, then the pieces; normalizer Replace(" ", "▁"), pre-tokenizer
            Split(" ", merged_with_previous), decoder without Strip; bos added.
-Two variants of phi3's vocabulary go to tests/fixtures/tokenizer/hf_json/metaspace_{first,always}/:
-the shape transformers 5's LlamaTokenizer writes (no normalizer; pre-tokenizer
-Metaspace(prepend_scheme first, or always as for legacy files, split false); decoder with Strip).
+Variants of phi3's vocabulary go to tests/fixtures/tokenizer/hf_json/:
+  metaspace_first/, metaspace_always/  the shape transformers 5's LlamaTokenizer writes (no
+      normalizer; pre-tokenizer Metaspace(prepend_scheme first, or always as for legacy files,
+      split false); decoder with Strip);
+  phi3_strip/  added tokens that take whitespace along: rstrip on <|user|> <|assistant|>
+      <|system|> <|end|> (as later Phi-3 revisions have it), lstrip on <|placeholder1|>, both on
+      <|placeholder2|>.
 The pieces of the SentencePiece-style ones are learnt with a Metaspace split (word-initial "▁"
 pieces, as SentencePiece learns them); the files have no pre-tokenizer, like the real ones.
 
@@ -310,6 +314,8 @@ def extra_corpus():
         "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>", "<|python_tag|>x<|eom_id|>",
         " leading", "  two leading", "trailing ", "trailing  ", " ", "  ", "\t", "\n", " \n ",
         "a  b   c    d", "\u00a0nbsp\u00a0", "x\u3000y",
+        " <|placeholder1|> x", "a \t<|placeholder2|>\u3000 b", "<|end|>\u00a0\u2003x\n",
+        "<|user|>\n\n  Hi  <|end|>  \n", "x\u200b<|placeholder2|>\u200by", "\n<|placeholder1|>",
     ]
 
 
@@ -445,6 +451,15 @@ def metaspace_variant(phi3, scheme):
     return j
 
 
+def strip_variant(phi3):
+    j = json.loads(json.dumps(phi3))
+    for t in j["added_tokens"]:
+        c = t["content"]
+        t["rstrip"] = c in ("<|user|>", "<|assistant|>", "<|system|>", "<|end|>", "<|placeholder2|>")
+        t["lstrip"] = c in ("<|placeholder1|>", "<|placeholder2|>")
+    return j
+
+
 def main():
     out = os.path.join(ROOT, "tests", "fixtures", "families")
     text = J.training_text()
@@ -452,9 +467,10 @@ def main():
     tokenizers_json, configs = families(text)
     for scheme in ("first", "always"):
         tokenizers_json["metaspace_" + scheme] = metaspace_variant(tokenizers_json["phi3"], scheme)
+    tokenizers_json["phi3_strip"] = strip_variant(tokenizers_json["phi3"])
     all_cases = {}
     for name, j in tokenizers_json.items():
-        if name.startswith("metaspace_"):
+        if name.startswith("metaspace_") or name == "phi3_strip":
             path = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "hf_json", name,
                                 "tokenizer.json")
             J.write_json(path, j, indent=1)

@@ -29,6 +29,10 @@ namespace unicode {
 // The NFC form of `text` (canonical decomposition, then composition; utf8proc's tables).
 // Bytes that are not valid UTF-8 are kept as they are.
 std::string nfc(std::string_view text);
+// Bytes of the longest prefix / suffix of `text` made of White_Space characters (Unicode's
+// property, as Rust's char::is_whitespace, which tokenizers' lstrip and rstrip use).
+size_t whitespace_prefix(std::string_view text);
+size_t whitespace_suffix(std::string_view text);
 }  // namespace unicode
 
 }  // namespace llmk

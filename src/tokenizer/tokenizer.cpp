@@ -27,8 +27,9 @@ constexpr std::string_view kEndOfTurnTexts[] = {
 struct SpecialText {
   std::string_view text;
   int32_t id;
-  bool control;     // matched only when parse_special; user-defined tokens always are
-  bool normalized;  // matched in the normalized text (TokenizerData::normalized_tokens)
+  bool control;         // matched only when parse_special; user-defined tokens always are
+  bool normalized;      // matched in the normalized text (TokenizerData::AddedToken)
+  bool lstrip, rstrip;  // takes the whitespace before / after it along
 };
 
 }  // namespace
@@ -113,8 +114,10 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
              "a normalizer that writes '\u2581' for spaces needs a BPE with byte fallback");
   LLMK_CHECK(data.use_merges || data.metaspace == TokenizerData::Metaspace::None,
              "the Metaspace pre-tokenizer needs a BPE with byte fallback");
-  for (const int32_t id : data.normalized_tokens) {
-    LLMK_CHECK(id >= 0 && static_cast<size_t>(id) < n, "normalized token id {} out of range", id);
+  std::vector<TokenizerData::AddedToken> added(n);  // by id
+  for (const TokenizerData::AddedToken& a : data.added_tokens) {
+    LLMK_CHECK(a.id >= 0 && static_cast<size_t>(a.id) < n, "added token id {} out of range", a.id);
+    added[a.id] = a;
   }
 
   auto impl = std::make_shared<Impl>();
@@ -133,10 +136,10 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
     const TokenType t = impl->types[i];
     if ((t == TokenType::Control || t == TokenType::UserDefined) && !d.tokens[i].empty() &&
         !(spm && SpmModel::is_space_run(d.tokens[i], t))) {
-      const bool normalized = std::find(d.normalized_tokens.begin(), d.normalized_tokens.end(),
-                                        id) != d.normalized_tokens.end();
-      impl->specials.push_back({d.tokens[i], id, t == TokenType::Control, normalized});
-      ++impl->special_count[normalized][t == TokenType::Control];
+      const TokenizerData::AddedToken& a = added[i];
+      impl->specials.push_back(
+          {d.tokens[i], id, t == TokenType::Control, a.normalized, a.lstrip, a.rstrip});
+      ++impl->special_count[a.normalized][t == TokenType::Control];
     }
   }
 
@@ -228,9 +231,12 @@ void Tokenizer::Impl::split_specials(std::string_view text, bool normalized, boo
       }
     }
     if (best == nullptr) break;
-    plain(text.substr(pos, best_at - pos));
+    size_t start = best_at, stop = best_at + best->text.size();
+    if (best->lstrip) start -= unicode::whitespace_suffix(text.substr(pos, start - pos));
+    if (best->rstrip) stop += unicode::whitespace_prefix(text.substr(stop));
+    plain(text.substr(pos, start - pos));
     out.push_back(best->id);
-    pos = best_at + best->text.size();
+    pos = stop;
   }
   if (pos < text.size()) plain(text.substr(pos));
 }

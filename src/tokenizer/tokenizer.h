@@ -58,9 +58,16 @@ struct TokenizerData {
   // Hugging Face tokenizer.json only (GGUF files leave these as they are):
   // applied to each stretch between the added tokens matched in the raw text, before splitting.
   Normalizer normalizer;
-  // Added (control or user-defined) tokens matched in the normalized text ("normalized": true),
-  // after those matched in the raw text. The others are matched in the raw text.
-  std::vector<int32_t> normalized_tokens;
+  // How added (control or user-defined) tokens are matched; those not listed are matched in the
+  // raw text as they are. normalized: in the normalized text, after those matched in the raw
+  // text. lstrip / rstrip: the token takes the whitespace before / after it along.
+  struct AddedToken {
+    int32_t id = -1;
+    bool normalized = false;
+    bool lstrip = false;
+    bool rstrip = false;
+  };
+  std::vector<AddedToken> added_tokens;
   bool strip_space = false;  // decode drops one leading space (decoder Strip(" ", 1, 0))
   // "llama" with use_merges: tokenizers' Metaspace pre-tokenizer (split: false), after the
   // normalizer: spaces become "▁", and a "▁" goes before each non-empty stretch that does not

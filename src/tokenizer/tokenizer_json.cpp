@@ -382,16 +382,17 @@ void read_vocabulary(const Reader& r, const Json& root, const Json& model, bool 
     for (size_t i = 0; i < added->size(); ++i) {
       const Json& t = (*added)[i];
       const std::string key = Reader::index("added_tokens", i);
-      for (std::string_view flag : {"lstrip", "rstrip", "single_word"}) {
-        if (r.get_bool(t, key, flag, false))
-          r.fail(Reader::join(key, flag), "true is not supported");
+      if (r.get_bool(t, key, "single_word", false)) {
+        r.fail(Reader::join(key, "single_word"), "true is not supported");
       }
       const bool special = r.get_bool(t, key, "special", false);
       const int32_t id = r.as_id(r.get(t, key, "id"), Reader::join(key, "id"));
       place(id, r.get_string(t, key, "content"),
             special ? TokenType::Control : TokenType::UserDefined, key);
       // tokenizers' default for an AddedToken: normalized unless special.
-      if (r.get_bool(t, key, "normalized", !special)) d.normalized_tokens.push_back(id);
+      d.added_tokens.push_back({id, r.get_bool(t, key, "normalized", !special),
+                                r.get_bool(t, key, "lstrip", false),
+                                r.get_bool(t, key, "rstrip", false)});
     }
   }
   for (size_t id = 0; id < tokens.size(); ++id) {

@@ -83,8 +83,10 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyTokenizer,
                          [](const auto& param_info) { return param_info.param; });
 
 // Phi-3's vocabulary in the shape transformers 5's LlamaTokenizer writes: no normalizer, a
-// Metaspace pre-tokenizer (prepend_scheme first or always, split false), decoder with Strip.
-// Their round trip is tokenizers' own (Strip drops the space of a text that starts with one).
+// Metaspace pre-tokenizer (prepend_scheme first or always, split false), decoder with Strip;
+// and with added tokens that take whitespace along (lstrip, rstrip). Their round trip is
+// tokenizers' own (Strip drops the space of a text that starts with one; lstrip and rstrip
+// drop whitespace).
 class MetaspaceTokenizer : public testing::TestWithParam<std::string> {};
 
 TEST_P(MetaspaceTokenizer, IdsAndDecodeMatchTokenizers) {
@@ -114,7 +116,7 @@ TEST(MetaspaceTokenizerSchemes, PrefixAfterSpecialToken) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Json, MetaspaceTokenizer,
-                         testing::Values("metaspace_first", "metaspace_always"),
+                         testing::Values("metaspace_first", "metaspace_always", "phi3_strip"),
                          [](const auto& param_info) { return param_info.param; });
 
 // bos/eos/add_bos and the chat template as tokenizer_config.json (or the post-processor) gives

@@ -117,6 +117,18 @@ TEST(TokenizerJson, NfcKeepsInvalidBytes) {
   EXPECT_EQ(unicode::nfc("\u0958"), "\u0915\u093c");  // a composition exclusion stays apart
 }
 
+// White_Space as lstrip / rstrip take it along (Rust's char::is_whitespace).
+TEST(TokenizerJson, WhitespaceRuns) {
+  EXPECT_EQ(unicode::whitespace_prefix(" \t\u3000x "), 5u);
+  EXPECT_EQ(unicode::whitespace_prefix("\u200bx"), 0u);  // zero width space: not White_Space
+  EXPECT_EQ(unicode::whitespace_prefix("\xa0"), 0u);     // a stray byte, not U+00A0
+  EXPECT_EQ(unicode::whitespace_suffix("x \u2003\u00a0"), 6u);
+  EXPECT_EQ(unicode::whitespace_suffix("x\u200b"), 0u);
+  EXPECT_EQ(unicode::whitespace_suffix("\xff "), 1u);
+  EXPECT_EQ(unicode::whitespace_suffix("\x80\x80"), 0u);
+  EXPECT_EQ(unicode::whitespace_suffix(""), 0u);
+}
+
 TEST(TokenizerJson, Gpt2UserDefinedToken) {
   const Tokenizer tok = Tokenizer::from_hf_json(fixture_dir("gpt2"));
   EXPECT_EQ(tok.pre_tokenizer(), "gpt2");
@@ -408,8 +420,11 @@ TEST_F(TokenizerJsonErrors, UnsupportedOptions) {
   j["model"]["ignore_merges"] = true;  // only the llama3 pre-tokenizer ignores merges
   expect_error(write(j), {"model.ignore_merges", "gpt2"});
   j = minimal();
-  j["added_tokens"][0]["lstrip"] = true;
-  expect_error(write(j), {"added_tokens[0].lstrip"});
+  j["added_tokens"][0]["single_word"] = true;
+  expect_error(write(j), {"added_tokens[0].single_word"});
+  j = minimal();
+  j["added_tokens"][0]["rstrip"] = "yes";
+  expect_error(write(j), {"added_tokens[0].rstrip", "expected a boolean"});
 }
 
 TEST_F(TokenizerJsonErrors, BadIds) {

@@ -92,7 +92,7 @@ if has bench; then
 fi
 
 if has e2e; then
-  PYTHONUNBUFFERED=1 python3 bench/e2e_vs_hf.py --llmk $bin/llmk --out "$out" 2>&1 | tee "$out/e2e.log" | grep -v -E "it/s|Warning"
+  PYTHONUNBUFFERED=1 python3 bench/e2e_vs_hf.py --llmk $bin/llmk --out "$out" ${E2E_CONFIGS:+--configs $E2E_CONFIGS} 2>&1 | tee "$out/e2e.log" | grep -v -E "it/s|Warning"
   rc=${PIPESTATUS[0]}
   note "e2e vs transformers: rc=$rc"
   grep -E "^\|" "$out/e2e.log" >> "$summary"

@@ -28,8 +28,16 @@ summary=$out/summary.md
 note() { echo "$*" | tee -a "$summary"; }
 
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f "$model" ] && ls .xfer/smol.part* >/dev/null 2>&1; then
-  mkdir -p models && cat .xfer/smol.part* > "$model.tmp" && mv "$model.tmp" "$model"
+# The parts arrive over several calls (each carries .xfer/smol.sha256): join them only when the
+# joined bytes have the model's checksum.
+if [ ! -f "$model" ] && [ -f .xfer/smol.sha256 ] && ls .xfer/smol.part* >/dev/null 2>&1; then
+  mkdir -p models && cat .xfer/smol.part* > "$model.tmp"
+  if [ "$(sha256sum "$model.tmp" | cut -d' ' -f1)" = "$(cat .xfer/smol.sha256)" ]; then
+    mv "$model.tmp" "$model"
+  else
+    rm -f "$model.tmp"
+    note "model parts so far: $(ls .xfer/smol.part* | tr '\n' ' ')(not all there yet)"
+  fi
 fi
 [ -f "$model" ] && note "model: $model ($(sha256sum "$model" | cut -c1-12))" || note "model: $model missing"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu: /' | tee -a "$summary"

@@ -7,4 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .xfer && mkdir -p .xfer
 split -b "${1:-33M}" -d models/SmolLM2-135M-Instruct.Q4_1.gguf .xfer/smol.part
+# Carried with every part: gpu-check.sh joins the parts only once all of them are there.
+sha256sum models/SmolLM2-135M-Instruct.Q4_1.gguf | cut -d' ' -f1 > .xfer/smol.sha256
 ls -la .xfer

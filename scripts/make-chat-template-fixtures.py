@@ -10,7 +10,8 @@ Runs on a developer machine (needs jinja2, which transformers brings), not in CI
     python3 scripts/make-chat-template-fixtures.py
 
 The templates below were transcribed from the tokenizer_config.json files of the models named
-(no network here to download them); where a template has tool-calling branches they are kept,
+(no network here to download them); scripts/make-family-tokenizers.py writes the same strings
+into the family fixtures' tokenizer_config.json (it imports them from here); where a template has tool-calling branches they are kept,
 since llmk must recognise the family of the full string, but they are not exercised (llmk
 passes no tools).
 """
@@ -100,14 +101,6 @@ LLAMA31_DATE = r"""{%- if not date_string is defined %}
     {%- set date_string = "26 Jul 2024" %}
 {%- endif %}
 """
-LLAMA32_DATE = r"""{%- if not date_string is defined %}
-    {%- if strftime_now is defined %}
-        {%- set date_string = strftime_now("%d %b %Y") %}
-    {%- else %}
-        {%- set date_string = "26 Jul 2024" %}
-    {%- endif %}
-{%- endif %}
-"""
 LLAMA31_BODY = r"""{%- if not tools is defined %}
     {%- set tools = none %}
 {%- endif %}
@@ -192,12 +185,112 @@ LLAMA31_BODY = r"""{%- if not tools is defined %}
 {%- endif %}
 """
 
+# Llama 3.2 / 3.3: the date from strftime_now, no builtin tools.
+LLAMA32 = """{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\\n\\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\\n\\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\\n\\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\\n\\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\\n\\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\\n\\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\\n\\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
 PHI3 = (
-    "{% for message in messages %}{% if message['role'] == 'system' %}"
-    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
-    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
-    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{{'<|system|>\\n' + message['content'] + '<|end|>\\n'}}"
+    "{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\\n' + message['content'] + '<|end|>\\n'}}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}")
 
 GEMMA3 = r"""{{ bos_token }}
 {%- if messages[0]['role'] == 'system' -%}
@@ -247,8 +340,7 @@ TEMPLATES = {
     "llama-3-instruct": (LLAMA30, "llama3", "<|begin_of_text|>", "<|eot_id|>"),
     "llama-3.1-instruct": (LLAMA31_HEAD + LLAMA31_DATE + LLAMA31_BODY, "llama3",
                            "<|begin_of_text|>", "<|eot_id|>"),
-    "llama-3.2-instruct": (LLAMA31_HEAD + LLAMA32_DATE + LLAMA31_BODY, "llama3",
-                           "<|begin_of_text|>", "<|eot_id|>"),
+    "llama-3.2-instruct": (LLAMA32, "llama3", "<|begin_of_text|>", "<|eot_id|>"),
     "phi-3-mini-instruct": (PHI3, "phi3", "<s>", "<|endoftext|>"),
     "gemma-3-it": (GEMMA3, "gemma", "<bos>", "<eos>"),
 }

@@ -13,7 +13,9 @@
 //   {"kind":"decode","B":1,"Hq":32,"Hkv":8,"L":4096,"D":128,"page_size":16,"split":..,"us":..,
 //    "gbps":..,"copy_gbps":..}
 // ("kind":"decode_split" for the sweep lines). bench/attention.py merges them with SDPA's.
-//   attention_decode_bench [--samples N]
+//   attention_decode_bench [--samples N] [--shape B L PAGE SPLIT]
+// --shape: that one shape alone (page 0: contiguous; split 0: the heuristic), no copy rate and
+// no floor (for a profiler, e.g. ncu -k regex:decode_kernel).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -229,11 +231,22 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
 
 int main_impl(int argc, char** argv) {
   int samples = 30;
+  Shape one{0, 0, 16};  // --shape B L PAGE SPLIT: that shape alone (for a profiler)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--samples") == 0 && i + 1 < argc) samples = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--shape") == 0 && i + 4 < argc) {
+      one.B = std::atoi(argv[++i]);
+      one.L = std::atoll(argv[++i]);
+      one.page_size = std::atoi(argv[++i]);
+      one.split = std::atoi(argv[++i]);
+    }
   }
   cuda::init();
   Events ev;
+  if (one.B > 0) {
+    run(one, samples, 0.0, ev);
+    return 0;
+  }
   const double copy = copy_rate_gbs(ev, samples);
   std::fprintf(stderr, "device %s, %d SMs, copy rate %.0f GB/s\n", cuda::device_info().name.c_str(),
                cuda::device_info().sm_count, copy);
@@ -244,7 +257,7 @@ int main_impl(int argc, char** argv) {
   run({1, 4096, 0}, samples, copy, ev);
   run({1, 32768, 0}, samples, copy, ev);
   for (auto [B, L] : shapes) {
-    for (int split : {1, 2, 4, 8, 16, 24, 32, 48, 64}) {
+    for (int split : {1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64}) {
       run({B, L, 16, split, "decode_split"}, samples, copy, ev);
     }
   }

@@ -2,7 +2,7 @@
 """Attention benchmark of issue 4: llmk beside torch SDPA (flash backend), one markdown table.
 
 Runs on the device machine (torch is there):
-    python3 bench/attention.py --bin .devbin-pre [--json FILE]
+    python3 bench/attention.py --bin .devbin-pre [--compare DIR,...] [--json FILE]
 
 SDPA side, same shapes and the same timing method as the llmk binaries: random bf16 inputs,
 CUDA events, warm-up, median of samples.
@@ -137,7 +137,7 @@ def main():
     ap.add_argument("--bin", default=".devbin")
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--json", default=None, help="also write every measurement here")
-    ap.add_argument("--variants", default="0,1", help="LLMK_PREFILL_VARIANT values to run")
+    ap.add_argument("--compare", default="", help="more bench folders (comma-separated): one prefill column each")
     args = ap.parse_args()
 
     props = torch.cuda.get_device_properties(0)
@@ -146,10 +146,10 @@ def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     notes = []
-    variants = [v for v in args.variants.split(",") if v != ""]
+    variants = [args.bin] + [v for v in args.compare.split(",") if v != ""]
     llmk_pre = {}
     for var in variants:
-        rows, note = run_bin(os.path.join(args.bin, "attention_prefill_bench"), {"LLMK_PREFILL_VARIANT": var})
+        rows, note = run_bin(os.path.join(var, "attention_prefill_bench"))
         if note:
             notes.append(note)
         for r in rows:
@@ -164,7 +164,7 @@ def main():
 
     all_rows = []
     lines = []
-    head = "| kind | shape | llmk | " + " | ".join(f"llmk v{v}" for v in variants[1:]) + (" | " if len(variants) > 1 else "") + "SDPA flash | llmk / SDPA |"
+    head = "| kind | shape | llmk | " + " | ".join(f"llmk {v}" for v in variants[1:]) + (" | " if len(variants) > 1 else "") + "SDPA flash | llmk / SDPA |"
     lines.append(head)
     lines.append("|" + "---|" * (head.count("|") - 1))
     for (B, Hq, Hkv, S, D, causal) in PREFILL:
@@ -209,7 +209,7 @@ def main():
     print("Prefill TFLOP/s count 4·B·H·S²·D, halved for causal (FA2's convention); decode GB/s = K+V bytes read / time.")
     print("Medians of CUDA-event timings after warm-up; prefill samples follow an L2 flush, decode rotates K/V sets (> 2x L2) in graph replays.")
     if len(variants) > 1:
-        print(f"llmk = LLMK_PREFILL_VARIANT={variants[0]} (the default tiling); other columns: the alternative tilings.")
+        print(f"llmk = {variants[0]}; other llmk columns: the bench binaries in those folders; the ratio is llmk's.")
     print()
     for line in lines:
         print(line)

@@ -1,12 +1,11 @@
 // Benchmark of the prefill attention kernel (cuda::attention_prefill, varlen form: B equal
 // sequences through cu_q / cu_k) at the shapes of issue 4. One JSON line per shape:
 //   {"kind":"prefill","B":..,"Hq":..,"Hkv":..,"S":..,"D":..,"causal":..,"dtype":"bf16",
-//    "ms":..,"tflops":..,"variant":..}
+//    "ms":..,"tflops":..}
 // TFLOP/s counts 4 * B * Hq * S^2 * D (QK^T and PV), halved when causal (FA2's convention).
 // Timing: random inputs; 3 warm-up launches; then `samples` timings of one launch between CUDA
 // events, each after a 256 MiB write that flushes the L2 (outside the events); the median.
-// bench/attention.py runs this beside torch SDPA. LLMK_PREFILL_VARIANT picks the tiling
-// (prefill_d*.cu); it is echoed as "variant".
+// bench/attention.py runs this beside torch SDPA.
 //
 //   attention_prefill_bench [--samples N] [--only B,Hq,S,D,causal]
 #include <cuda_bf16.h>
@@ -58,7 +57,7 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-void run(const Shape& s, int samples, int variant, void* flush, size_t flush_bytes) {
+void run(const Shape& s, int samples, void* flush, size_t flush_bytes) {
   const cudaStream_t stream = cuda::current_stream();
   const int64_t T = static_cast<int64_t>(s.B) * s.S;
   const int64_t nq = T * s.Hq * s.D, nkv = T * s.Hkv * s.D;
@@ -120,9 +119,8 @@ void run(const Shape& s, int samples, int variant, void* flush, size_t flush_byt
       4.0 * s.B * s.Hq * static_cast<double>(s.S) * s.S * s.D * (s.causal ? 0.5 : 1.0);
   std::printf(
       "{\"kind\":\"prefill\",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"S\":%d,\"D\":%d,\"causal\":%s,"
-      "\"dtype\":\"bf16\",\"ms\":%.4f,\"tflops\":%.1f,\"variant\":%d}\n",
-      s.B, s.Hq, s.Hkv, s.S, s.D, s.causal ? "true" : "false", med, flops / (med * 1e-3) / 1e12,
-      variant);
+      "\"dtype\":\"bf16\",\"ms\":%.4f,\"tflops\":%.1f}\n",
+      s.B, s.Hq, s.Hkv, s.S, s.D, s.causal ? "true" : "false", med, flops / (med * 1e-3) / 1e12);
   std::fflush(stdout);
   LLMK_CUDA_CHECK(cudaEventDestroy(e0));
   LLMK_CUDA_CHECK(cudaEventDestroy(e1));
@@ -147,8 +145,6 @@ int main_impl(int argc, char** argv) {
     }
   }
   cuda::init();
-  const char* env = std::getenv("LLMK_PREFILL_VARIANT");
-  const int variant = env != nullptr ? std::atoi(env) : 0;
   std::vector<Shape> shapes = {
       {16, 32, 32, 512, 64, false}, {16, 32, 32, 512, 64, true},  {4, 32, 32, 2048, 128, false},
       {4, 32, 32, 2048, 128, true}, {2, 32, 32, 8192, 128, true}, {1, 32, 32, 16384, 128, true},
@@ -168,7 +164,7 @@ int main_impl(int argc, char** argv) {
   const size_t flush_bytes = size_t{256} << 20;
   void* flush = nullptr;
   LLMK_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
-  for (const Shape& s : shapes) run(s, samples, variant, flush, flush_bytes);
+  for (const Shape& s : shapes) run(s, samples, flush, flush_bytes);
   LLMK_CUDA_CHECK(cudaFree(flush));
   return 0;
 }

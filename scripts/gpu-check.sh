@@ -108,7 +108,7 @@ if has e2e; then
 fi
 
 if has attention; then
-  python3 bench/attention.py --bin "$bin" --variants 0 --json "$out/attention.json" 2>&1 |
+  python3 bench/attention.py --bin "$bin" --json "$out/attention.json" 2>&1 |
     tee "$out/attention.md" | grep -E "^\||^note"
   rc=${PIPESTATUS[0]}
   note "attention bench: rc=$rc"

@@ -6,29 +6,17 @@
 namespace llmk::cuda::attn {
 
 namespace {
-// bf16: two K/V stages, one barrier per tile. In
-// docs/runs/2026-11-21-h100-attention-prefill-run3.md it is column "v1": 0.83-0.89x SDPA at the
-// issue's D128 shapes, where the one-stage FA2 order (then the default, column "llmk") gave
-// 0.80-0.86x.
-using Cfg = PrefillCfg<128, 4, 2, 64, false, 2, 2>;
-// fp16: the one-stage tiling its device tests ran with.
-using CfgF16 = PrefillCfg<128, 4, 2, 64, false, 1, 2>;
-// Alternatives for tuning (bf16), picked by LLMK_PREFILL_VARIANT=1 or 2.
-using CfgV1 = PrefillCfg<128, 4, 2, 64, false, 1, 2>;
-using CfgV2 = PrefillCfg<128, 4, 2, 32, false, 2, 2>;
+// bf16 and fp16: 8 warps x 16 rows (each thread holds half the O accumulators of a 4 x 32
+// tiling: 128 registers, 2 blocks = 16 warps per SM, no spill), Q re-read from shared memory,
+// one K/V stage (FA2 order). H100 (docs/runs/2026-11-21-h100-attention-prefill-tuned.md, column
+// fB): 0.81-1.05x SDPA flash; the 4 x 32 two-stage tiling it replaces spilled at 255 registers.
+using Cfg = PrefillCfg<128, 8, 1, 64, false, 1, 2>;
 }  // namespace
 
 template <>
 void launch_prefill<128>(const AttentionArgs& a) {
-  if (a.fp16) return launch_prefill_cfg<CfgF16, __half>(a);
-  switch (prefill_variant()) {
-    case 1:
-      return launch_prefill_cfg<CfgV1, __nv_bfloat16>(a);
-    case 2:
-      return launch_prefill_cfg<CfgV2, __nv_bfloat16>(a);
-    default:
-      return launch_prefill_cfg<Cfg, __nv_bfloat16>(a);
-  }
+  if (a.fp16) return launch_prefill_cfg<Cfg, __half>(a);
+  launch_prefill_cfg<Cfg, __nv_bfloat16>(a);
 }
 
 }  // namespace llmk::cuda::attn

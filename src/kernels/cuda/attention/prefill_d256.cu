@@ -6,23 +6,14 @@
 namespace llmk::cuda::attn {
 
 namespace {
+// bf16 and fp16: 8 warps x 16 rows, two K/V stages, 1 block per SM (255 registers, no spill).
 using Cfg = PrefillCfg<256, 8, 1, 64, false, 2, 1>;
-// Alternatives for tuning (bf16), picked by LLMK_PREFILL_VARIANT=1 or 2.
-using CfgV1 = PrefillCfg<256, 8, 1, 64, false, 1, 1>;
-using CfgV2 = PrefillCfg<256, 8, 1, 32, false, 2, 1>;
 }  // namespace
 
 template <>
 void launch_prefill<256>(const AttentionArgs& a) {
   if (a.fp16) return launch_prefill_cfg<Cfg, __half>(a);
-  switch (prefill_variant()) {
-    case 1:
-      return launch_prefill_cfg<CfgV1, __nv_bfloat16>(a);
-    case 2:
-      return launch_prefill_cfg<CfgV2, __nv_bfloat16>(a);
-    default:
-      return launch_prefill_cfg<Cfg, __nv_bfloat16>(a);
-  }
+  launch_prefill_cfg<Cfg, __nv_bfloat16>(a);
 }
 
 }  // namespace llmk::cuda::attn

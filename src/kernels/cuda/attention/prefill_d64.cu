@@ -6,23 +6,16 @@
 namespace llmk::cuda::attn {
 
 namespace {
+// bf16 and fp16: 4 warps x 32 rows, Q in registers, two K/V stages. H100
+// (docs/runs/2026-11-21-h100-attention-prefill-tuned.md): 1.00-1.01x SDPA flash at B16 H32 S512,
+// where an 8-warp x 16-row tiling (column fD) ran 0.86-0.94x.
 using Cfg = PrefillCfg<64, 4, 2, 64, true, 2, 2>;
-// Alternatives for tuning (bf16), picked by LLMK_PREFILL_VARIANT=1 or 2.
-using CfgV1 = PrefillCfg<64, 4, 2, 64, true, 1, 2>;
-using CfgV2 = PrefillCfg<64, 4, 2, 64, false, 2, 2>;
 }  // namespace
 
 template <>
 void launch_prefill<64>(const AttentionArgs& a) {
   if (a.fp16) return launch_prefill_cfg<Cfg, __half>(a);
-  switch (prefill_variant()) {
-    case 1:
-      return launch_prefill_cfg<CfgV1, __nv_bfloat16>(a);
-    case 2:
-      return launch_prefill_cfg<CfgV2, __nv_bfloat16>(a);
-    default:
-      return launch_prefill_cfg<Cfg, __nv_bfloat16>(a);
-  }
+  launch_prefill_cfg<Cfg, __nv_bfloat16>(a);
 }
 
 }  // namespace llmk::cuda::attn

@@ -27,7 +27,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "core/cuda/check.h"
@@ -57,29 +56,41 @@ struct PrefillCfg {
 
 namespace prefill_detail {
 
-// 16-byte chunks of a [kRows, kD] tile of 16-bit elements, global -> shared (row pitch kP);
-// rows >= valid are zero-filled and not read.
+// 16-byte chunks of a [kRows, kD] tile of 16-bit elements, global -> shared (row pitch kP,
+// dst a shared-space byte address); rows >= valid are zero-filled and not read. Thread t copies
+// the chunk column t % kChunks of rows t / kChunks + j * kStep: one 64-bit source pointer that
+// steps by kStep rows, so no per-chunk addresses stay live across the main loop.
 template <int kRows, int kD, int kP, int kThreads>
-__device__ __forceinline__ void load_rows(uint16_t* dst, const uint16_t* src, int64_t stride,
+__device__ __forceinline__ void load_rows(uint32_t dst, const uint16_t* src, int64_t stride,
                                           int valid) {
   constexpr int kChunks = kD / 8;
+  static_assert(kThreads % kChunks == 0, "whole rows per pass");
+  constexpr int kStep = kThreads / kChunks;
+  static_assert(kRows % kStep == 0, "whole passes");
+  const int r0 = static_cast<int>(threadIdx.x) / kChunks, col = (threadIdx.x % kChunks) * 8;
+  const uint16_t* g = src + r0 * stride + col;
+  const int64_t step = kStep * stride;
+  dst += (r0 * kP + col) * 2;
 #pragma unroll
-  for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    const bool ok = r < valid;
-    cp_async_16(dst + r * kP + col, ok ? src + r * stride + col : src, ok);
+  for (int j = 0; j < kRows / kStep; ++j) {
+    const bool ok = r0 + j * kStep < valid;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + j * kStep * kP * 2),
+                 "l"(ok ? g : src), "r"(ok ? 16 : 0));
+    g += step;
   }
 }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) {
+// ldmatrix at a shared-space byte address (a per-thread base plus a compile-time offset in the
+// unrolled loops, which ptxas folds into the instruction).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) {
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
 
 // 2^x on the special-function unit (relative error ~2^-22; -inf gives +0).
@@ -166,9 +177,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   constexpr int kNT = kBN / 8;  // n-tiles of S per m-tile
   constexpr int kDT = kD / 8;   // n-tiles of O per m-tile
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);  // [kBM][kP]
-  uint16_t* sK = sQ + kBM * kP;                          // [kStages][kBN][kP]
-  uint16_t* sV = sK + C::kStages * kBN * kP;             // [kStages][kBN][kP]
+  // Shared-space byte addresses: Q [kBM][kP], K and V [kStages][kBN][kP] each.
+  const uint32_t sQa = smem_addr(smem_raw);
+  const uint32_t sKa = sQa + kBM * kP * 2, sVa = sKa + C::kStages * kBN * kP * 2;
+  constexpr uint32_t kTileBytes = kBN * kP * 2;
 
   const Work w = find_work<kBM>(a);
   if (!w.valid) return;
@@ -191,6 +203,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const uint16_t* v_base =
       reinterpret_cast<const uint16_t*>(a.v) + static_cast<int64_t>(w.k0) * a.v_t + hk * a.v_h;
 
+  // This thread's ldmatrix row addresses (bytes): Q (A operand, rows), K (B operand of Q K^T,
+  // rows = keys), V (B operand of P V, .trans, rows = keys).
+  const uint32_t q_lane = sQa + ((warp * kMT * 16 + lane % 16) * kP + (lane / 16) * 8) * 2;
+  const uint32_t k_lane = ((lane % 8 + (lane / 16) * 8) * kP + ((lane / 8) % 2) * 8) * 2;
+  const uint32_t v_lane = ((lane % 8 + ((lane / 8) % 2) * 8) * kP + (lane / 16) * 8) * 2;
+
   // This thread's rows: m-tile mt, half r -> row warp * kMT * 16 + mt * 16 + lane / 4 + 8 r.
   const int row_base = warp * kMT * 16 + lane / 4;
   float o[kMT][kDT][4];
@@ -206,16 +224,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     auto tile_n0 = [&](int i) { return (n_hi - 1 - i) * kBN; };  // last tile first
     auto load_k = [&](int i) {
       const int n0 = tile_n0(i);
-      load_rows<kBN, kD, kP, C::kThreads>(sK + (i % C::kStages) * kBN * kP, k_base + n0 * a.k_t,
+      load_rows<kBN, kD, kP, C::kThreads>(sKa + (i % C::kStages) * kTileBytes, k_base + n0 * a.k_t,
                                           a.k_t, w.tk - n0);
     };
     auto load_v = [&](int i) {
       const int n0 = tile_n0(i);
-      load_rows<kBN, kD, kP, C::kThreads>(sV + (i % C::kStages) * kBN * kP, v_base + n0 * a.v_t,
+      load_rows<kBN, kD, kP, C::kThreads>(sVa + (i % C::kStages) * kTileBytes, v_base + n0 * a.v_t,
                                           a.v_t, w.tk - n0);
     };
 
-    load_rows<kBM, kD, kP, C::kThreads>(sQ, q_base, a.q_t, rows);
+    load_rows<kBM, kD, kP, C::kThreads>(sQa, q_base, a.q_t, rows);
     load_k(0);
     cp_async_commit();
     if constexpr (C::kStages == 2) load_v(0);
@@ -229,8 +247,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk)
-          ldsm_x4(qr[mt][kk],
-                  sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kP + kk * 16 + (lane / 16) * 8);
+          ldsm_x4(qr[mt][kk], q_lane + (mt * 16 * kP + kk * 16) * 2);
     }
 
     // Logits in the log2 domain: softcap * tanh(s * scale / softcap) * log2(e), or s * scale *
@@ -245,8 +262,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 
     for (int i = 0; i < n_tiles; ++i) {
       const int n0 = tile_n0(i);
-      const uint16_t* k_tile = sK + (i % C::kStages) * kBN * kP;
-      const uint16_t* v_tile = sV + (i % C::kStages) * kBN * kP;
+      const uint32_t k_tile = sKa + (i % C::kStages) * kTileBytes + k_lane;
+      const uint32_t v_tile = sVa + (i % C::kStages) * kTileBytes + v_lane;
       cp_async_wait<0>();
       __syncthreads();  // tile i landed; every warp is done with tile i - 1
       if constexpr (C::kStages == 2) {
@@ -282,15 +299,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
               for (int x = 0; x < 4; ++x) qa[mt][x] = qr[mt][kk][x];
             } else {
-              ldsm_x4(qa[mt], sQ + (warp * kMT * 16 + mt * 16 + lane % 16) * kP + kk * 16 +
-                                  (lane / 16) * 8);
+              ldsm_x4(qa[mt], q_lane + (mt * 16 * kP + kk * 16) * 2);
             }
           }
 #pragma unroll
           for (int j2 = 0; j2 < kBN / 16; ++j2) {
             uint32_t kb[4];
-            ldsm_x4(kb, k_tile + (j2 * 16 + lane % 8 + (lane / 16) * 8) * kP + kk * 16 +
-                            ((lane / 8) % 2) * 8);
+            ldsm_x4(kb, k_tile + (j2 * 16 * kP + kk * 16) * 2);
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
               E::mma(s[mt][2 * j2], qa[mt], kb[0], kb[1]);
@@ -399,8 +414,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #pragma unroll
           for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
             uint32_t vb[4];
-            ldsm_x4_t(vb, v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 +
-                              (lane / 16) * 8);
+            ldsm_x4_t(vb, v_tile + (kk * 16 * kP + dn2 * 16) * 2);
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
               E::mma(o[mt][2 * dn2], pa[mt], vb[0], vb[1]);
@@ -445,16 +459,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
             sum > 0.0f ? (m[mt][r] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
       }
     }
-}
-
-// Tuning switch read once from the environment: LLMK_PREFILL_VARIANT=1 or 2 picks one of each head
-// dim's alternative bf16 tilings (prefill_d*.cu), so one benchmark run can compare both.
-inline int prefill_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("LLMK_PREFILL_VARIANT");
-    return e != nullptr ? std::atoi(e) : 0;
-  }();
-  return v;
 }
 
 // Raises the kernel's shared-memory limit (once per instantiation, so capture sees no attribute

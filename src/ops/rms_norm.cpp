@@ -43,6 +43,12 @@ void rms_norm(Tensor& out, const Tensor& x, const Tensor& w, float eps, bool add
   require_no_partial_overlap(op, "out", out, "x", x);
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
+    if (x.ndim() == 3) {  // [A, B, D] with any strides (QK-norm over heads): one launch
+      if (x.numel() == 0) return;
+      cuda::rms_norm_2d(out.data(), out.stride(0), out.stride(1), x.data(), x.stride(0),
+                        x.stride(1), x.dim(0), x.dim(1), D, w.data<const float>(), eps, add_one);
+      return;
+    }
     for_each_row_run_raw<2>({&out, &x}, [&](auto p, int64_t rows, auto ld) {
       cuda::rms_norm(p[0], ld[0], p[1], ld[1], rows, D, w.data<const float>(), eps, add_one);
     });

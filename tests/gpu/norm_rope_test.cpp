@@ -63,6 +63,40 @@ TEST_F(CudaOpRmsNorm, InPlaceAndLeadingDims) {
   expect_close(x.to(Device::CPU), ref, kBf16Out, "rms_norm in place");
 }
 
+// QK-norm's shape: the heads of q inside the Q|K|V output, a [T, H, D] view whose rows are two
+// strides apart (head stride D, token stride the whole projection), normalised in place in one
+// launch; also the scalar path (odd D, unaligned offset) and an out-of-place [T, H, D] target.
+TEST_F(CudaOpRmsNorm, StridedHeadViews) {
+  uint32_t seed = 300;
+  for (int64_t D : {64, 256, 17}) {
+    for (int64_t T : {1, 5, 130}) {
+      const int64_t H = 4, Hkv = 1, width = (H + 2 * Hkv) * D + 3;
+      const Tensor qkv_host = random_host({T, width}, DType::BF16, seed++, -3, 3);
+      const Tensor w_host = random_host({D}, DType::F32, seed++, -2, 2);
+      const int64_t off = D % 8 == 0 ? 0 : 1;
+      Tensor qkv = qkv_host.to(Device::CUDA);
+      const Tensor w = w_host.to(Device::CUDA);
+      Tensor q = qkv.slice(1, off, off + H * D).unflatten(1, {H, D});
+      ops::rms_norm(q, q, w, 1e-6f, /*add_one=*/(seed & 1) != 0);
+      Tensor ref = Tensor::empty({T, H, D}, DType::F32);
+      const Tensor q_in = to_f32(qkv_host.slice(1, off, off + H * D).unflatten(1, {H, D}));
+      ops::rms_norm(ref, q_in, w_host, 1e-6f, (seed & 1) != 0);
+      const Tensor got = qkv.to(Device::CPU);
+      const std::string what = label("rms_norm [T, H, D] view", T, D, off, (seed & 1) != 0);
+      expect_close(got.slice(1, off, off + H * D).unflatten(1, {H, D}), ref, kBf16Out, what);
+      // The rest of the row (K, V and the padding) is untouched.
+      const Tensor rest_got = to_f32(got.slice(1, off + H * D, width));
+      const Tensor rest_in = to_f32(qkv_host.slice(1, off + H * D, width));
+      EXPECT_EQ(compare(rest_got, rest_in).max_abs, 0.0) << what;
+      // Out of place into a contiguous [T, H, D].
+      Tensor out = poisoned_cuda({T, H, D}, DType::BF16);
+      Tensor q2 = qkv_host.to(Device::CUDA).slice(1, off, off + H * D).unflatten(1, {H, D});
+      ops::rms_norm(out, q2, w, 1e-6f, (seed & 1) != 0);
+      expect_close(out.to(Device::CPU), ref, kBf16Out, what + " out of place");
+    }
+  }
+}
+
 using CudaOpAddRmsNorm = CudaOpTest;
 
 TEST_F(CudaOpAddRmsNorm, MatchesSeparateAddAndNormOnCpu) {

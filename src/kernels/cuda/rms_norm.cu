@@ -27,7 +27,17 @@ struct NormRows {
   const float* w;
   float eps;
   bool add_one;
+  // Rows in two levels (rms_norm of a [A, B, D] view, e.g. the heads of q inside the Q|K|V
+  // output): row r is (r / inner, r % inner), at offset (r / inner) * *_ld + (r % inner) *
+  // *_ld_inner. inner = 1: plain rows *_ld apart.
+  int64_t inner = 1;
+  int64_t x_ld_inner = 0, out_ld_inner = 0;
 };
+
+__device__ __forceinline__ int64_t row_offset(int64_t row, int64_t inner, int64_t ld,
+                                              int64_t ld_inner) {
+  return inner == 1 ? row * ld : (row / inner) * ld + (row % inner) * ld_inner;
+}
 
 __device__ __forceinline__ float weight(const NormRows& a, float w) {
   return a.add_one ? 1.0f + w : w;
@@ -37,8 +47,8 @@ template <bool kAdd>
 __global__ void rms_norm_vec_kernel(NormRows a) {
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
-  bf16* x = a.x + row * a.x_ld;
-  bf16* out = a.out + row * a.out_ld;
+  bf16* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
+  bf16* out = a.out + row_offset(row, a.inner, a.out_ld, a.out_ld_inner);
   const int64_t nvec = a.D / kVec;
   float v[kMaxVecs][kVec];
   float ss = 0.0f;
@@ -82,8 +92,8 @@ template <bool kAdd>
 __global__ void rms_norm_scalar_kernel(NormRows a) {
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
-  bf16* x = a.x + row * a.x_ld;
-  bf16* out = a.out + row * a.out_ld;
+  bf16* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
+  bf16* out = a.out + row_offset(row, a.inner, a.out_ld, a.out_ld_inner);
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < a.D; i += blockDim.x) {
     float v = __bfloat162float(x[i]);
@@ -107,7 +117,8 @@ void launch(const NormRows& a, int64_t rows, const char* op) {
   const int64_t nvec = a.D / kVec;
   const bool vec = a.D % kVec == 0 && nvec <= int64_t{1024} * kMaxVecs && is_aligned(a.x, 16) &&
                    is_aligned(a.out, 16) && is_aligned(a.w, 16) && a.x_ld % kVec == 0 &&
-                   a.out_ld % kVec == 0 &&
+                   a.out_ld % kVec == 0 && a.x_ld_inner % kVec == 0 &&
+                   a.out_ld_inner % kVec == 0 &&
                    (!kAdd || (is_aligned(a.delta, 16) && a.delta_ld % kVec == 0));
   // One block per row, up to 2^31 - 1 rows.
   if (vec) {
@@ -125,18 +136,27 @@ void launch(const NormRows& a, int64_t rows, const char* op) {
 
 void rms_norm(void* out, int64_t out_ld, const void* x, int64_t x_ld, int64_t rows, int64_t D,
               const float* w, float eps, bool add_one) {
+  rms_norm_2d(out, out_ld, 0, x, x_ld, 0, rows, 1, D, w, eps, add_one);
+}
+
+void rms_norm_2d(void* out, int64_t out_ld, int64_t out_ld_inner, const void* x, int64_t x_ld,
+                 int64_t x_ld_inner, int64_t outer, int64_t inner, int64_t D, const float* w,
+                 float eps, bool add_one) {
   // x is only read: the kernel writes x only when delta is set.
-  const NormRows a{static_cast<bf16*>(const_cast<void*>(x)),
-                   x_ld,
-                   nullptr,
-                   0,
-                   static_cast<bf16*>(out),
-                   out_ld,
-                   D,
-                   w,
-                   eps,
-                   add_one};
-  launch<false>(a, rows, "rms_norm");
+  NormRows a{static_cast<bf16*>(const_cast<void*>(x)),
+             x_ld,
+             nullptr,
+             0,
+             static_cast<bf16*>(out),
+             out_ld,
+             D,
+             w,
+             eps,
+             add_one};
+  a.inner = inner;
+  a.x_ld_inner = x_ld_inner;
+  a.out_ld_inner = out_ld_inner;
+  launch<false>(a, outer * inner, "rms_norm");
 }
 
 void add_rms_norm(void* x, int64_t x_ld, const void* delta, int64_t delta_ld, void* out,

@@ -10,6 +10,11 @@ namespace llmk::cuda {
 // w: [D] f32. y = x / sqrt(mean(x^2) + eps) * w, or * (1 + w) when add_one.
 void rms_norm(void* out, int64_t out_ld, const void* x, int64_t x_ld, int64_t rows, int64_t D,
               const float* w, float eps, bool add_one);
+// The same over outer x inner rows in one launch: row (i, j) of x starts at i * x_ld +
+// j * x_ld_inner (out likewise), e.g. [T, H, D] heads inside a wider projection output.
+void rms_norm_2d(void* out, int64_t out_ld, int64_t out_ld_inner, const void* x, int64_t x_ld,
+                 int64_t x_ld_inner, int64_t outer, int64_t inner, int64_t D, const float* w,
+                 float eps, bool add_one);
 
 // x += delta (the sum rounded to bf16 and stored in x), then out = rms_norm(x) of the rounded
 // sum. delta may be null (no add). x, delta, out: `rows` rows of D bf16, *_ld elements apart;

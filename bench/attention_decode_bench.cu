@@ -33,77 +33,10 @@
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/attention.h"
+#include "bench_util.cuh"
 
 namespace llmk::bench {
 namespace {
-
-__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    p[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
-  }
-}
-
-void fill(void* p, int64_t n, uint64_t seed, float scale) {
-  fill_bf16<<<1024, 256, 0, cuda::current_stream()>>>(static_cast<__nv_bfloat16*>(p), n, seed,
-                                                      scale);
-  cuda::check_launch("fill_bf16");
-}
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-class Events {
- public:
-  Events() {
-    LLMK_CUDA_CHECK(cudaEventCreate(&a_));
-    LLMK_CUDA_CHECK(cudaEventCreate(&b_));
-  }
-  ~Events() {
-    cudaEventDestroy(a_);
-    cudaEventDestroy(b_);
-  }
-  template <class Fn>
-  float time(Fn&& fn) {
-    const cudaStream_t s = cuda::current_stream();
-    LLMK_CUDA_CHECK(cudaEventRecord(a_, s));
-    fn();
-    LLMK_CUDA_CHECK(cudaEventRecord(b_, s));
-    LLMK_CUDA_CHECK(cudaEventSynchronize(b_));
-    float ms = 0;
-    LLMK_CUDA_CHECK(cudaEventElapsedTime(&ms, a_, b_));
-    return ms;
-  }
-
- private:
-  cudaEvent_t a_ = nullptr, b_ = nullptr;
-};
-
-double copy_rate_gbs(Events& ev, int samples) {
-  const size_t bytes = size_t{1} << 30;
-  void *src = nullptr, *dst = nullptr;
-  LLMK_CUDA_CHECK(cudaMalloc(&src, bytes));
-  LLMK_CUDA_CHECK(cudaMalloc(&dst, bytes));
-  LLMK_CUDA_CHECK(cudaMemsetAsync(src, 1, bytes, cuda::current_stream()));
-  std::vector<float> ms;
-  for (int i = 0; i < samples + 2; ++i) {
-    const float t = ev.time([&] {
-      LLMK_CUDA_CHECK(
-          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::current_stream()));
-    });
-    if (i >= 2) ms.push_back(t);
-  }
-  LLMK_CUDA_CHECK(cudaFree(src));
-  LLMK_CUDA_CHECK(cudaFree(dst));
-  return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
-}
 
 struct Shape {
   int B;

@@ -24,21 +24,10 @@
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/attention.h"
+#include "bench_util.cuh"
 
 namespace llmk::bench {
 namespace {
-
-__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    p[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
-  }
-}
 
 struct Shape {
   int B, Hq, Hkv, S, D;
@@ -50,11 +39,6 @@ T* device_alloc(size_t n) {
   void* p = nullptr;
   LLMK_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
   return static_cast<T*>(p);
-}
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 void run(const Shape& s, int samples, void* flush, size_t flush_bytes) {

@@ -202,10 +202,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace llmk::bench
 
 int main(int argc, char** argv) {
-  try {
-    return llmk::bench::main_impl(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "attention_decode_bench: %s\n", e.what());
-    return 1;
-  }
+  return llmk::bench::guarded_main("attention_decode_bench", llmk::bench::main_impl, argc, argv);
 }

@@ -157,10 +157,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace llmk::bench
 
 int main(int argc, char** argv) {
-  try {
-    return llmk::bench::main_impl(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "attention_prefill_bench: %s\n", e.what());
-    return 1;
-  }
+  return llmk::bench::guarded_main("attention_prefill_bench", llmk::bench::main_impl, argc, argv);
 }

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -89,6 +91,16 @@ inline double copy_rate_gbs(Events& ev, int samples) {
   LLMK_CUDA_CHECK(cudaFree(src));
   LLMK_CUDA_CHECK(cudaFree(dst));
   return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+// A bench's main(): runs impl and turns an exception into one line on stderr and exit code 1.
+inline int guarded_main(const char* name, int (*impl)(int, char**), int argc, char** argv) {
+  try {
+    return impl(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace llmk::bench

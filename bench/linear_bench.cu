@@ -192,10 +192,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace llmk::bench
 
 int main(int argc, char** argv) {
-  try {
-    return llmk::bench::main_impl(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "linear_bench: %s\n", e.what());
-    return 1;
-  }
+  return llmk::bench::guarded_main("linear_bench", llmk::bench::main_impl, argc, argv);
 }

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/attention_common.h"
 #include "ops/check.h"
 #include "ops/ops.h"
 
@@ -62,10 +63,6 @@ Dims check_shapes(const Tensor& out, const Tensor& q, const Tensor& k, const Ten
   return d;
 }
 
-float resolved_scale(const AttentionParams& p, int64_t D) {
-  return p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-}
-
 // CPU: positions must be consecutive and inside the cache; returns positions[0].
 int64_t check_positions(const Tensor& positions, const Tensor& k, int64_t T, int64_t L) {
   const int32_t* pos = positions.data<const int32_t>();
@@ -86,24 +83,13 @@ int64_t check_positions(const Tensor& positions, const Tensor& k, int64_t T, int
 }
 
 #ifdef LLMK_HAS_CUDA
-// The kernels read 16 bytes at a time along rows and heads.
-void require_16_byte_rows(std::string_view name, const Tensor& t) {
-  const bool ok = reinterpret_cast<uintptr_t>(t.data()) % 16 == 0 &&
-                  (t.dim(0) <= 1 || t.stride(0) % 8 == 0) &&
-                  (t.dim(1) <= 1 || t.stride(1) % 8 == 0);
-  LLMK_CHECK(ok,
-             "ops::attention: {} ({}, strides [{}]) must be 16-byte aligned, with row and head "
-             "strides that are multiples of 8 elements, for the CUDA kernels",
-             name, t.str(), fmt::join(t.strides(), ", "));
-}
-
 void attention_cuda(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& positions, const AttentionParams& p, const Dims& d) {
   const std::pair<std::string_view, const Tensor*> all[] = {
       {"out", &out}, {"q", &q}, {"k", &k}, {"v", &v}};
   for (const auto& [name, t] : all) {
     require_dtype(kOp, name, *t, DType::BF16);
-    require_16_byte_rows(name, *t);
+    require_16_byte_rows(kOp, name, *t);
   }
   LLMK_CHECK(d.T <= 1 || positions.stride(0) == 1,
              "ops::attention: positions ({}) must be contiguous on the GPU", positions.str());
@@ -117,28 +103,8 @@ void attention_cuda(Tensor& out, const Tensor& q, const Tensor& k, const Tensor&
              "ops::attention: q is {}, k is {}: too large for the CUDA kernels", q.str(), k.str());
   if (d.T == 0 || d.Hq == 0) return;
 
-  cuda::AttentionArgs a;
-  a.out = out.data<__nv_bfloat16>();
-  a.out_t = out.stride(0);
-  a.out_h = out.stride(1);
-  a.q = q.data<const __nv_bfloat16>();
-  a.q_t = q.stride(0);
-  a.q_h = q.stride(1);
-  a.k = k.data<const __nv_bfloat16>();
-  a.k_t = k.stride(0);
-  a.k_h = k.stride(1);
-  a.v = v.data<const __nv_bfloat16>();
-  a.v_t = v.stride(0);
-  a.v_h = v.stride(1);
+  cuda::AttentionArgs a = cuda_attention_args(out, q, k, v, p);
   a.positions = positions.data<const int32_t>();
-  a.T = static_cast<int>(d.T);
-  a.Hq = static_cast<int>(d.Hq);
-  a.Hkv = static_cast<int>(d.Hkv);
-  a.D = static_cast<int>(d.D);
-  a.L = d.L;
-  a.scale = resolved_scale(p, d.D);
-  a.window = p.window;
-  a.softcap = p.softcap;
   if (!fast) {
     cuda::attention_generic(a);
     ++counters().fallback;
@@ -365,7 +331,7 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
   for (const auto& [name, t] : {NamedTensor{"out", &out}, NamedTensor{"q", &q},
                                 NamedTensor{"k_pool", &k_pool}, NamedTensor{"v_pool", &v_pool}}) {
     require_dtype(kPagedOp, name, *t, DType::BF16);
-    require_16_byte_rows(name, *t);
+    require_16_byte_rows(kPagedOp, name, *t);
   }
   for (const auto& [name, t] : {NamedTensor{"page_table", &page_table},
                                 NamedTensor{"positions", &positions}, NamedTensor{"cu_q", &cu_q}}) {
@@ -385,54 +351,19 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
       "kernels",
       q.str(), k_pool.str(), page_table.str());
   if (d.T == 0 || d.Hq == 0) return;
-  cuda::AttentionArgs a;
-  a.out = out.data<__nv_bfloat16>();
-  a.out_t = out.stride(0);
-  a.out_h = out.stride(1);
-  a.q = q.data<const __nv_bfloat16>();
-  a.q_t = q.stride(0);
-  a.q_h = q.stride(1);
-  a.k = k_pool.data<const __nv_bfloat16>();
-  a.k_t = k_pool.stride(0);
-  a.k_h = k_pool.stride(1);
-  a.v = v_pool.data<const __nv_bfloat16>();
-  a.v_t = v_pool.stride(0);
-  a.v_h = v_pool.stride(1);
-  a.T = static_cast<int>(d.T);
-  a.Hq = static_cast<int>(d.Hq);
-  a.Hkv = static_cast<int>(d.Hkv);
-  a.D = static_cast<int>(d.D);
-  a.L = k_pool.dim(0);
-  a.scale = resolved_scale(p, d.D);
-  a.window = p.window;
-  a.softcap = p.softcap;
+  cuda::AttentionArgs a = cuda_attention_args(out, q, k_pool, v_pool, p);
   a.page_table = page_table.data<const int32_t>();
   a.page_size = static_cast<int>(page_size);
   a.pages_per_seq = static_cast<int>(d.P);
   if (!fast) {
-    // The fallback kernel takes one paged sequence by positions: one launch per sequence, the
-    // sequence's rows found from cu_q on the host.
+    // One launch for the batch: the fallback kernel finds each row's sequence in cu_q and its
+    // keys through the page table, up to the sequence's last position.
     a.positions = positions.data<const int32_t>();
-    if (!cu_q.defined()) {
-      cuda::attention_generic(a);
-    } else {
-      // One row per sequence (a decode step) needs no offsets: row b is sequence b. Otherwise
-      // they are read back, which waits for the device (not capturable).
-      const bool one_each = max_q == 1 && d.T == d.B;
-      const Tensor cu = one_each ? Tensor{} : cu_q.to(Device::CPU);
-      for (int64_t b = 0; b < d.B; ++b) {
-        const int32_t q0 = one_each ? static_cast<int32_t>(b) : cu.data<const int32_t>()[b];
-        const int32_t q1 = one_each ? q0 + 1 : cu.data<const int32_t>()[b + 1];
-        if (q1 <= q0) continue;
-        cuda::AttentionArgs c = a;
-        c.out = a.out + q0 * a.out_t;
-        c.q = a.q + q0 * a.q_t;
-        c.positions = a.positions + q0;
-        c.T = q1 - q0;
-        c.page_table = a.page_table + b * d.P;
-        cuda::attention_generic(c);
-      }
+    if (cu_q.defined()) {
+      a.B = static_cast<int>(d.B);
+      a.cu_q = cu_q.data<const int32_t>();
     }
+    cuda::attention_generic(a);
     ++counters().fallback;
     return;
   }

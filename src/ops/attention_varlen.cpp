@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "ops/attention_common.h"
 #include "ops/check.h"
 #include "ops/ops.h"
 
@@ -68,10 +69,6 @@ Dims check_shapes(const Tensor& out, const Tensor& q, const Tensor& k, const Ten
   require_disjoint(kOp, "out", out, "k", k);
   require_disjoint(kOp, "out", out, "v", v);
   return d;
-}
-
-float resolved_scale(const AttentionParams& p, int64_t D) {
-  return p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
 }
 
 // CPU: offsets non-decreasing from 0, ending at the q rows and inside the k rows.
@@ -199,13 +196,7 @@ void attention_varlen_cuda(Tensor& out, const Tensor& q, const Tensor& k, const 
   const NamedTensor all[] = {{"out", &out}, {"q", &q}, {"k", &k}, {"v", &v}};
   for (const auto& [name, t] : all) {
     require_dtype(kOp, name, *t, dt);
-    const bool ok = reinterpret_cast<uintptr_t>(t->data()) % 16 == 0 &&
-                    (t->dim(0) <= 1 || t->stride(0) % 8 == 0) &&
-                    (t->dim(1) <= 1 || t->stride(1) % 8 == 0);
-    LLMK_CHECK(ok,
-               "ops::attention_varlen: {} ({}) must be 16-byte aligned, with row and head strides "
-               "that are multiples of 8 elements, for the CUDA kernel",
-               name, t->str());
+    require_16_byte_rows(kOp, name, *t);
   }
   LLMK_CHECK(cu_q.stride(0) == 1 && cu_k.stride(0) == 1,
              "ops::attention_varlen: cu_q ({}) and cu_k ({}) must be contiguous on the GPU",
@@ -221,28 +212,7 @@ void attention_varlen_cuda(Tensor& out, const Tensor& q, const Tensor& k, const 
              q.str(), k.str(), d.B);
   if (d.Tq == 0 || d.Hq == 0) return;
 
-  cuda::AttentionArgs a;
-  a.out = static_cast<__nv_bfloat16*>(out.data());
-  a.out_t = out.stride(0);
-  a.out_h = out.stride(1);
-  a.q = static_cast<const __nv_bfloat16*>(q.data());
-  a.q_t = q.stride(0);
-  a.q_h = q.stride(1);
-  a.k = static_cast<const __nv_bfloat16*>(k.data());
-  a.k_t = k.stride(0);
-  a.k_h = k.stride(1);
-  a.v = static_cast<const __nv_bfloat16*>(v.data());
-  a.v_t = v.stride(0);
-  a.v_h = v.stride(1);
-  a.T = static_cast<int>(d.Tq);
-  a.Hq = static_cast<int>(d.Hq);
-  a.Hkv = static_cast<int>(d.Hkv);
-  a.D = static_cast<int>(d.D);
-  a.L = d.Tk;
-  a.scale = resolved_scale(p, d.D);
-  a.window = p.window;
-  a.softcap = p.softcap;
-  a.fp16 = dt == DType::F16;
+  cuda::AttentionArgs a = cuda_attention_args(out, q, k, v, p);
   a.B = static_cast<int>(d.B);
   a.cu_q = cu_q.data<const int32_t>();
   a.cu_k = cu_k.data<const int32_t>();

@@ -341,9 +341,12 @@ TEST_F(AttentionDecodeGpu, RejectsBadArguments) {
 // ops::attention_paged on CUDA (bf16) against the CPU op (f32, same bf16-rounded values): a batch
 // step over interleaved shuffled pages, then one captured launch replayed after the positions
 // move on (the page table and positions are read from fixed device memory), then a 40-query
-// prompt chunk of one sequence (the chunked fallback). Counters say which kernel ran.
-TEST_F(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) {
-  const int64_t Hq = 8, Hkv = 2, D = 128, page = 16, B = 3, P = 40;  // up to 640 keys
+// prompt chunk of one sequence (the chunked path). Counters say which kernel ran: at head dim
+// 96 (Phi-3) every call is one launch of the fallback kernel, also under capture.
+void ops_paged_case(int64_t D) {
+  SCOPED_TRACE("head dim " + std::to_string(D));
+  const bool fast = cuda::attention_head_dim_supported(static_cast<int>(D));
+  const int64_t Hq = 8, Hkv = 2, page = 16, B = 3, P = 40;  // up to 640 keys
   const int64_t pool_rows = (B * P + 1) * page;
   std::mt19937 rng(77);
   auto rand_tensor = [&](const Shape& shape, float lo, float hi) {
@@ -399,7 +402,7 @@ TEST_F(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) {
   LLMK_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), cuda::current_stream()));
   ops::reset_attention_stats();
   ops::attention_paged(out, dq, dk, dv, dtable, page, dcu, dpos, 1, {});
-  EXPECT_EQ(ops::attention_stats().decode, 1u);
+  EXPECT_EQ(fast ? ops::attention_stats().decode : ops::attention_stats().fallback, 1u);
   compare(q, cu, pos, 1, out, table);
 
   // Captured once, replayed at new positions written into the same device memory.
@@ -433,9 +436,13 @@ TEST_F(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) {
   LLMK_CUDA_CHECK(cudaMemsetAsync(out2.data(), 0xff, out2.nbytes(), stream));
   const Tensor row1 = table.slice(0, 1, 2).contiguous(), drow1 = row1.to(Device::CUDA);
   ops::attention_paged(out2, dq2, dk, dv, drow1, page, dcu2, dpos2, T, {});
-  EXPECT_EQ(ops::attention_stats().chunked, 1u);
+  EXPECT_EQ(fast ? ops::attention_stats().chunked : ops::attention_stats().fallback,
+            fast ? 1u : 3u);  // fallback: the step, the capture, this call
   compare(q2, cu2, pos2, T, out2, row1);
 }
+
+TEST_F(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) { ops_paged_case(128); }
+TEST_F(AttentionDecodeGpu, OpsPagedFallbackHeadDimMatchesCpuAndReplays) { ops_paged_case(96); }
 
 }  // namespace
 }  // namespace llmk

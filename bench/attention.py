@@ -36,6 +36,7 @@ PREFILL = [  # B, Hq, Hkv, S, D, causal
     (2, 8, 8, 8192, 256, True),
     (1, 32, 8, 4096, 128, True),
 ]
+MMA_SYNC = "mma.sync"  # the column of the portable prefill kernel (--kernel mma-sync)
 DECODE = [  # B, L (Hq 32, Hkv 8, D 128)
     (1, 4096),
     (1, 32768),
@@ -114,12 +115,12 @@ def sdpa_decode(B, L, samples, l2_bytes):
     return med, kv_bytes / (med * 1e-6) / 1e9
 
 
-def run_bin(path, env_extra=None):
+def run_bin(path, env_extra=None, extra_args=()):
     if not os.path.exists(path):
         return [], f"{os.path.basename(path)}: not found"
     env = dict(os.environ)
     env.update(env_extra or {})
-    p = subprocess.run([path], capture_output=True, text=True, env=env)
+    p = subprocess.run([path, *extra_args], capture_output=True, text=True, env=env)
     rows = []
     for line in p.stdout.splitlines():
         line = line.strip()
@@ -146,10 +147,16 @@ def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     notes = []
-    variants = [args.bin] + [v for v in args.compare.split(",") if v != ""]
+    # Columns: the default kernel choice (wgmma on Hopper), the portable mma.sync kernel of the
+    # same binary, then any --compare folders.
+    variants = [args.bin, MMA_SYNC] + [v for v in args.compare.split(",") if v != ""]
     llmk_pre = {}
     for var in variants:
-        rows, note = run_bin(os.path.join(var, "attention_prefill_bench"))
+        if var == MMA_SYNC:
+            rows, note = run_bin(os.path.join(args.bin, "attention_prefill_bench"),
+                                 extra_args=["--kernel", "mma-sync"])
+        else:
+            rows, note = run_bin(os.path.join(var, "attention_prefill_bench"))
         if note:
             notes.append(note)
         for r in rows:
@@ -208,8 +215,9 @@ def main():
     print()
     print("Prefill TFLOP/s count 4·B·H·S²·D, halved for causal (FA2's convention); decode GB/s = K+V bytes read / time.")
     print("Medians of CUDA-event timings after warm-up; prefill samples follow an L2 flush, decode rotates K/V sets (> 2x L2) in graph replays.")
-    if len(variants) > 1:
-        print(f"llmk = {variants[0]}; other llmk columns: the bench binaries in those folders; the ratio is llmk's.")
+    print(f"llmk = {variants[0]} (prefill: the wgmma kernel on Hopper); llmk mma.sync = the same binary's portable "
+          "prefill kernel (--kernel mma-sync)" + ("; other llmk columns: the bench binaries in those folders" if len(variants) > 2 else "")
+          + "; the ratio is llmk's.")
     print()
     for line in lines:
         print(line)

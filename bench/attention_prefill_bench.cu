@@ -7,7 +7,9 @@
 // events, each after a 256 MiB write that flushes the L2 (outside the events); the median.
 // bench/attention.py runs this beside torch SDPA.
 //
-//   attention_prefill_bench [--samples N] [--only B,Hq,S,D,causal]
+//   attention_prefill_bench [--samples N] [--only B,Hq,S,D,causal] [--kernel auto|mma-sync]
+// --kernel mma-sync times the portable mma.sync kernel where the wgmma one would run (the JSON
+// lines then carry "kernel":"mma-sync").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -41,7 +43,7 @@ T* device_alloc(size_t n) {
   return static_cast<T*>(p);
 }
 
-void run(const Shape& s, int samples, void* flush, size_t flush_bytes) {
+void run(const Shape& s, int samples, void* flush, size_t flush_bytes, const char* kernel) {
   const cudaStream_t stream = cuda::current_stream();
   const int64_t T = static_cast<int64_t>(s.B) * s.S;
   const int64_t nq = T * s.Hq * s.D, nkv = T * s.Hkv * s.D;
@@ -103,8 +105,9 @@ void run(const Shape& s, int samples, void* flush, size_t flush_bytes) {
       4.0 * s.B * s.Hq * static_cast<double>(s.S) * s.S * s.D * (s.causal ? 0.5 : 1.0);
   std::printf(
       "{\"kind\":\"prefill\",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"S\":%d,\"D\":%d,\"causal\":%s,"
-      "\"dtype\":\"bf16\",\"ms\":%.4f,\"tflops\":%.1f}\n",
-      s.B, s.Hq, s.Hkv, s.S, s.D, s.causal ? "true" : "false", med, flops / (med * 1e-3) / 1e12);
+      "\"dtype\":\"bf16\",\"kernel\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f}\n",
+      s.B, s.Hq, s.Hkv, s.S, s.D, s.causal ? "true" : "false", kernel, med,
+      flops / (med * 1e-3) / 1e12);
   std::fflush(stdout);
   LLMK_CUDA_CHECK(cudaEventDestroy(e0));
   LLMK_CUDA_CHECK(cudaEventDestroy(e1));
@@ -117,18 +120,24 @@ void run(const Shape& s, int samples, void* flush, size_t flush_bytes) {
 int main_impl(int argc, char** argv) {
   int samples = 30;
   const char* only = nullptr;
+  const char* kernel = "auto";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--samples") && i + 1 < argc) {
       samples = std::max(3, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
+    } else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc &&
+               (!std::strcmp(argv[i + 1], "auto") || !std::strcmp(argv[i + 1], "mma-sync"))) {
+      kernel = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: attention_prefill_bench [--samples N] [--only B,Hq,S,D,causal]\n");
+                   "usage: attention_prefill_bench [--samples N] [--only B,Hq,S,D,causal] "
+                   "[--kernel auto|mma-sync]\n");
       return 2;
     }
   }
   cuda::init();
+  if (!std::strcmp(kernel, "mma-sync")) cuda::set_prefill_kernel(cuda::PrefillKernel::kMmaSync);
   std::vector<Shape> shapes = {
       {16, 32, 32, 512, 64, false}, {16, 32, 32, 512, 64, true},  {4, 32, 32, 2048, 128, false},
       {4, 32, 32, 2048, 128, true}, {2, 32, 32, 8192, 128, true}, {1, 32, 32, 16384, 128, true},
@@ -148,7 +157,7 @@ int main_impl(int argc, char** argv) {
   const size_t flush_bytes = size_t{256} << 20;
   void* flush = nullptr;
   LLMK_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
-  for (const Shape& s : shapes) run(s, samples, flush, flush_bytes);
+  for (const Shape& s : shapes) run(s, samples, flush, flush_bytes, kernel);
   LLMK_CUDA_CHECK(cudaFree(flush));
   return 0;
 }

@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/tensor.h"
+#include "kernels/cuda/attention/attention.h"
 #include "ops/ops.h"
 #include "ops_gpu_util.h"
 
@@ -42,9 +43,15 @@ constexpr double kMaxRelL2 = 1e-2;
 constexpr double kMaxAbs = 1e-2;
 constexpr double kMaxLseAbs = 1e-3;
 
-class AttentionPrefillGpu : public ::testing::Test {
+// Every test runs once per prefill kernel: kAuto (the wgmma kernel on an sm_90 device) and the
+// portable mma.sync kernel.
+class AttentionPrefillGpu : public ::testing::TestWithParam<cuda::PrefillKernel> {
  protected:
-  void SetUp() override { cuda::init(); }
+  void SetUp() override {
+    cuda::init();
+    cuda::set_prefill_kernel(GetParam());
+  }
+  void TearDown() override { cuda::set_prefill_kernel(cuda::PrefillKernel::kAuto); }
 };
 
 struct VarlenCase {
@@ -163,7 +170,7 @@ void run_case(const VarlenCase& c, uint32_t seed) {
   }
 }
 
-TEST_F(AttentionPrefillGpu, SingleSequencesMatchCpu) {
+TEST_P(AttentionPrefillGpu, SingleSequencesMatchCpu) {
   const VarlenCase cases[] = {
       {.seqs = {{1, 1}}, .Hq = 8, .Hkv = 8, .D = 64},
       {.seqs = {{17, 17}}, .Hq = 32, .Hkv = 8, .D = 128},
@@ -186,7 +193,7 @@ TEST_F(AttentionPrefillGpu, SingleSequencesMatchCpu) {
   }
 }
 
-TEST_F(AttentionPrefillGpu, MixedBatchesMatchCpu) {
+TEST_P(AttentionPrefillGpu, MixedBatchesMatchCpu) {
   const std::vector<std::pair<int, int>> mixed = {{1, 1}, {17, 17}, {127, 300}, {1000, 1000},
                                                   {0, 5}, {33, 0},  {200, 129}, {5, 4099}};
   const VarlenCase cases[] = {
@@ -210,7 +217,7 @@ TEST_F(AttentionPrefillGpu, MixedBatchesMatchCpu) {
   }
 }
 
-TEST_F(AttentionPrefillGpu, Fp16MatchesCpu) {
+TEST_P(AttentionPrefillGpu, Fp16MatchesCpu) {
   const std::vector<std::pair<int, int>> mixed = {{1, 1}, {17, 17}, {127, 127}, {1000, 1300}};
   const VarlenCase cases[] = {
       {.seqs = mixed, .Hq = 8, .Hkv = 8, .D = 64, .dtype = DType::F16},
@@ -231,7 +238,7 @@ TEST_F(AttentionPrefillGpu, Fp16MatchesCpu) {
 }
 
 // The same inputs twice give the same bits: no race between the K/V stages and the readers.
-TEST_F(AttentionPrefillGpu, RepeatableBitForBit) {
+TEST_P(AttentionPrefillGpu, RepeatableBitForBit) {
   const VarlenCase c{.seqs = {{1000, 1000}, {127, 2000}, {33, 33}}, .Hq = 16, .Hkv = 4, .D = 128};
   std::vector<int32_t> cq{0, 1000, 1127, 1160}, ck{0, 1000, 3000, 3033};
   const Tensor q = random_host({1160, 16, 128}, DType::BF16, 1, -3, 3);
@@ -257,7 +264,7 @@ std::string error_message(const std::function<void()>& fn) {
   return "<no llmk::Error thrown>";
 }
 
-TEST_F(AttentionPrefillGpu, ArgumentErrors) {
+TEST_P(AttentionPrefillGpu, ArgumentErrors) {
   const Tensor cq = i32_host({0, 4}).to(Device::CUDA), ck = i32_host({0, 8}).to(Device::CUDA);
   const Tensor q = random_host({4, 4, 64}, DType::BF16, 1).to(Device::CUDA);
   const Tensor k = random_host({8, 2, 64}, DType::BF16, 2).to(Device::CUDA);
@@ -291,6 +298,15 @@ TEST_F(AttentionPrefillGpu, ArgumentErrors) {
       error_message([&] { ops::attention_varlen(out, q, k, k, cq, ck, {}, &lse_bad); });
   EXPECT_NE(lse.find("lse"), std::string::npos) << lse;
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPrefillGpu,
+                         ::testing::Values(cuda::PrefillKernel::kAuto,
+                                           cuda::PrefillKernel::kMmaSync),
+                         [](const ::testing::TestParamInfo<cuda::PrefillKernel>& p) {
+                           return std::string(p.param == cuda::PrefillKernel::kAuto
+                                                  ? "Auto"
+                                                  : "MmaSync");
+                         });
 
 }  // namespace
 }  // namespace llmk

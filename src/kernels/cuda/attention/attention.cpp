@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <mutex>
@@ -36,6 +37,8 @@ void dispatch_head_dim(int D, const char* op, Fn&& fn) {
   }
 }
 
+std::atomic<PrefillKernel> g_prefill_kernel{PrefillKernel::kAuto};
+
 }  // namespace
 
 bool attention_head_dim_supported(int D) { return D == 64 || D == 128 || D == 256; }
@@ -50,9 +53,14 @@ void attention_prefill(const AttentionArgs& a) {
              "attention prefill: a sliding window (window = {}) needs the causal mask", a.window);
   LLMK_CHECK(a.Hkv > 0 && a.Hq % a.Hkv == 0,
              "attention prefill: {} query heads are not a multiple of {} KV heads", a.Hq, a.Hkv);
+  const bool wgmma = g_prefill_kernel.load(std::memory_order_relaxed) == PrefillKernel::kAuto &&
+                     device_info().compute_capability() == 90;
   dispatch_head_dim(a.D, "attention prefill",
-                    [&](auto d) { attn::launch_prefill<decltype(d)::value>(a); });
+                    [&](auto d) { attn::launch_prefill<decltype(d)::value>(a, wgmma); });
 }
+
+void set_prefill_kernel(PrefillKernel k) { g_prefill_kernel.store(k, std::memory_order_relaxed); }
+PrefillKernel prefill_kernel() { return g_prefill_kernel.load(std::memory_order_relaxed); }
 
 namespace {
 

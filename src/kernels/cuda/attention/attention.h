@@ -1,13 +1,17 @@
-// Causal grouped-query attention on the GPU: bf16 q, KV caches and output, fp32 accumulation.
+// Causal grouped-query attention on the GPU: bf16 or fp16 q, KV caches and output, fp32
+// accumulation.
 //
-// Two kernels share one argument struct:
-//   prefill: flash-attention (tensor-core mma.sync, online softmax, O(T) memory) for T > 8;
-//   decode:  T <= 8 queries, each KV group's query heads sharing one pass over the cache, the
-//            keys split over a thread-block cluster and combined through distributed shared
-//            memory (no global workspace).
-// Both launch on cuda::current_stream(), never allocate and never wait on the host. Positions
-// are read on the device and the grid depends only on T, the head counts and the cache capacity
-// L, so one captured launch replays at every position; blocks skip the keys past the position.
+// Kernels behind one argument struct:
+//   prefill: flash attention (online softmax, O(T) memory) for T > 8, in two builds of one
+//            algorithm: warpgroup MMA (wgmma, Hopper sm_90) and mma.sync (sm_80 and later, the
+//            portable one; set_prefill_kernel chooses it on Hopper too);
+//   decode:  up to 8 queries per sequence over a contiguous or paged cache, each KV group's query
+//            heads sharing one pass over the keys, the keys split over blocks whose partial
+//            results the last block to finish combines;
+//   generic: any even head dim up to 256, no tensor cores (the fallback).
+// All launch on cuda::current_stream() and never wait on the host. Positions are read on the
+// device and the grid depends only on host-known sizes, so one captured launch replays at every
+// position; blocks skip the keys past the position.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -83,6 +87,12 @@ bool attention_head_dim_supported(int D);
 
 // Any T >= 1; meant for T > 8. Throws llmk::Error for an unsupported head dim.
 void attention_prefill(const AttentionArgs& a);
+// Which prefill kernel attention_prefill runs: kAuto, the wgmma kernel on an sm_90 device and
+// the mma.sync kernel elsewhere; kMmaSync, the mma.sync kernel everywhere. Process-wide; for the
+// tests and benchmarks that compare the two.
+enum class PrefillKernel { kAuto, kMmaSync };
+void set_prefill_kernel(PrefillKernel k);
+PrefillKernel prefill_kernel();
 
 // At most kDecodeMaxQueries query rows per sequence, bf16, contiguous or paged cache, B >= 1.
 // Throws llmk::Error for an unsupported head dim or dtype, or when a workspace for the split

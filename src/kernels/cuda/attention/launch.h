@@ -9,16 +9,16 @@
 
 namespace llmk::cuda::attn {
 
-// Prefill: specialised (one tiling per head dim) in prefill_d64.cu, prefill_d128.cu and
-// prefill_d256.cu.
+// Prefill: specialised (one tiling per head dim and kernel) in prefill_d64.cu, prefill_d128.cu
+// and prefill_d256.cu; `wgmma` picks the Hopper kernel (the caller checked the device).
 template <int kD>
-void launch_prefill(const AttentionArgs& a);
+void launch_prefill(const AttentionArgs& a, bool wgmma);
 template <>
-void launch_prefill<64>(const AttentionArgs& a);
+void launch_prefill<64>(const AttentionArgs& a, bool wgmma);
 template <>
-void launch_prefill<128>(const AttentionArgs& a);
+void launch_prefill<128>(const AttentionArgs& a, bool wgmma);
 template <>
-void launch_prefill<256>(const AttentionArgs& a);
+void launch_prefill<256>(const AttentionArgs& a, bool wgmma);
 
 // Decode: how one launch is laid out, chosen on the host (attention.cpp) from host-known
 // values only, so a captured launch replays at any position.

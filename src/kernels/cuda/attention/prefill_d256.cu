@@ -1,19 +1,21 @@
-// launch_prefill<256>: the prefill kernel's tiling at head dim 256 (see prefill_kernel.cuh).
-// PrefillCfg<kD, warps, m-tiles per warp, keys per tile, Q in registers, K/V stages, min blocks>.
+// launch_prefill<256>: the prefill kernels' tilings at head dim 256.
 #include "kernels/cuda/attention/launch.h"
-#include "kernels/cuda/attention/prefill_kernel.cuh"
+#include "kernels/cuda/attention/prefill_wgmma.cuh"
 
 namespace llmk::cuda::attn {
 
 namespace {
-// bf16 and fp16: 8 warps x 16 rows, two K/V stages, 1 block per SM (255 registers, no spill).
-using Cfg = PrefillCfg<256, 8, 1, 64, false, 2, 1>;
+// wgmma (WgmmaCfg<kD, warpgroups, keys per tile, min blocks>): 2 warpgroups x 64 rows, 64-key
+// tiles, 1 block per SM (193 KB of shared memory). H100 (docs/perf.md): 1.3x the one-warpgroup
+// tiling.
+using Wg = WgmmaCfg<256, 2, 64, 1>;
+// mma.sync: 8 warps x 16 rows, two K/V stages, 1 block per SM (255 registers, no spill).
+using Mma = PrefillCfg<256, 8, 1, 64, false, 2, 1>;
 }  // namespace
 
 template <>
-void launch_prefill<256>(const AttentionArgs& a) {
-  if (a.fp16) return launch_prefill_cfg<Cfg, __half>(a);
-  launch_prefill_cfg<Cfg, __nv_bfloat16>(a);
+void launch_prefill<256>(const AttentionArgs& a, bool wgmma) {
+  launch_prefill_either<Wg, Mma>(a, wgmma);
 }
 
 }  // namespace llmk::cuda::attn

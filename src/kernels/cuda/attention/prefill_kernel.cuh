@@ -166,6 +166,183 @@ __device__ __forceinline__ Work find_work(const AttentionArgs& a) {
   return w;
 }
 
+// The logits' map to the log2 domain: softcap * tanh(s * scale / softcap) * log2(e), or
+// s * scale * log2(e). Plain logits with a positive scale keep the raw dot products: the row max
+// is taken over them and exp2(s * fold - max * fold) is one FFMA. Otherwise a pre-pass maps s to
+// the log2 domain and fold = 1.
+struct LogitMap {
+  bool capped, prepass;
+  float mul, cap, fold;
+};
+__device__ __forceinline__ LogitMap logit_map(const AttentionArgs& a) {
+  LogitMap lm;
+  lm.capped = a.softcap > 0.0f;
+  lm.mul = lm.capped ? a.scale / a.softcap : a.scale * kLog2e;
+  lm.cap = a.softcap * kLog2e;
+  lm.prepass = lm.capped || !(lm.mul > 0.0f);
+  lm.fold = lm.prepass ? 1.0f : lm.mul;
+  return lm;
+}
+
+// The key tiles [n_lo, n_hi) (kBN keys each) some row of a block of kBM rows sees, and whether a
+// tile needs the mask (causal diagonal, end of the keys, window edge).
+struct KeyTiles {
+  int n_lo, n_hi, p_first;
+  __device__ __forceinline__ int count() const { return n_hi - n_lo; }
+};
+template <int kBM, int kBN>
+__device__ __forceinline__ KeyTiles key_tiles(const AttentionArgs& a, const Work& w, int rows) {
+  KeyTiles kt;
+  kt.p_first = w.m0 + w.offset;
+  const int p_last = w.m0 + rows - 1 + w.offset;
+  const int hi = a.causal ? min(w.tk, p_last + 1) : w.tk;
+  const int lo = a.window > 0 ? max(0, kt.p_first - a.window + 1) : 0;
+  kt.n_lo = lo / kBN;
+  kt.n_hi = hi > lo ? (hi + kBN - 1) / kBN : kt.n_lo;
+  return kt;
+}
+template <int kBM, int kBN>
+__device__ __forceinline__ bool tile_needs_mask(const AttentionArgs& a, const Work& w,
+                                                const KeyTiles& kt, int n0) {
+  return n0 + kBN > w.tk || (a.causal && n0 + kBN - 1 > kt.p_first) ||
+         (a.window > 0 && n0 <= kt.p_first + kBM - 1 - a.window);
+}
+
+// S (this thread's fragments of kMT m-tiles x kNT n-tiles, m16n8 C layout) to the log2 domain.
+template <int kMT, int kNT>
+__device__ __forceinline__ void logits_prepass(float (&s)[kMT][kNT][4], const LogitMap& lm) {
+  if (lm.capped) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) s[mt][j][x] = lm.cap * tanhf(s[mt][j][x] * lm.mul);
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) s[mt][j][x] *= lm.mul;
+  }
+}
+
+// -inf for the keys a row does not see; row_base is this thread's first row in the block
+// (m-tile mt, half r: row_base + 16 mt + 8 r), n0 the tile's first key.
+template <int kMT, int kNT>
+__device__ __forceinline__ void mask_logits(float (&s)[kMT][kNT][4], const AttentionArgs& a,
+                                            const Work& w, int row_base, int n0) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int p = w.m0 + row_base + mt * 16 + (x / 2) * 8 + w.offset;
+        const int key = n0 + j * 8 + (lane % 4) * 2 + (x % 2);
+        const bool visible =
+            key < w.tk && (!a.causal || key <= p) && (a.window == 0 || key > p - a.window);
+        if (!visible) s[mt][j][x] = -INFINITY;
+      }
+}
+
+// t[0] = op over t[0, kN) (kN a power of two) as a tree; written with compile-time strides so
+// that t stays in registers at every kN.
+template <int kN, class Op>
+__device__ __forceinline__ void tree_reduce(float (&t)[kN], Op op) {
+  static_assert((kN & (kN - 1)) == 0, "a power of two");
+  if constexpr (kN > 1) {
+#pragma unroll
+    for (int j = 0; j < kN / 2; ++j) t[j] = op(t[j], t[j + kN / 2]);
+    tree_reduce<kN / 2>(*reinterpret_cast<float(*)[kN / 2]>(&t[0]), op);
+  }
+}
+
+// Online softmax over one key tile: S becomes P = exp2(S fold - m_new), the running O and l are
+// rescaled by exp2(m_old - m_new). Reductions are trees (short dependency chains); a row's four
+// threads (lane % 4) combine with shuffles.
+template <int kMT, int kNT, int kDT>
+__device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
+                                               float (&m)[kMT][2], float (&l)[kMT][2],
+                                               float fold) {
+  float alpha[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float t[kNT];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) t[j] = fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]);
+      tree_reduce<kNT>(t, [](float x, float y) { return fmaxf(x, y); });
+      float mx = t[0];
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[mt][r], mx * fold);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet
+      alpha[mt][r] = fast_exp2(m[mt][r] - m_use);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        s[mt][j][2 * r] = fast_exp2(fmaf(s[mt][j][2 * r], fold, -m_use));
+        s[mt][j][2 * r + 1] = fast_exp2(fmaf(s[mt][j][2 * r + 1], fold, -m_use));
+        t[j] = s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+      }
+      tree_reduce<kNT>(t, [](float x, float y) { return x + y; });
+      l[mt][r] = l[mt][r] * alpha[mt][r] + t[0];
+      m[mt][r] = m_new;
+    }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dn = 0; dn < kDT; ++dn) {
+      o[mt][dn][0] *= alpha[mt][0];
+      o[mt][dn][1] *= alpha[mt][0];
+      o[mt][dn][2] *= alpha[mt][1];
+      o[mt][dn][3] *= alpha[mt][1];
+    }
+}
+
+// P's A fragment for keys [16 kk, 16 kk + 16) of m-tile mt (16-bit, from the S accumulators).
+template <class E, int kMT, int kNT>
+__device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&s)[kMT][kNT][4],
+                                           int mt, int kk) {
+  pa[0] = E::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+  pa[1] = E::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+  pa[2] = E::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+  pa[3] = E::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+}
+
+// out = O / l (zeros for a row that sees no key); lse = (m + log2 l) ln 2 (-inf there).
+template <class E, class T, int kMT, int kDT>
+__device__ __forceinline__ void store_rows(const AttentionArgs& a, const Work& w, int row_base,
+                                           const float (&o)[kMT][kDT][4],
+                                           const float (&m)[kMT][2], const float (&l)[kMT][2]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int t = w.m0 + row_base + mt * 16 + r * 8;
+      if (t >= w.tq) continue;
+      const int64_t row = w.q0 + static_cast<int64_t>(t);
+      T* dst = reinterpret_cast<T*>(a.out) + row * a.out_t + w.h * a.out_h + (lane % 4) * 2;
+#pragma unroll
+      for (int dn = 0; dn < kDT; ++dn) {
+        *reinterpret_cast<uint32_t*>(dst + dn * 8) =
+            E::pack(o[mt][dn][2 * r] * inv, o[mt][dn][2 * r + 1] * inv);
+      }
+      if (a.lse != nullptr && lane % 4 == 0) {
+        a.lse[static_cast<int64_t>(w.h) * a.T + row] =
+            sum > 0.0f ? (m[mt][r] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+      }
+    }
+}
+
 }  // namespace prefill_detail
 
 template <class C, class T>
@@ -188,13 +365,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const int hk = w.h / (a.Hq / a.Hkv);
   const int rows = min(kBM, w.tq - w.m0);
 
-  // Key range [lo, hi) any row of this block sees.
-  const int p_first = w.m0 + w.offset, p_last = w.m0 + rows - 1 + w.offset;
-  const int hi = a.causal ? min(w.tk, p_last + 1) : w.tk;
-  const int lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0;
-  const int n_lo = lo / kBN;
-  const int n_hi = hi > lo ? (hi + kBN - 1) / kBN : n_lo;
-  const int n_tiles = n_hi - n_lo;
+  const KeyTiles kt = key_tiles<kBM, kBN>(a, w, rows);
+  const int n_hi = kt.n_hi, n_tiles = kt.count();
 
   const uint16_t* q_base = reinterpret_cast<const uint16_t*>(a.q) +
                            (w.q0 + static_cast<int64_t>(w.m0)) * a.q_t + w.h * a.q_h;
@@ -250,15 +422,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
           ldsm_x4(qr[mt][kk], q_lane + (mt * 16 * kP + kk * 16) * 2);
     }
 
-    // Logits in the log2 domain: softcap * tanh(s * scale / softcap) * log2(e), or s * scale *
-    // log2(e). Plain logits with a positive scale keep the raw dot products: the row max is taken
-    // over them and exp2(s * fold - max * fold) is one FFMA. Otherwise a pre-pass maps s to the
-    // log2 domain and fold = 1.
-    const bool capped = a.softcap > 0.0f;
-    const float mul = capped ? a.scale / a.softcap : a.scale * kLog2e;
-    const float cap = a.softcap * kLog2e;
-    const bool prepass = capped || !(mul > 0.0f);
-    const float fold = prepass ? 1.0f : mul;
+    const LogitMap lm = logit_map(a);
 
     for (int i = 0; i < n_tiles; ++i) {
       const int n0 = tile_n0(i);
@@ -322,95 +486,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         }
 
         // Logits in the log2 domain (up to the factor fold); masks only on tiles that cross an
-        // edge.
-        if constexpr (kPre) {
-          if (capped) {
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-              for (int j = 0; j < kNT; ++j)
-#pragma unroll
-                for (int x = 0; x < 4; ++x) s[mt][j][x] = cap * tanhf(s[mt][j][x] * mul);
-          } else {
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-              for (int j = 0; j < kNT; ++j)
-#pragma unroll
-                for (int x = 0; x < 4; ++x) s[mt][j][x] *= mul;
-          }
-        }
-        if constexpr (kMask) {
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int j = 0; j < kNT; ++j)
-#pragma unroll
-              for (int x = 0; x < 4; ++x) {
-                const int p = w.m0 + row_base + mt * 16 + (x / 2) * 8 + w.offset;
-                const int key = n0 + j * 8 + (lane % 4) * 2 + (x % 2);
-                const bool visible =
-                    key < w.tk && (!a.causal || key <= p) && (a.window == 0 || key > p - a.window);
-                if (!visible) s[mt][j][x] = -INFINITY;
-              }
-        }
-
-        // Online softmax: rescale the running O and l by exp2(m_old - m_new). Reductions are
-        // trees (short dependency chains).
-        float alpha[kMT][2];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            float t[kNT];
-#pragma unroll
-            for (int j = 0; j < kNT; ++j) t[j] = fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]);
-#pragma unroll
-            for (int h = kNT / 2; h >= 1; h /= 2)
-#pragma unroll
-              for (int j = 0; j < h; ++j) t[j] = fmaxf(t[j], t[j + h]);
-            float mx = t[0];
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[mt][r], mx * fold);
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet
-            alpha[mt][r] = fast_exp2(m[mt][r] - m_use);
-#pragma unroll
-            for (int j = 0; j < kNT; ++j) {
-              s[mt][j][2 * r] = fast_exp2(fmaf(s[mt][j][2 * r], fold, -m_use));
-              s[mt][j][2 * r + 1] = fast_exp2(fmaf(s[mt][j][2 * r + 1], fold, -m_use));
-              t[j] = s[mt][j][2 * r] + s[mt][j][2 * r + 1];
-            }
-#pragma unroll
-            for (int h = kNT / 2; h >= 1; h /= 2)
-#pragma unroll
-              for (int j = 0; j < h; ++j) t[j] += t[j + h];
-            l[mt][r] = l[mt][r] * alpha[mt][r] + t[0];
-            m[mt][r] = m_new;
-          }
-        {
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int dn = 0; dn < kDT; ++dn) {
-              o[mt][dn][0] *= alpha[mt][0];
-              o[mt][dn][1] *= alpha[mt][0];
-              o[mt][dn][2] *= alpha[mt][1];
-              o[mt][dn][3] *= alpha[mt][1];
-            }
-        }
+        // edge; the online softmax.
+        if constexpr (kPre) logits_prepass(s, lm);
+        if constexpr (kMask) mask_logits(s, a, w, row_base, n0);
+        online_softmax(s, o, m, l, lm.fold);
 
         // O += P V, P (16-bit) straight from the S accumulators as A fragments.
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk) {
           uint32_t pa[kMT][4];
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            pa[mt][0] = E::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            pa[mt][1] = E::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            pa[mt][2] = E::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            pa[mt][3] = E::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-          }
+          for (int mt = 0; mt < kMT; ++mt) p_fragment<E>(pa[mt], s, mt, kk);
 #pragma unroll
           for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
             uint32_t vb[4];
@@ -423,42 +509,19 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
           }
         }
       };
-      const bool need_mask = n0 + kBN > w.tk || (a.causal && n0 + kBN - 1 > p_first) ||
-                             (a.window > 0 && n0 <= p_first + kBM - 1 - a.window);
+      const bool need_mask = tile_needs_mask<kBM, kBN>(a, w, kt, n0);
       using T_ = std::true_type;
       using F_ = std::false_type;
       if (need_mask) {
-        prepass ? tile(T_{}, T_{}) : tile(T_{}, F_{});
+        lm.prepass ? tile(T_{}, T_{}) : tile(T_{}, F_{});
       } else {
-        prepass ? tile(F_{}, T_{}) : tile(F_{}, F_{});
+        lm.prepass ? tile(F_{}, T_{}) : tile(F_{}, F_{});
       }
     }
     cp_async_wait<0>();
   }
 
-  // out = O / l (zeros for a row that sees no key); lse = (m + log2 l) ln 2 (-inf there).
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = l[mt][r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int t = w.m0 + row_base + mt * 16 + r * 8;
-      if (t >= w.tq) continue;
-      const int64_t row = w.q0 + static_cast<int64_t>(t);
-      T* dst = reinterpret_cast<T*>(a.out) + row * a.out_t + w.h * a.out_h + (lane % 4) * 2;
-#pragma unroll
-      for (int dn = 0; dn < kDT; ++dn) {
-        *reinterpret_cast<uint32_t*>(dst + dn * 8) =
-            E::pack(o[mt][dn][2 * r] * inv, o[mt][dn][2 * r + 1] * inv);
-      }
-      if (a.lse != nullptr && lane % 4 == 0) {
-        a.lse[static_cast<int64_t>(w.h) * a.T + row] =
-            sum > 0.0f ? (m[mt][r] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
-      }
-    }
+  store_rows<E, T>(a, w, row_base, o, m, l);
 }
 
 // Raises the kernel's shared-memory limit (once per instantiation, so capture sees no attribute

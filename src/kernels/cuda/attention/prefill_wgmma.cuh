@@ -1,0 +1,254 @@
+// The Hopper prefill kernel behind launch_prefill<kD> on sm_90a: the FA2 algorithm of
+// prefill_kernel.cuh (same work items, masks, online softmax and epilogue, shared from there)
+// with both matrix products on warpgroup MMA (wgmma.mma_async) instead of mma.sync:
+//   S = Q K^T   m64 n kBN k16, A (Q) and B (K) read by the tensor cores from shared memory;
+//   O += P V    m64 n kD k16, A (P) from registers (the S accumulators packed to 16 bits, the
+//               same fragment layout), B (V) from shared memory, N-major.
+// mma.sync feeds each warp's tensor core through ldmatrix (every K/V fragment crosses the
+// shared-memory port once per 16 query rows); wgmma reads each shared tile once per 64 rows,
+// which is what leaves the H100's shared-memory bandwidth out of the way.
+//
+// A block is kWG warpgroups; warpgroup g owns query rows [64 g, 64 g + 64), warp w of the block
+// rows [16 w, 16 w + 16) (the mma.sync kernel's row_base with one m-tile per warp). Q, K and V
+// tiles live in shared memory in the 128-byte-swizzle canonical layout: a [rows][kD] tile is
+// kD / 64 panels of [rows][64] (128-byte rows), and the 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8). cp.async writes that layout directly; K/V have kStages buffers (2: tile i + 1
+// lands during tile i's work). No warp specialisation: with two blocks per SM, one block's
+// softmax runs while the other's products are on the tensor cores.
+#pragma once
+
+#include "kernels/cuda/attention/prefill_kernel.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace llmk::cuda::attn {
+
+template <int kD_, int kWG_, int kBN_, int kMinBlocks_>
+struct WgmmaCfg {
+  static constexpr int kD = kD_;
+  static constexpr int kWG = kWG_;  // warpgroups per block
+  static constexpr int kBM = kWG * 64;
+  static constexpr int kBN = kBN_;
+  static constexpr int kStages = 2;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kThreads = kWG * 128;
+  static constexpr int kQBytes = kBM * kD * 2;
+  static constexpr int kKVBytes = kBN * kD * 2;  // one K or V tile
+  // +1024: the dynamic shared window is re-aligned to the swizzle period.
+  static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 1024;
+  static_assert(kD % 64 == 0 && kBN % 16 == 0, "64-column panels, 16-key steps");
+  static_assert(kBN == 64 || kBN == 128, "S products are built for 64 or 128 keys per tile");
+  static_assert(kD == 64 || kD == 128 || kD == 256, "O products are built for these head dims");
+};
+
+namespace wgmma_detail {
+
+// The wgmma instruction pair for an element type.
+template <class T, int kBN, int kD>
+struct Ops;
+template <int kBN, int kD>
+struct Ops<__nv_bfloat16, kBN, kD> {
+  static __device__ __forceinline__ void s(float (&d)[kBN / 2], uint64_t da, uint64_t db,
+                                           bool acc) {
+    if constexpr (kBN == 64) wgmma_ss_m64n64k16_Bf16(d, da, db, acc);
+    else wgmma_ss_m64n128k16_Bf16(d, da, db, acc);
+  }
+  static __device__ __forceinline__ void pv(float (&d)[kD / 2], const uint32_t (&a)[4],
+                                            uint64_t db) {
+    if constexpr (kD == 64) wgmma_rs_m64n64k16_Bf16(d, a, db);
+    else if constexpr (kD == 128) wgmma_rs_m64n128k16_Bf16(d, a, db);
+    else wgmma_rs_m64n256k16_Bf16(d, a, db);
+  }
+};
+template <int kBN, int kD>
+struct Ops<__half, kBN, kD> {
+  static __device__ __forceinline__ void s(float (&d)[kBN / 2], uint64_t da, uint64_t db,
+                                           bool acc) {
+    if constexpr (kBN == 64) wgmma_ss_m64n64k16_F16(d, da, db, acc);
+    else wgmma_ss_m64n128k16_F16(d, da, db, acc);
+  }
+  static __device__ __forceinline__ void pv(float (&d)[kD / 2], const uint32_t (&a)[4],
+                                            uint64_t db) {
+    if constexpr (kD == 64) wgmma_rs_m64n64k16_F16(d, a, db);
+    else if constexpr (kD == 128) wgmma_rs_m64n128k16_F16(d, a, db);
+    else wgmma_rs_m64n256k16_F16(d, a, db);
+  }
+};
+
+// A [kRows][kD] tile of 16-bit elements, global -> shared in the swizzled panel layout (dst a
+// 1024-aligned shared-space byte address); rows >= valid are zero-filled and not read. Thread t
+// copies chunk column t % (kD / 8) of rows t / (kD / 8) + j * kStep (one 64-bit source pointer
+// stepping by kStep rows).
+template <int kRows, int kD, int kThreads>
+__device__ __forceinline__ void load_swizzled(uint32_t dst, const uint16_t* src, int64_t stride,
+                                              int valid) {
+  constexpr int kChunks = kD / 8;
+  static_assert(kThreads % kChunks == 0, "whole rows per pass");
+  constexpr int kStep = kThreads / kChunks;
+  static_assert(kRows % kStep == 0, "whole passes");
+  const int c = static_cast<int>(threadIdx.x) % kChunks;
+  const int r0 = static_cast<int>(threadIdx.x) / kChunks;
+  const uint16_t* g = src + r0 * stride + c * 8;
+  const int64_t step = kStep * stride;
+  dst += (c / 8) * (kRows * 128) + r0 * 128;
+#pragma unroll
+  for (int j = 0; j < kRows / kStep; ++j) {
+    const int r = r0 + j * kStep;
+    const bool ok = r < valid;
+    const uint32_t at = dst + j * kStep * 128 + (((c % 8) ^ (r % 8)) << 4);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(ok ? g : src),
+                 "r"(ok ? 16 : 0));
+    g += step;
+  }
+}
+
+}  // namespace wgmma_detail
+
+template <class C, class T>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
+    prefill_wgmma_kernel(const AttentionArgs a) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma exists on sm_90a only; the host launches this kernel on sm_90 devices only
+#else
+  using namespace prefill_detail;
+  using namespace wgmma_detail;
+  using E = MmaElem<T>;
+  using W = Ops<T, C::kBN, C::kD>;
+  constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN;
+  constexpr int kNT = kBN / 8, kDT = kD / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Shared-space byte addresses, 1024-aligned: Q [kD/64][kBM][64], K and V [kStages][kD/64]
+  // [kBN][64] each.
+  const uint32_t sQa = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sKa = sQa + C::kQBytes, sVa = sKa + C::kStages * C::kKVBytes;
+
+  const Work w = find_work<kBM>(a);
+  if (!w.valid) return;
+  const int warp = threadIdx.x / kWarp, wg = warp / 4;
+  const int hk = w.h / (a.Hq / a.Hkv);
+  const int rows = min(kBM, w.tq - w.m0);
+  const KeyTiles kt = key_tiles<kBM, kBN>(a, w, rows);
+  const int n_hi = kt.n_hi, n_tiles = kt.count();
+
+  const uint16_t* q_base = reinterpret_cast<const uint16_t*>(a.q) +
+                           (w.q0 + static_cast<int64_t>(w.m0)) * a.q_t + w.h * a.q_h;
+  const uint16_t* k_base =
+      reinterpret_cast<const uint16_t*>(a.k) + static_cast<int64_t>(w.k0) * a.k_t + hk * a.k_h;
+  const uint16_t* v_base =
+      reinterpret_cast<const uint16_t*>(a.v) + static_cast<int64_t>(w.k0) * a.v_t + hk * a.v_h;
+
+  const int row_base = warp * 16 + (threadIdx.x % kWarp) / 4;
+  float o[1][kDT][4];
+#pragma unroll
+  for (int i = 0; i < kDT; ++i) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.0f;
+  float m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.0f, 0.0f}};
+  auto& o_flat = *reinterpret_cast<float(*)[kD / 2]>(&o[0][0][0]);
+
+  if (n_tiles > 0) {
+    auto tile_n0 = [&](int i) { return (n_hi - 1 - i) * kBN; };  // last tile first
+    auto load_kv = [&](int i) {
+      const int n0 = tile_n0(i);
+      const uint32_t off = (i % C::kStages) * C::kKVBytes;
+      load_swizzled<kBN, kD, C::kThreads>(sKa + off, k_base + n0 * a.k_t, a.k_t, w.tk - n0);
+      load_swizzled<kBN, kD, C::kThreads>(sVa + off, v_base + n0 * a.v_t, a.v_t, w.tk - n0);
+    };
+    load_swizzled<kBM, kD, C::kThreads>(sQa, q_base, a.q_t, rows);
+    load_kv(0);
+    cp_async_commit();
+
+    const LogitMap lm = logit_map(a);
+    // This warpgroup's Q rows: panel p starts at sQa + p * kBM * 128; a 16-column step inside a
+    // panel advances the start address by 32 bytes (the hardware applies the swizzle).
+    const uint32_t q_rows = sQa + wg * 64 * 128;
+
+    for (int i = 0; i < n_tiles; ++i) {
+      const int n0 = tile_n0(i);
+      const uint32_t k_tile = sKa + (i % C::kStages) * C::kKVBytes;
+      const uint32_t v_tile = sVa + (i % C::kStages) * C::kKVBytes;
+      cp_async_wait<0>();
+      fence_proxy_async_shared();
+      __syncthreads();  // tile i landed and is visible to wgmma; every warp is done with i - 1
+      if (i + 1 < n_tiles) load_kv(i + 1);  // into the buffers tile i - 1 used
+      cp_async_commit();
+
+      auto tile = [&](auto mask_tag, auto pre_tag) {
+        constexpr bool kMask = decltype(mask_tag)::value;
+        constexpr bool kPre = decltype(pre_tag)::value;
+        // S = Q K^T: K-major A and B, SBO = 8 rows of 128 bytes.
+        float s[1][kNT][4];
+        auto& s_flat = *reinterpret_cast<float(*)[kBN / 2]>(&s[0][0][0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          const uint32_t col = (kk % 4) * 32;
+          const uint64_t da = wgmma_desc_sw128(q_rows + (kk / 4) * (kBM * 128) + col, 16, 1024);
+          const uint64_t db = wgmma_desc_sw128(k_tile + (kk / 4) * (kBN * 128) + col, 16, 1024);
+          W::s(s_flat, da, db, kk > 0);
+        }
+        wgmma_commit();
+        wgmma_fence_operand(s_flat);
+        wgmma_wait<0>();
+        wgmma_fence_operand(s_flat);
+
+        if constexpr (kPre) logits_prepass(s, lm);
+        if constexpr (kMask) mask_logits(s, a, w, row_base, n0);
+        online_softmax(s, o, m, l, lm.fold);
+
+        // O += P V: V N-major, LBO = one 64-column panel, SBO = 8 keys of 128 bytes.
+        // (Every P fragment is packed before the fence: a register written between two wgmmas
+        // makes the compiler serialise them.)
+        uint32_t pa[kBN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) p_fragment<E>(pa[kk], s, 0, kk);
+        wgmma_fence_operand(o_flat);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk)
+          W::pv(o_flat, pa[kk], wgmma_desc_sw128(v_tile + kk * 16 * 128, kBN * 128, 1024));
+        wgmma_commit();
+        wgmma_fence_operand(o_flat);
+        wgmma_wait<0>();
+        wgmma_fence_operand(o_flat);
+      };
+      using T_ = std::true_type;
+      using F_ = std::false_type;
+      if (tile_needs_mask<kBM, kBN>(a, w, kt, n0)) {
+        lm.prepass ? tile(T_{}, T_{}) : tile(T_{}, F_{});
+      } else {
+        lm.prepass ? tile(F_{}, T_{}) : tile(F_{}, F_{});
+      }
+    }
+    cp_async_wait<0>();
+  }
+
+  store_rows<E, T>(a, w, row_base, o, m, l);
+#endif
+}
+
+template <class C, class T>
+void launch_prefill_wgmma(const AttentionArgs& a) {
+  static const bool smem_raised = [] {
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<C, T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(C::kSmemBytes)));
+    return true;
+  }();
+  (void)smem_raised;
+  const int64_t tiles = ceil_div(a.T, C::kBM) + (a.cu_q != nullptr ? a.B - 1 : 0);
+  const dim3 grid(static_cast<unsigned>(tiles * a.Hq));
+  prefill_wgmma_kernel<C, T><<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a);
+  check_launch("attention prefill (wgmma)");
+}
+
+// launch_prefill<kD>'s body: the wgmma tiling Wg or the mma.sync tiling Mma, bf16 or fp16.
+template <class Wg, class Mma>
+void launch_prefill_either(const AttentionArgs& a, bool wgmma) {
+  static_assert(Wg::kD == Mma::kD, "one head dim");
+  if (wgmma) {
+    if (a.fp16) return launch_prefill_wgmma<Wg, __half>(a);
+    return launch_prefill_wgmma<Wg, __nv_bfloat16>(a);
+  }
+  if (a.fp16) return launch_prefill_cfg<Mma, __half>(a);
+  launch_prefill_cfg<Mma, __nv_bfloat16>(a);
+}
+
+}  // namespace llmk::cuda::attn

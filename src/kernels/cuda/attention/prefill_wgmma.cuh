@@ -13,8 +13,9 @@
 // tiles live in shared memory in the 128-byte-swizzle canonical layout: a [rows][kD] tile is
 // kD / 64 panels of [rows][64] (128-byte rows), and the 16-byte chunk c of row r sits at chunk
 // c ^ (r % 8). cp.async writes that layout directly; K/V have kStages buffers (2: tile i + 1
-// lands during tile i's work). No warp specialisation: with two blocks per SM, one block's
-// softmax runs while the other's products are on the tensor cores.
+// lands during tile i's work). No warp specialisation: the warpgroups of a block (and the
+// blocks of an SM, where two fit) drift apart, so one's softmax runs while another's products
+// are on the tensor cores.
 #pragma once
 
 #include "kernels/cuda/attention/prefill_kernel.cuh"

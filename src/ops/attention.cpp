@@ -163,6 +163,19 @@ void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
   ++counters().cpu;
 }
 
+namespace detail {
+void count_attention(AttentionPath path) {
+  Counters& c = counters();
+  switch (path) {
+    case AttentionPath::kPrefill: ++c.prefill; break;
+    case AttentionPath::kDecode: ++c.decode; break;
+    case AttentionPath::kChunked: ++c.chunked; break;
+    case AttentionPath::kFallback: ++c.fallback; break;
+    case AttentionPath::kCpu: ++c.cpu; break;
+  }
+}
+}  // namespace detail
+
 AttentionStats attention_stats() {
   Counters& c = counters();
   return {c.prefill.load(), c.decode.load(), c.chunked.load(), c.fallback.load(), c.cpu.load()};

@@ -22,6 +22,10 @@
 
 namespace llmk::ops::detail {
 
+// Counts one call on `path` in the process-wide AttentionStats (defined in attention.cpp).
+enum class AttentionPath { kPrefill, kDecode, kChunked, kFallback, kCpu };
+void count_attention(AttentionPath path);
+
 // AttentionParams::scale, with 0 meaning 1/sqrt(D).
 inline float resolved_scale(const AttentionParams& p, int64_t D) {
   return p.scale != 0.0f ? p.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));

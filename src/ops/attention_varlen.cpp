@@ -219,6 +219,7 @@ void attention_varlen_cuda(Tensor& out, const Tensor& q, const Tensor& k, const 
   a.lse = lse != nullptr ? lse->data<float>() : nullptr;
   a.causal = p.causal;
   cuda::attention_prefill(a);
+  count_attention(AttentionPath::kPrefill);
 }
 #endif
 
@@ -247,6 +248,7 @@ void attention_varlen(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
     return;
   }
   attention_varlen_cpu(out, q, k, v, cu_q, cu_k, p, lse, d);
+  count_attention(AttentionPath::kCpu);
 }
 
 }  // namespace llmk::ops

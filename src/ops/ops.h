@@ -103,8 +103,9 @@ void attention_paged(Tensor& out, const Tensor& q, const Tensor& k_pool, const T
                      const Tensor& page_table, int64_t page_size, const Tensor& cu_q,
                      const Tensor& positions, int64_t max_q_per_seq, const AttentionParams& p);
 
-// How many attention calls ran each way since the last reset (process-wide). A CUDA graph
-// replay calls no op: a captured step counts once, when it was captured.
+// How many attention calls (attention, attention_paged, attention_varlen) ran each way since the
+// last reset (process-wide). A CUDA graph replay calls no op: a captured step counts once, when
+// it was captured.
 struct AttentionStats {
   uint64_t prefill = 0;  // CUDA flash prefill kernel
   uint64_t decode = 0;   // CUDA split-KV decode kernel

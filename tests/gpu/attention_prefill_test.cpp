@@ -102,8 +102,10 @@ Result run_gpu(const VarlenCase& c, const Tensor& q, const Tensor& k, const Tens
   const Tensor cqg = cu_q.to(Device::CUDA), ckg = cu_k.to(Device::CUDA);
   Tensor out = poisoned_cuda(q.shape(), c.dtype);
   Tensor lse = poisoned_cuda({c.Hq, q.dim(0)}, DType::F32);
+  const uint64_t prefill_before = ops::attention_stats().prefill;
   ops::attention_varlen(out, qg, kg, vg, cqg, ckg, p, c.lse ? &lse : nullptr);
   cuda::synchronize();
+  EXPECT_EQ(ops::attention_stats().prefill, prefill_before + 1) << "the prefill call is counted";
   Result r;
   const Tensor o = to_f32(out.to(Device::CPU));
   r.out.assign(o.data<float>(), o.data<float>() + o.numel());

@@ -51,7 +51,10 @@ void run_case(const Case& c, uint32_t seed) {
   p.window = c.window;
   p.softcap = c.softcap;
   p.scale = c.scale;
+  ops::reset_attention_stats();
   ops::attention_varlen(out, q, k, v, i32(cq), i32(ck), p, &lse);
+  EXPECT_EQ(ops::attention_stats().cpu, 1u) << "one CPU call counted";
+  EXPECT_EQ(ops::attention_stats().prefill, 0u);
 
   const double scale = c.scale != 0.0f ? c.scale : 1.0 / std::sqrt(static_cast<double>(D));
   const int64_t group = c.Hq / c.Hkv;

@@ -61,12 +61,17 @@ struct SeqView {
 __device__ __forceinline__ SeqView seq_view(const AttentionArgs& a, int b, int64_t capacity) {
   SeqView s;
   if (a.cu_q != nullptr) {
+    // positions[b] is loaded together with cu_q (one query per sequence puts sequence b's first
+    // row at b) and used when cu_q confirms it: one dependent load fewer.
+    const int guess = a.cu_k == nullptr ? a.positions[b < a.T ? b : a.T - 1] : 0;
     s.q0 = a.cu_q[b];
     s.tq = a.cu_q[b + 1] - s.q0;
     if (a.cu_k != nullptr) {
       const int64_t tk = a.cu_k[b + 1] - a.cu_k[b];
       s.key0 = a.page_table != nullptr ? 0 : a.cu_k[b];
       s.pos0 = tk - s.tq;
+    } else if (s.q0 == b) {
+      s.pos0 = guess;
     } else {
       s.pos0 = s.tq > 0 ? a.positions[s.q0] : 0;
     }
@@ -374,91 +379,56 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
 
   // The last block of this (sequence, KV head, row group) to arrive combines the partials.
   __shared__ int is_last;
-  __threadfence();  // this block's partials are visible device-wide before it is counted
-  __syncthreads();
   int* counter = plan.counters + (static_cast<int64_t>(b) * a.Hkv + hk) * plan.groups + grp;
-  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == n_split - 1;
+  __syncthreads();  // every thread's partial stores are issued
+  if (threadIdx.x == 0) {
+    __threadfence();  // the block's partials are visible device-wide before it is counted
+    is_last = atomicAdd(counter, 1) == n_split - 1;
+  }
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-
-  // Combine, in two parallel steps with no chain of dependent loads. First the weights: warp w
-  // takes rows w, w + kWarps, ...; lane x holds splits x and x + 32 of each, all their (max,
-  // sum) loads in flight at once, and warp shuffles give the row's max and denominator. The
-  // weights (exp2(m_s - max)) go to shared memory (the merge area is free now).
-  static_assert(kDecodeMaxSplit <= 2 * kWarp, "two splits per lane in the combine");
-  constexpr int kRowsPerWarp = kR / C::kWarps;
-  float* comb_w = reinterpret_cast<float*>(smem);  // [kDecodeMaxSplit][kR] weights
-  float* comb_m = comb_w + kDecodeMaxSplit * kR;   // [kR] max over splits (log2 domain)
-  float* comb_l = comb_m + kR;                     // [kR] denominator
-  static_assert(sizeof(float) * (kDecodeMaxSplit + 2) * kR <= C::kTileBytes, "combine area");
-  {
-    float2 ml[kRowsPerWarp][2];
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = warp + i * C::kWarps;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int sp = lane + h * kWarp;
-        ml[i][h] = make_float2(-INFINITY, 0.0f);
-        if (r < n_rows && sp < n_split) {
-          const int64_t wr = sp * static_cast<int64_t>(rows_total) + out_row(r);
-          ml[i][h] = __ldcg(reinterpret_cast<const float2*>(plan.part_ml + wr * 2));
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = warp + i * C::kWarps;  // warp-uniform
-      if (r >= n_rows) continue;
-      float mx = fmaxf(ml[i][0].x, ml[i][1].x);
-#pragma unroll
-      for (int off = kWarp / 2; off > 0; off /= 2) {
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      }
-      const float m_use = mx == -INFINITY ? 0.0f : mx;  // no split saw a key: all weights 0
-      float den = 0.0f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float wt = exp2f(ml[i][h].x - m_use);  // 0 for empty and unused splits
-        comb_w[(lane + h * kWarp) * kR + r] = wt;
-        den += ml[i][h].y * wt;
-      }
-#pragma unroll
-      for (int off = kWarp / 2; off > 0; off /= 2) den += __shfl_xor_sync(0xffffffffu, den, off);
-      if (lane == 0) {
-        comb_m[r] = mx;
-        comb_l[r] = den;
-      }
-    }
-  }
-  __syncthreads();
-  // Then the rows: each thread sums its 4 dims over the splits, kBatch independent loads in
-  // flight per step. A split with no visible key wrote zeros and has weight 0.
-  constexpr int kBatch = 8;
+  // Each thread: 4 consecutive dims of one row. All splits' (max, sum) pairs and partials are
+  // loaded together, kRound splits at a time with a running max across rounds: one dependent
+  // round of loads for up to kRound splits.
+  constexpr int kRound = 16;
   for (int e = threadIdx.x * 4; e < n_rows * kD; e += kThreads * 4) {
     const int r = e / kD, d = e % kD;
-    const float* src = plan.part_o + out_row(r) * static_cast<int64_t>(kD) + d;
-    const int64_t split_stride = static_cast<int64_t>(rows_total) * kD;
+    const int64_t orow = out_row(r);
+    float m_run = -INFINITY, den = 0.0f;
     float o4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int sp0 = 0; sp0 < n_split; sp0 += kBatch) {
-      float4 po[kBatch];
+    for (int sp0 = 0; sp0 < n_split; sp0 += kRound) {
+      float2 ml[kRound];
+      float4 po[kRound];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        po[i] = sp0 + i < n_split
-                    ? __ldcg(reinterpret_cast<const float4*>(src + (sp0 + i) * split_stride))
-                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int i = 0; i < kRound; ++i) {
+        const int64_t wr = (sp0 + i) * static_cast<int64_t>(rows_total) + orow;
+        const bool ok = sp0 + i < n_split;
+        ml[i] = ok ? __ldcg(reinterpret_cast<const float2*>(plan.part_ml + wr * 2))
+                   : make_float2(-INFINITY, 0.0f);
+        po[i] = ok ? __ldcg(reinterpret_cast<const float4*>(plan.part_o + wr * kD + d))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
+      float mx = m_run;
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const float wt = sp0 + i < n_split ? comb_w[(sp0 + i) * kR + r] : 0.0f;
+      for (int i = 0; i < kRound; ++i) mx = fmaxf(mx, ml[i].x);
+      const float m_use = mx == -INFINITY ? 0.0f : mx;  // no split saw a key yet: weights 0
+      const float keep = exp2f(m_run - m_use);         // 0 while m_run is -inf
+      den *= keep;
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o4[x] *= keep;
+#pragma unroll
+      for (int i = 0; i < kRound; ++i) {
+        const float wt = exp2f(ml[i].x - m_use);  // 0 for empty and unused splits
+        den += ml[i].y * wt;
         o4[0] += po[i].x * wt;
         o4[1] += po[i].y * wt;
         o4[2] += po[i].z * wt;
         o4[3] += po[i].w * wt;
       }
+      m_run = mx;
     }
-    store_out(r, d, o4, comb_m[r], comb_l[r]);
+    store_out(r, d, o4, m_run, den);
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (stream order)
 }

@@ -13,7 +13,7 @@
 //   {"kind":"decode","B":1,"Hq":32,"Hkv":8,"L":4096,"D":128,"page_size":16,"split":..,"us":..,
 //    "gbps":..,"copy_gbps":..}
 // ("kind":"decode_split" for the sweep lines). bench/attention.py merges them with SDPA's.
-//   attention_decode_bench [--samples N] [--shape B L PAGE SPLIT]
+//   attention_decode_bench [--samples N] [--shape B L PAGE SPLIT] [--no-early-reads]
 // --shape: that one shape alone (page 0: contiguous; split 0: the heuristic), no copy rate and
 // no floor (for a profiler, e.g. ncu -k regex:decode_kernel).
 #include <cuda_bf16.h>
@@ -53,6 +53,12 @@ T* device_copy(const std::vector<T>& h) {
   LLMK_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return p;
 }
+
+// As the model runner launches it (its kernel before, kv_append, writes only the new keys):
+// the indices and the older keys' first tiles are read before the wait for the previous kernel
+// (AttentionArgs::decode_early_reads). Here the kernel before is another decode call, which
+// writes neither. --no-early-reads: wait first.
+bool g_early_reads = true;
 
 void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
   constexpr int Hq = 32, Hkv = 8, D = 128;
@@ -117,6 +123,7 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
     a.pages_per_seq = pages_per_seq;
   }
   a.decode_split = s.split;
+  a.decode_early_reads = g_early_reads;
   const int split = cuda::attention_decode_split(a);
   auto call = [&](int i) {
     cuda::AttentionArgs c = a;
@@ -167,6 +174,7 @@ int main_impl(int argc, char** argv) {
   Shape one{0, 0, 16};  // --shape B L PAGE SPLIT: that shape alone (for a profiler)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--samples") == 0 && i + 1 < argc) samples = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--no-early-reads") == 0) g_early_reads = false;
     if (std::strcmp(argv[i], "--shape") == 0 && i + 4 < argc) {
       one.B = std::atoi(argv[++i]);
       one.L = std::atoll(argv[++i]);

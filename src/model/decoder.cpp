@@ -231,6 +231,17 @@ void DecoderModel::reserve(int64_t t, bool all_logits) {
   }
 }
 
+namespace {
+// The paged attention call follows kv_append, which writes only the new tokens' K/V rows; the
+// indices (positions, cu_q, page table) are staged from the host before the step. So the decode
+// kernel may read those and the older keys' rows while kv_append finishes.
+ops::AttentionParams paged_params(const ops::AttentionParams& p) {
+  ops::AttentionParams q = p;
+  q.early_reads = true;
+  return q;
+}
+}  // namespace
+
 Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   const ModelConfig& c = config();
   LLMK_CHECK(t > 0 && t == staged_.tokens, "compute: {} tokens requested but {} staged", t,
@@ -293,11 +304,12 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
       ops::attention(attn, q, kg.view({n, Hkv, D}), vg.view({n, Hkv, D}), positions, ap);
     } else if (staged_.one_per_sequence) {  // token b belongs to sequence b: one launch for all
       ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], page_table_.slice(0, 0, t),
-                           page_size(), cu_batch_.slice(0, 0, t + 1), positions, 1, ap);
+                           page_size(), cu_batch_.slice(0, 0, t + 1), positions, 1,
+                           paged_params(ap));
     } else {  // a step (or a short chunk) of one sequence
       const int64_t s = staged_.seq;
       ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], page_table_.slice(0, s, s + 1),
-                           page_size(), Tensor{}, positions, t, ap);
+                           page_size(), Tensor{}, positions, t, paged_params(ap));
     }
     ops::linear(o, attn2, l.wo);
     if (c.sandwich_norms) ops::rms_norm(o, o, l.post_attn_norm, c.rms_eps, one);

@@ -70,6 +70,7 @@ inline cuda::AttentionArgs cuda_attention_args(Tensor& out, const Tensor& q, con
   a.scale = resolved_scale(p, q.dim(2));
   a.window = p.window;
   a.softcap = p.softcap;
+  a.decode_early_reads = p.early_reads;
   a.fp16 = q.dtype() == DType::F16;
   return a;
 }

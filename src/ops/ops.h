@@ -56,6 +56,11 @@ struct AttentionParams {
   float scale = 0.0f;    // multiplies q.k; 0 = 1/sqrt(D)
   int window = 0;        // sliding window: query at p sees keys in (p - window, p]; 0 = unlimited
   float softcap = 0.0f;  // logits = softcap * tanh(logits / softcap); 0 = off
+  // CUDA decode kernel: may read the index tensors (positions, cu_q, page table) and the K/V
+  // rows of keys before each sequence's first query before the kernel launched just before it
+  // on the stream has finished (cuda::AttentionArgs::decode_early_reads). Set only when that
+  // kernel writes none of them.
+  bool early_reads = false;
 };
 // Causal grouped-query attention of T new queries over a KV cache.
 // q: [T, Hq, D]; k, v: [L, Hkv, D] caches; positions: [T] i32, consecutive

@@ -343,8 +343,10 @@ TEST_F(AttentionDecodeGpu, RejectsBadArguments) {
 // move on (the page table and positions are read from fixed device memory), then a 40-query
 // prompt chunk of one sequence (the chunked path). Counters say which kernel ran: at head dim
 // 96 (Phi-3) every call is one launch of the fallback kernel, also under capture.
-void ops_paged_case(int64_t D) {
-  SCOPED_TRACE("head dim " + std::to_string(D));
+void ops_paged_case(int64_t D, bool early_reads = false) {
+  SCOPED_TRACE("head dim " + std::to_string(D) + (early_reads ? ", early reads" : ""));
+  ops::AttentionParams gp;  // the GPU calls' parameters
+  gp.early_reads = early_reads;
   const bool fast = cuda::attention_head_dim_supported(static_cast<int>(D));
   const int64_t Hq = 8, Hkv = 2, page = 16, B = 3, P = 40;  // up to 640 keys
   const int64_t pool_rows = (B * P + 1) * page;
@@ -401,7 +403,7 @@ void ops_paged_case(int64_t D) {
   Tensor out = Tensor::empty({B, Hq, D}, DType::BF16, Device::CUDA);
   LLMK_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), cuda::current_stream()));
   ops::reset_attention_stats();
-  ops::attention_paged(out, dq, dk, dv, dtable, page, dcu, dpos, 1, {});
+  ops::attention_paged(out, dq, dk, dv, dtable, page, dcu, dpos, 1, gp);
   EXPECT_EQ(fast ? ops::attention_stats().decode : ops::attention_stats().fallback, 1u);
   compare(q, cu, pos, 1, out, table);
 
@@ -410,7 +412,7 @@ void ops_paged_case(int64_t D) {
   cudaGraphExec_t exec = nullptr;
   const cudaStream_t stream = cuda::current_stream();
   LLMK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  ops::attention_paged(out, dq, dk, dv, dtable, page, dcu, dpos, 1, {});
+  ops::attention_paged(out, dq, dk, dv, dtable, page, dcu, dpos, 1, gp);
   LLMK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (const std::vector<int32_t>& p : {std::vector<int32_t>{6, 601, 131}, {639, 0, 400}}) {
@@ -435,7 +437,7 @@ void ops_paged_case(int64_t D) {
   Tensor out2 = Tensor::empty({T, Hq, D}, DType::BF16, Device::CUDA);
   LLMK_CUDA_CHECK(cudaMemsetAsync(out2.data(), 0xff, out2.nbytes(), stream));
   const Tensor row1 = table.slice(0, 1, 2).contiguous(), drow1 = row1.to(Device::CUDA);
-  ops::attention_paged(out2, dq2, dk, dv, drow1, page, dcu2, dpos2, T, {});
+  ops::attention_paged(out2, dq2, dk, dv, drow1, page, dcu2, dpos2, T, gp);
   EXPECT_EQ(fast ? ops::attention_stats().chunked : ops::attention_stats().fallback,
             fast ? 1u : 3u);  // fallback: the step, the capture, this call
   compare(q2, cu2, pos2, T, out2, row1);
@@ -443,6 +445,9 @@ void ops_paged_case(int64_t D) {
 
 TEST_F(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) { ops_paged_case(128); }
 TEST_F(AttentionDecodeGpu, OpsPagedFallbackHeadDimMatchesCpuAndReplays) { ops_paged_case(96); }
+// The indices and the older keys read before the wait for the previous kernel (the memset and
+// copies before each call are not kernels that write them): same results.
+TEST_F(AttentionDecodeGpu, OpsPagedEarlyReadsMatchesCpuAndReplays) { ops_paged_case(128, true); }
 
 }  // namespace
 }  // namespace llmk

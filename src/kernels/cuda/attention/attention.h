@@ -74,6 +74,12 @@ struct AttentionArgs {
   // Decode: blocks the keys of one (sequence, KV head) are split over; 0 = the heuristic
   // (benchmarks sweep it).
   int decode_split = 0;
+  // Decode, programmatic dependent launch (sm_90): read positions, cu_q, cu_k, the page table and
+  // the K/V rows of keys before each sequence's first query position *before* waiting for the
+  // kernel launched just before this one on the stream, so that those loads overlap its tail.
+  // Only when that kernel writes none of them (the model runner: it is kv_append, which writes
+  // the new keys' rows). q, out and the split workspace are always touched after the wait.
+  bool decode_early_reads = false;
 };
 
 // The fallback for what the kernels below are not built for: any even head dim up to

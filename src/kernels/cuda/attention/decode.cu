@@ -111,9 +111,11 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
 
   // Launched with programmatic stream serialisation (launch_decode): the block may start while
   // the previous kernel in the stream is still finishing, so it waits for that kernel's results
-  // (q, the appended K/V, positions, this workspace) before reading or writing global memory.
-  // What it saves is the launch and block setup, not any memory traffic.
-  grid_dependency_wait();
+  // (q, the appended K/V, positions, this workspace) before reading or writing global memory;
+  // with decode_early_reads, after reading the indices and issuing the first tiles when all
+  // their keys precede the sequence's first query (see attention.h).
+  const bool early = a.decode_early_reads;
+  if (!early) grid_dependency_wait();
 
   const int G = a.Hq / a.Hkv;
   const int split = blockIdx.x, n_split = plan.split;
@@ -184,11 +186,18 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   int64_t first_rows[kS];
 #pragma unroll
   for (int st = 0; st < kS; ++st) first_rows[st] = lookup_row(st);
+  auto load_first_tiles = [&] {
 #pragma unroll
-  for (int st = 0; st < kS - 1; ++st) {
-    if (st < n_tiles) load_tile(st, first_rows[st]);
-    cp_async_commit();
-  }
+    for (int st = 0; st < kS - 1; ++st) {
+      if (st < n_tiles) load_tile(st, first_rows[st]);
+      cp_async_commit();
+    }
+  };
+  // Keys below the first query's position were not written by the kernel before this one.
+  const bool first_tiles_early = early && my_lo + (kS - 1) * kBN <= sv.pos0;
+  if (first_tiles_early) load_first_tiles();
+  if (early) grid_dependency_wait();
+  if (!first_tiles_early) load_first_tiles();
   int64_t next_row = first_rows[kS - 1];  // lookup_row(it + kS - 1) at the top of iteration it
 
   // q rows (bf16, unscaled: the scale is applied to the fp32 logits); rows past n_rows are 0.

@@ -83,7 +83,8 @@ int64_t decode_capacity(const AttentionArgs& a) {
 
 // Splits: enough blocks to fill every SM's resident slots once (B x Hkv x groups blocks without
 // a split), but at least four 64-key tiles per split (a deeper pipeline per block beats more
-// blocks: measured on the H100) and at most kDecodeMaxSplit.
+// blocks: measured on the H100) and at most kDecodeMaxSplit; then no more splits than the
+// capacity's tiles fill.
 template <int kD>
 int decode_split(const AttentionArgs& a, const attn::DecodePlan& p) {
   if (a.decode_split > 0) return std::min(a.decode_split, attn::kDecodeMaxSplit);
@@ -92,7 +93,12 @@ int decode_split(const AttentionArgs& a, const attn::DecodePlan& p) {
   const int64_t base = static_cast<int64_t>(a.B) * a.Hkv * p.groups;
   const int64_t by_slots = std::max<int64_t>(1, slots / base);
   const int64_t by_len = std::max<int64_t>(1, decode_capacity(a) / (4 * 64));
-  return static_cast<int>(std::min({by_slots, by_len, int64_t{attn::kDecodeMaxSplit}}));
+  const int64_t split = std::min({by_slots, by_len, int64_t{attn::kDecodeMaxSplit}});
+  // Each split takes ceil(tiles / split) tiles: drop the splits that would be left with none
+  // (B1 L32768: 33 -> 32 splits of 16 tiles), which only add blocks and partials to combine.
+  const int64_t tiles = std::max<int64_t>(1, (decode_capacity(a) + 63) / 64);
+  const int64_t per_split = (tiles + split - 1) / split;
+  return static_cast<int>((tiles + per_split - 1) / per_split);
 }
 
 // Split workspaces (the arrival counters, zeroed once; the partial results): grow-only, one

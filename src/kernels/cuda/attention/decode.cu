@@ -7,7 +7,8 @@
 // the s-th of `split` equal, tile-aligned shares of the keys sequence b's queries see (their
 // count is read on the device, so the grid depends only on host-known values and a captured
 // launch replays at every position). The share streams through shared memory in kStages-deep
-// cp.async tiles of 64 keys (16-byte copies; pool rows looked up in the page table per key).
+// cp.async tiles of 64 keys (16-byte copies; pool rows looked up in the page table per key,
+// from a copy of the block's page-table entries in shared memory when they fit).
 // In a tile warp w takes 16 keys: S = Q K^T and O += P V on the tensor cores (mma.sync
 // m16n8k16, bf16 in, fp32 accumulate, P rounded to bf16 as in the prefill kernel), with the
 // warp's own online softmax in registers. At the end the 4 warps merge through shared memory.
@@ -158,13 +159,21 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   static_assert(kIters * kRowsPW == 16, "each warp copies 16 distinct rows of a tile");
   const int my_key =
       warp * kRowsPW + (lane % 16) % kRowsPW + (lane % 16) / kRowsPW * C::kWarps * kRowsPW;
+  // The block's page-table entries, copied to shared memory once (when they fit) so that the
+  // main loop's lookups do not wait on global loads.
+  constexpr int kPageCache = 256;
+  __shared__ int32_t page_cache[kPageCache];
+  const int pc_lo = paged ? static_cast<int>(my_lo / a.page_size) : 0;
+  const int pc_n = paged && n_tiles > 0 ? static_cast<int>(my_hi / a.page_size) - pc_lo + 1 : 0;
+  const bool pc = paged && pc_n <= kPageCache;
   // Pool row of tile it's key my_key (0 for keys past my_hi, which are not copied).
-  auto lookup_row = [&](int it) -> int64_t {
+  auto lookup_row = [&](int it, bool cached) -> int64_t {
     const int64_t j = my_lo + static_cast<int64_t>(it) * kBN + my_key;
     if (j > my_hi) return 0;
     if (!paged) return sv.key0 + j;
     const int j32 = static_cast<int>(j);  // < capacity <= INT32_MAX
-    return static_cast<int64_t>(pages[j32 / a.page_size]) * a.page_size + j32 % a.page_size;
+    const int page = cached ? page_cache[j32 / a.page_size - pc_lo] : pages[j32 / a.page_size];
+    return static_cast<int64_t>(page) * a.page_size + j32 % a.page_size;
   };
   // Copies keys [n0, n0 + kBN) of tile it into its stage; keys past my_hi are zero-filled.
   // `row` is this lane's lookup_row(it). All lanes of the block call it (shuffles).
@@ -185,7 +194,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   // All first lookups in flight at once, then the first kS - 1 tiles.
   int64_t first_rows[kS];
 #pragma unroll
-  for (int st = 0; st < kS; ++st) first_rows[st] = lookup_row(st);
+  for (int st = 0; st < kS; ++st) first_rows[st] = lookup_row(st, false);
   auto load_first_tiles = [&] {
 #pragma unroll
     for (int st = 0; st < kS - 1; ++st) {
@@ -209,6 +218,9 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       x = *reinterpret_cast<const uint4*>(a.q + (sv.q0 + t) * a.q_t + (hk * G + g) * a.q_h + d);
     }
     *reinterpret_cast<uint4*>(sQ + r * kP + d) = x;
+  }
+  if (pc) {  // visible to the lookups after the loop's first barrier
+    for (int i = threadIdx.x; i < pc_n; i += kThreads) page_cache[i] = pages[pc_lo + i];
   }
   __syncthreads();
   uint32_t qa[C::kQRegs ? kD / 16 : 1][4];
@@ -238,7 +250,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     __syncthreads();          // everyone's have; everyone is done with tile it - 1
     if (it + kS - 1 < n_tiles) load_tile(it + kS - 1, next_row);  // the stage tile it - 1 used
     cp_async_commit();
-    next_row = lookup_row(it + kS);  // used one iteration later: its latency hides behind tile it
+    next_row = lookup_row(it + kS, pc);  // used one iteration later
 
     const bf16* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // the warp's 16 keys
     const bf16* sV = sK + kBN * kP;

@@ -64,7 +64,11 @@ def main():
 // lane / 4 + 8 (x / 2), column 8 j + 2 (lane % 4) + x % 2.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace llmk::cuda {
 
@@ -106,6 +110,35 @@ __device__ __forceinline__ void wgmma_fence_operand(float (&d)[N]) {
             out.append(ss(n, ptx_t, name))
         for n in RS_N:
             out.append(rs(n, ptx_t, name))
+    # Type- and shape-generic entry points over the functions above.
+    out.append("""
+// wgmma_ss<T, N>: the SS product above for element type T (__nv_bfloat16 or __half) and N; the
+// same for wgmma_rs<T, N>.
+template <class T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                         bool accumulate) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static_assert(kBf16 || std::is_same_v<T, __half>, "bf16 or fp16");
+""")
+    for i, n in enumerate(SS_N):
+        kw = "if" if i == 0 else "else if"
+        out.append(f"  {kw} constexpr (N == {n}) {{\n"
+                   f"    if constexpr (kBf16) wgmma_ss_m64n{n}k16_Bf16(d, desc_a, desc_b, accumulate);\n"
+                   f"    else wgmma_ss_m64n{n}k16_F16(d, desc_a, desc_b, accumulate);\n  }}\n")
+    out.append("  else static_assert(N == 0, \"no SS product built for this N\");\n}\n")
+    out.append("""
+template <class T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
+                                         uint64_t desc_b) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static_assert(kBf16 || std::is_same_v<T, __half>, "bf16 or fp16");
+""")
+    for i, n in enumerate(RS_N):
+        kw = "if" if i == 0 else "else if"
+        out.append(f"  {kw} constexpr (N == {n}) {{\n"
+                   f"    if constexpr (kBf16) wgmma_rs_m64n{n}k16_Bf16(d, a, desc_b);\n"
+                   f"    else wgmma_rs_m64n{n}k16_F16(d, a, desc_b);\n  }}\n")
+    out.append("  else static_assert(N == 0, \"no RS product built for this N\");\n}\n")
     out.append("\n}  // namespace llmk::cuda\n")
     print("".join(out), end="")
 

@@ -7,7 +7,11 @@
 // lane / 4 + 8 (x / 2), column 8 j + 2 (lane % 4) + x % 2.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace llmk::cuda {
 
@@ -232,6 +236,44 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16_F16(float (&d)[128], const u
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+// wgmma_ss<T, N>: the SS product above for element type T (__nv_bfloat16 or __half) and N; the
+// same for wgmma_rs<T, N>.
+template <class T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                         bool accumulate) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static_assert(kBf16 || std::is_same_v<T, __half>, "bf16 or fp16");
+  if constexpr (N == 64) {
+    if constexpr (kBf16) wgmma_ss_m64n64k16_Bf16(d, desc_a, desc_b, accumulate);
+    else wgmma_ss_m64n64k16_F16(d, desc_a, desc_b, accumulate);
+  }
+  else if constexpr (N == 128) {
+    if constexpr (kBf16) wgmma_ss_m64n128k16_Bf16(d, desc_a, desc_b, accumulate);
+    else wgmma_ss_m64n128k16_F16(d, desc_a, desc_b, accumulate);
+  }
+  else static_assert(N == 0, "no SS product built for this N");
+}
+
+template <class T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
+                                         uint64_t desc_b) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static_assert(kBf16 || std::is_same_v<T, __half>, "bf16 or fp16");
+  if constexpr (N == 64) {
+    if constexpr (kBf16) wgmma_rs_m64n64k16_Bf16(d, a, desc_b);
+    else wgmma_rs_m64n64k16_F16(d, a, desc_b);
+  }
+  else if constexpr (N == 128) {
+    if constexpr (kBf16) wgmma_rs_m64n128k16_Bf16(d, a, desc_b);
+    else wgmma_rs_m64n128k16_F16(d, a, desc_b);
+  }
+  else if constexpr (N == 256) {
+    if constexpr (kBf16) wgmma_rs_m64n256k16_Bf16(d, a, desc_b);
+    else wgmma_rs_m64n256k16_F16(d, a, desc_b);
+  }
+  else static_assert(N == 0, "no RS product built for this N");
 }
 
 }  // namespace llmk::cuda

@@ -184,6 +184,17 @@ __device__ __forceinline__ LogitMap logit_map(const AttentionArgs& a) {
   return lm;
 }
 
+// The first element of this block's Q rows (head w.h) and of its sequence's K and V rows (KV
+// head hk), as 16-bit words.
+__device__ __forceinline__ void tile_bases(const AttentionArgs& a, const Work& w, int hk,
+                                           const uint16_t*& q, const uint16_t*& k,
+                                           const uint16_t*& v) {
+  q = reinterpret_cast<const uint16_t*>(a.q) + (w.q0 + static_cast<int64_t>(w.m0)) * a.q_t +
+      w.h * a.q_h;
+  k = reinterpret_cast<const uint16_t*>(a.k) + static_cast<int64_t>(w.k0) * a.k_t + hk * a.k_h;
+  v = reinterpret_cast<const uint16_t*>(a.v) + static_cast<int64_t>(w.k0) * a.v_t + hk * a.v_h;
+}
+
 // The key tiles [n_lo, n_hi) (kBN keys each) some row of a block of kBM rows sees, and whether a
 // tile needs the mask (causal diagonal, end of the keys, window edge).
 struct KeyTiles {
@@ -368,12 +379,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const KeyTiles kt = key_tiles<kBM, kBN>(a, w, rows);
   const int n_hi = kt.n_hi, n_tiles = kt.count();
 
-  const uint16_t* q_base = reinterpret_cast<const uint16_t*>(a.q) +
-                           (w.q0 + static_cast<int64_t>(w.m0)) * a.q_t + w.h * a.q_h;
-  const uint16_t* k_base =
-      reinterpret_cast<const uint16_t*>(a.k) + static_cast<int64_t>(w.k0) * a.k_t + hk * a.k_h;
-  const uint16_t* v_base =
-      reinterpret_cast<const uint16_t*>(a.v) + static_cast<int64_t>(w.k0) * a.v_t + hk * a.v_h;
+  const uint16_t *q_base, *k_base, *v_base;
+  tile_bases(a, w, hk, q_base, k_base, v_base);
 
   // This thread's ldmatrix row addresses (bytes): Q (A operand, rows), K (B operand of Q K^T,
   // rows = keys), V (B operand of P V, .trans, rows = keys).
@@ -524,20 +531,19 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   store_rows<E, T>(a, w, row_base, o, m, l);
 }
 
-// Raises the kernel's shared-memory limit (once per instantiation, so capture sees no attribute
-// calls) and launches it over every (query tile, head) work item.
-template <class C, class T>
-void launch_prefill_cfg(const AttentionArgs& a) {
+// Raises a prefill kernel's shared-memory limit (once per kernel, so capture sees no attribute
+// calls) and launches it over every (query tile, head) work item of its tiling C.
+template <class C, auto kKernel>
+void launch_prefill_grid(const AttentionArgs& a) {
   static const bool smem_raised = [] {
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<C, T>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(C::kSmemBytes)));
     return true;
   }();
   (void)smem_raised;
   const int64_t tiles = ceil_div(a.T, C::kBM) + (a.cu_q != nullptr ? a.B - 1 : 0);
   const dim3 grid(static_cast<unsigned>(tiles * a.Hq));
-  prefill_kernel<C, T><<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a);
+  kKernel<<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a);
   check_launch("attention prefill");
 }
 

@@ -43,38 +43,6 @@ struct WgmmaCfg {
 
 namespace wgmma_detail {
 
-// The wgmma instruction pair for an element type.
-template <class T, int kBN, int kD>
-struct Ops;
-template <int kBN, int kD>
-struct Ops<__nv_bfloat16, kBN, kD> {
-  static __device__ __forceinline__ void s(float (&d)[kBN / 2], uint64_t da, uint64_t db,
-                                           bool acc) {
-    if constexpr (kBN == 64) wgmma_ss_m64n64k16_Bf16(d, da, db, acc);
-    else wgmma_ss_m64n128k16_Bf16(d, da, db, acc);
-  }
-  static __device__ __forceinline__ void pv(float (&d)[kD / 2], const uint32_t (&a)[4],
-                                            uint64_t db) {
-    if constexpr (kD == 64) wgmma_rs_m64n64k16_Bf16(d, a, db);
-    else if constexpr (kD == 128) wgmma_rs_m64n128k16_Bf16(d, a, db);
-    else wgmma_rs_m64n256k16_Bf16(d, a, db);
-  }
-};
-template <int kBN, int kD>
-struct Ops<__half, kBN, kD> {
-  static __device__ __forceinline__ void s(float (&d)[kBN / 2], uint64_t da, uint64_t db,
-                                           bool acc) {
-    if constexpr (kBN == 64) wgmma_ss_m64n64k16_F16(d, da, db, acc);
-    else wgmma_ss_m64n128k16_F16(d, da, db, acc);
-  }
-  static __device__ __forceinline__ void pv(float (&d)[kD / 2], const uint32_t (&a)[4],
-                                            uint64_t db) {
-    if constexpr (kD == 64) wgmma_rs_m64n64k16_F16(d, a, db);
-    else if constexpr (kD == 128) wgmma_rs_m64n128k16_F16(d, a, db);
-    else wgmma_rs_m64n256k16_F16(d, a, db);
-  }
-};
-
 // A [kRows][kD] tile of 16-bit elements, global -> shared in the swizzled panel layout (dst a
 // 1024-aligned shared-space byte address); rows >= valid are zero-filled and not read. Thread t
 // copies chunk column t % (kD / 8) of rows t / (kD / 8) + j * kStep (one 64-bit source pointer
@@ -113,7 +81,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   using namespace prefill_detail;
   using namespace wgmma_detail;
   using E = MmaElem<T>;
-  using W = Ops<T, C::kBN, C::kD>;
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN;
   constexpr int kNT = kBN / 8, kDT = kD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -130,12 +97,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   const KeyTiles kt = key_tiles<kBM, kBN>(a, w, rows);
   const int n_hi = kt.n_hi, n_tiles = kt.count();
 
-  const uint16_t* q_base = reinterpret_cast<const uint16_t*>(a.q) +
-                           (w.q0 + static_cast<int64_t>(w.m0)) * a.q_t + w.h * a.q_h;
-  const uint16_t* k_base =
-      reinterpret_cast<const uint16_t*>(a.k) + static_cast<int64_t>(w.k0) * a.k_t + hk * a.k_h;
-  const uint16_t* v_base =
-      reinterpret_cast<const uint16_t*>(a.v) + static_cast<int64_t>(w.k0) * a.v_t + hk * a.v_h;
+  const uint16_t *q_base, *k_base, *v_base;
+  tile_bases(a, w, hk, q_base, k_base, v_base);
 
   const int row_base = warp * 16 + (threadIdx.x % kWarp) / 4;
   float o[1][kDT][4];
@@ -183,7 +146,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
           const uint32_t col = (kk % 4) * 32;
           const uint64_t da = wgmma_desc_sw128(q_rows + (kk / 4) * (kBM * 128) + col, 16, 1024);
           const uint64_t db = wgmma_desc_sw128(k_tile + (kk / 4) * (kBN * 128) + col, 16, 1024);
-          W::s(s_flat, da, db, kk > 0);
+          wgmma_ss<T, kBN>(s_flat, da, db, kk > 0);
         }
         wgmma_commit();
         wgmma_fence_operand(s_flat);
@@ -204,7 +167,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk)
-          W::pv(o_flat, pa[kk], wgmma_desc_sw128(v_tile + kk * 16 * 128, kBN * 128, 1024));
+          wgmma_rs<T, kD>(o_flat, pa[kk], wgmma_desc_sw128(v_tile + kk * 16 * 128, kBN * 128, 1024));
         wgmma_commit();
         wgmma_fence_operand(o_flat);
         wgmma_wait<0>();
@@ -225,31 +188,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #endif
 }
 
-template <class C, class T>
-void launch_prefill_wgmma(const AttentionArgs& a) {
-  static const bool smem_raised = [] {
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<C, T>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(C::kSmemBytes)));
-    return true;
-  }();
-  (void)smem_raised;
-  const int64_t tiles = ceil_div(a.T, C::kBM) + (a.cu_q != nullptr ? a.B - 1 : 0);
-  const dim3 grid(static_cast<unsigned>(tiles * a.Hq));
-  prefill_wgmma_kernel<C, T><<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a);
-  check_launch("attention prefill (wgmma)");
-}
-
 // launch_prefill<kD>'s body: the wgmma tiling Wg or the mma.sync tiling Mma, bf16 or fp16.
 template <class Wg, class Mma>
 void launch_prefill_either(const AttentionArgs& a, bool wgmma) {
   static_assert(Wg::kD == Mma::kD, "one head dim");
   if (wgmma) {
-    if (a.fp16) return launch_prefill_wgmma<Wg, __half>(a);
-    return launch_prefill_wgmma<Wg, __nv_bfloat16>(a);
+    if (a.fp16) return launch_prefill_grid<Wg, prefill_wgmma_kernel<Wg, __half>>(a);
+    return launch_prefill_grid<Wg, prefill_wgmma_kernel<Wg, __nv_bfloat16>>(a);
   }
-  if (a.fp16) return launch_prefill_cfg<Mma, __half>(a);
-  launch_prefill_cfg<Mma, __nv_bfloat16>(a);
+  if (a.fp16) return launch_prefill_grid<Mma, prefill_kernel<Mma, __half>>(a);
+  launch_prefill_grid<Mma, prefill_kernel<Mma, __nv_bfloat16>>(a);
 }
 
 }  // namespace llmk::cuda::attn

@@ -60,32 +60,45 @@ VOCAB = 512  # the families' vocab_size (scripts/make-family-fixtures.py)
 SPACE = "\u2581"
 
 
-def load_json_script():
+def load_script(filename):
+    """A sibling script (its name has dashes, so it is not importable by name) as a module."""
     spec = importlib.util.spec_from_file_location(
-        "make_tokenizer_json_fixtures", os.path.join(HERE, "make-tokenizer-json-fixtures.py"))
+        filename[:-3].replace("-", "_"), os.path.join(HERE, filename))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-J = load_json_script()
+J = load_script("make-tokenizer-json-fixtures.py")
 BASE = J.BASE
 
 # ---- chat templates (transcribed; see the docstring): one copy, shared with the chat-template
 # fixtures (scripts/make-chat-template-fixtures.py) ----
-def load_template_script():
-    spec = importlib.util.spec_from_file_location(
-        "make_chat_template_fixtures", os.path.join(HERE, "make-chat-template-fixtures.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-TEMPLATES = load_template_script()
+TEMPLATES = load_script("make-chat-template-fixtures.py")
 LLAMA3_TEMPLATE = TEMPLATES.LLAMA32
 QWEN25_TEMPLATE = TEMPLATES.QWEN25
 PHI3_TEMPLATE = TEMPLATES.PHI3
 GEMMA3_TEMPLATE = TEMPLATES.GEMMA3
+
+# ---- special tokens, in id order ----
+
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                   "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>",
+                   "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
+                   "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
+# (content, special)
+QWEN25_ADDED = [(t, True) for t in [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]] + [(t, False) for t in [
+        "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+        "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]]
+PHI3_HEAD = ["<unk>", "<s>", "</s>"]  # model vocab ids 0..2, also special added tokens
+PHI3_ADDED = ["<|endoftext|>", "<|assistant|>", "<|placeholder1|>", "<|placeholder2|>",
+              "<|placeholder3|>", "<|placeholder4|>", "<|system|>", "<|end|>",
+              "<|placeholder5|>", "<|placeholder6|>", "<|user|>"]
+GEMMA3_HEAD = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>",
+               "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 
 
 def extra_corpus():

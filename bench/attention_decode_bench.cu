@@ -29,11 +29,11 @@
 #include <random>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "core/cuda/check.h"
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/attention.h"
-#include "bench_util.cuh"
 
 namespace llmk::bench {
 namespace {

@@ -22,11 +22,11 @@
 #include <exception>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "core/cuda/check.h"
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/attention.h"
-#include "bench_util.cuh"
 
 namespace llmk::bench {
 namespace {

@@ -107,13 +107,13 @@ void attention_cuda(Tensor& out, const Tensor& q, const Tensor& k, const Tensor&
   a.positions = positions.data<const int32_t>();
   if (!fast) {
     cuda::attention_generic(a);
-    ++counters().fallback;
+    count_attention(AttentionPath::kFallback);
   } else if (d.T <= cuda::kDecodeMaxQueries) {
     cuda::attention_decode(a);
-    ++counters().decode;
+    count_attention(AttentionPath::kDecode);
   } else {
     cuda::attention_prefill(a);
-    ++counters().prefill;
+    count_attention(AttentionPath::kPrefill);
   }
 }
 #endif
@@ -160,18 +160,28 @@ void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
   a.softcap = p.softcap;
   if (d.Hq == 0 || d.D == 0) return;
   cpu::attention(a);
-  ++counters().cpu;
+  count_attention(AttentionPath::kCpu);
 }
 
 namespace detail {
 void count_attention(AttentionPath path) {
   Counters& c = counters();
   switch (path) {
-    case AttentionPath::kPrefill: ++c.prefill; break;
-    case AttentionPath::kDecode: ++c.decode; break;
-    case AttentionPath::kChunked: ++c.chunked; break;
-    case AttentionPath::kFallback: ++c.fallback; break;
-    case AttentionPath::kCpu: ++c.cpu; break;
+    case AttentionPath::kPrefill:
+      ++c.prefill;
+      break;
+    case AttentionPath::kDecode:
+      ++c.decode;
+      break;
+    case AttentionPath::kChunked:
+      ++c.chunked;
+      break;
+    case AttentionPath::kFallback:
+      ++c.fallback;
+      break;
+    case AttentionPath::kCpu:
+      ++c.cpu;
+      break;
   }
 }
 }  // namespace detail
@@ -333,7 +343,7 @@ void attention_paged_cpu(Tensor& out, const Tensor& q, const Tensor& k_pool, con
     a.softcap = p.softcap;
     if (d.Hq > 0 && d.D > 0) cpu::attention(a);
   }
-  ++counters().cpu;
+  count_attention(AttentionPath::kCpu);
 }
 
 #ifdef LLMK_HAS_CUDA
@@ -377,7 +387,7 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
       a.cu_q = cu_q.data<const int32_t>();
     }
     cuda::attention_generic(a);
-    ++counters().fallback;
+    count_attention(AttentionPath::kFallback);
     return;
   }
   if (max_q <= cuda::kDecodeMaxQueries) {
@@ -388,7 +398,7 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
       a.max_q_per_seq = static_cast<int>(max_q);
     }
     cuda::attention_decode(a);
-    ++counters().decode;
+    count_attention(AttentionPath::kDecode);
     return;
   }
   // Neither kernel takes more than 8 queries of a paged sequence: chunks of 8 through the decode
@@ -407,7 +417,7 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
     c.positions = positions.data<const int32_t>() + t0;
     cuda::attention_decode(c);
   }
-  ++counters().chunked;
+  count_attention(AttentionPath::kChunked);
 }
 #endif
 

@@ -40,8 +40,9 @@ struct RopeParams {
   int rot_dim = 0;         // rotated dims from the start of each head (even, <= head dim); 0 = all
   float theta = 10000.0f;  // base: inv_freq[i] = theta^(-2i/rot_dim)
   RopeLayout layout = RopeLayout::HalfSplit;
-  float freq_scale = 1.0f;              // linear position scaling: angle = pos * freq_scale * inv_freq
-  const Tensor* freq_factors = nullptr; // optional [rot_dim/2] f32: inv_freq[i] /= factors[i] (llama3)
+  float freq_scale = 1.0f;  // linear position scaling: angle = pos * freq_scale * inv_freq
+  const Tensor* freq_factors =
+      nullptr;  // optional [rot_dim/2] f32: inv_freq[i] /= factors[i] (llama3)
 };
 // x: [T, H, D], rotated in place (CPU f32, CUDA bf16); positions: [T] i32.
 void rope(Tensor& x, const Tensor& positions, const RopeParams& p);
@@ -112,11 +113,11 @@ void attention_paged(Tensor& out, const Tensor& q, const Tensor& k_pool, const T
 // last reset (process-wide). A CUDA graph replay calls no op: a captured step counts once, when
 // it was captured.
 struct AttentionStats {
-  uint64_t prefill = 0;  // CUDA flash prefill kernel
-  uint64_t decode = 0;   // CUDA split-KV decode kernel
-  uint64_t chunked = 0;  // CUDA decode kernel over chunks of 8 queries (paged, > 8 queries)
-  uint64_t fallback = 0; // CUDA generic kernel: head dims the fast kernels lack (e.g. 96)
-  uint64_t cpu = 0;      // CPU reference kernel
+  uint64_t prefill = 0;   // CUDA flash prefill kernel
+  uint64_t decode = 0;    // CUDA split-KV decode kernel
+  uint64_t chunked = 0;   // CUDA decode kernel over chunks of 8 queries (paged, > 8 queries)
+  uint64_t fallback = 0;  // CUDA generic kernel: head dims the fast kernels lack (e.g. 96)
+  uint64_t cpu = 0;       // CPU reference kernel
 };
 AttentionStats attention_stats();
 void reset_attention_stats();

@@ -21,18 +21,6 @@ uint32_t hash_text(std::string_view s) {  // FNV-1a, then a final mix: texts are
 
 bool mergeable(TokenType t) { return t == TokenType::Normal || t == TokenType::UserDefined; }
 
-// The byte of a token spelled "<0xXX>", or -1.
-int byte_of(std::string_view text) {
-  if (text.size() != 6 || !text.starts_with("<0x") || text[5] != '>') return -1;
-  int value = 0;
-  for (char c : text.substr(3, 2)) {
-    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-    if (d < 0) return -1;
-    value = value * 16 + d;
-  }
-  return value;
-}
-
 // Max-heap order: the best rank first, then the longer left part (the order of transformers'
 // generated merges for one token), then the leftmost symbol.
 bool later(const SpmModel::Scratch::Candidate& a, const SpmModel::Scratch::Candidate& b) {
@@ -42,6 +30,17 @@ bool later(const SpmModel::Scratch::Candidate& a, const SpmModel::Scratch::Candi
 }
 
 }  // namespace
+
+int SpmModel::byte_token_value(std::string_view text) {
+  if (text.size() != 6 || !text.starts_with("<0x") || text[5] != '>') return -1;
+  int value = 0;
+  for (char c : text.substr(3, 2)) {
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (d < 0) return -1;
+    value = value * 16 + d;
+  }
+  return value;
+}
 
 SpmModel::SpmModel(std::span<const std::string> tokens, std::span<const float> scores,
                    std::span<const TokenType> types, int32_t unk_id) {
@@ -84,7 +83,7 @@ SpmModel::SpmModel(std::span<const std::string> tokens, std::span<const float> s
   for (size_t i = 0; i < n; ++i) {
     const auto id = static_cast<int32_t>(i);
     if (types[i] == TokenType::Byte) {
-      const int b = byte_of(tokens[i]);
+      const int b = byte_token_value(tokens[i]);
       LLMK_CHECK(b >= 0, "spm: byte token {} is '{}', expected <0xXX>", i, tokens[i]);
       byte_ids_[b] = id;
       continue;
@@ -120,7 +119,7 @@ bool SpmModel::is_space_run(std::string_view text, TokenType type) {
 std::string SpmModel::token_bytes(std::string_view text, TokenType type) {
   if (type == TokenType::Control || type == TokenType::UserDefined) return std::string(text);
   if (type == TokenType::Byte) {
-    const int b = byte_of(text);
+    const int b = byte_token_value(text);
     if (b >= 0) return std::string(1, static_cast<char>(b));
   }
   std::string out;

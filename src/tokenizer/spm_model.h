@@ -34,6 +34,9 @@ class SpmModel {
   SpmModel(std::span<const std::string> tokens, std::span<const float> scores,
            std::span<const TokenType> types, int32_t unk_id);
 
+  // The byte a token spelled "<0xXX>" (SentencePiece's and tokenizers' byte-fallback tokens)
+  // stands for, or -1.
+  static int byte_token_value(std::string_view text);
   // The bytes a token stands for: "▁" is a space, "<0xXX>" byte tokens their byte, control and
   // user-defined tokens their text.
   static std::string token_bytes(std::string_view text, TokenType type);

@@ -25,6 +25,7 @@
 #include "formats/hf_config.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/spm_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace llmk {
@@ -332,18 +333,6 @@ BpeOptions check_bpe_options(const Reader& r, const Json& model) {
           r.get_bool(model, "model", "byte_fallback", false)};
 }
 
-// The byte a token spelled "<0xXX>" (as tokenizers' byte fallback writes it) stands for, or -1.
-int fallback_byte(std::string_view text) {
-  if (text.size() != 6 || !text.starts_with("<0x") || text[5] != '>') return -1;
-  int value = 0;
-  for (char c : text.substr(3, 2)) {
-    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-    if (d < 0) return -1;
-    value = value * 16 + d;
-  }
-  return value;
-}
-
 // Fills d.tokens and d.token_types from model.vocab and added_tokens.
 void read_vocabulary(const Reader& r, const Json& root, const Json& model, bool byte_fallback,
                      TokenizerData& d) {
@@ -366,7 +355,7 @@ void read_vocabulary(const Reader& r, const Json& root, const Json& model, bool 
   std::array<bool, 256> have_byte{};
   for (const auto& [text, id] : vocab.items()) {
     const std::string key = fmt::format("model.vocab['{}']", json_io::escape(text));
-    const int byte = byte_fallback ? fallback_byte(text) : -1;
+    const int byte = byte_fallback ? SpmModel::byte_token_value(text) : -1;
     place(r.as_id(id, key), text, byte >= 0 ? TokenType::Byte : TokenType::Normal, key);
     if (byte >= 0) have_byte[byte] = true;
   }

@@ -305,9 +305,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPrefillGpu,
                          ::testing::Values(cuda::PrefillKernel::kAuto,
                                            cuda::PrefillKernel::kMmaSync),
                          [](const ::testing::TestParamInfo<cuda::PrefillKernel>& p) {
-                           return std::string(p.param == cuda::PrefillKernel::kAuto
-                                                  ? "Auto"
-                                                  : "MmaSync");
+                           return std::string(p.param == cuda::PrefillKernel::kAuto ? "Auto"
+                                                                                    : "MmaSync");
                          });
 
 }  // namespace

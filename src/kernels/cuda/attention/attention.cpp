@@ -53,8 +53,8 @@ void attention_prefill(const AttentionArgs& a) {
              "attention prefill: a sliding window (window = {}) needs the causal mask", a.window);
   LLMK_CHECK(a.Hkv > 0 && a.Hq % a.Hkv == 0,
              "attention prefill: {} query heads are not a multiple of {} KV heads", a.Hq, a.Hkv);
-  const bool wgmma = g_prefill_kernel.load(std::memory_order_relaxed) == PrefillKernel::kAuto &&
-                     device_info().compute_capability() == 90;
+  const bool wgmma =
+      prefill_kernel() == PrefillKernel::kAuto && device_info().compute_capability() == 90;
   dispatch_head_dim(a.D, "attention prefill",
                     [&](auto d) { attn::launch_prefill<decltype(d)::value>(a, wgmma); });
 }
@@ -89,7 +89,7 @@ template <int kD>
 int decode_split(const AttentionArgs& a, const attn::DecodePlan& p) {
   if (a.decode_split > 0) return std::min(a.decode_split, attn::kDecodeMaxSplit);
   const int64_t slots =
-      static_cast<int64_t>(device_info().sm_count) * attn::decode_blocks_per_sm<kD>(p.rows);
+      static_cast<int64_t>(device_info().sm_count) * attn::decode_blocks_per_sm<kD>();
   const int64_t base = static_cast<int64_t>(a.B) * a.Hkv * p.groups;
   const int64_t by_slots = std::max<int64_t>(1, slots / base);
   const int64_t by_len = std::max<int64_t>(1, decode_capacity(a) / (4 * 64));
@@ -182,7 +182,7 @@ void attention_decode(const AttentionArgs& a) {
     constexpr int kD = decltype(d)::value;
     const DeviceInfo& dev = device_info();
     attn::DecodePlan plan = decode_plan<kD>(a);
-    const size_t smem = attn::decode_smem_bytes<kD>(plan.rows);
+    const size_t smem = attn::decode_smem_bytes<kD>();
     LLMK_CHECK(smem <= dev.max_smem_per_block_optin,
                "attention decode: {} bytes of shared memory at head dim {}; the device allows {}",
                smem, kD, dev.max_smem_per_block_optin);

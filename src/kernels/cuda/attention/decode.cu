@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
 #pragma unroll
       for (int i = 0; i < kRound; ++i) mx = fmaxf(mx, ml[i].x);
       const float m_use = mx == -INFINITY ? 0.0f : mx;  // no split saw a key yet: weights 0
-      const float keep = exp2f(m_run - m_use);         // 0 while m_run is -inf
+      const float keep = exp2f(m_run - m_use);          // 0 while m_run is -inf
       den *= keep;
 #pragma unroll
       for (int x = 0; x < 4; ++x) o4[x] *= keep;
@@ -475,12 +475,12 @@ int decode_max_rows() {
 }
 
 template <int kD>
-size_t decode_smem_bytes(int) {
+size_t decode_smem_bytes() {
   return DecodeConfig<kD>::kSmemBytes;
 }
 
 template <int kD>
-int decode_blocks_per_sm(int) {
+int decode_blocks_per_sm() {
   static const int blocks = [] {  // once per head dim: no API call per launch
     set_smem_limit_once<kD>();
     int b = 0;
@@ -515,10 +515,10 @@ void launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   check_launch("attention decode");
 }
 
-#define LLMK_INSTANTIATE_DECODE(D)           \
-  template int decode_max_rows<D>();         \
-  template size_t decode_smem_bytes<D>(int); \
-  template int decode_blocks_per_sm<D>(int); \
+#define LLMK_INSTANTIATE_DECODE(D)        \
+  template int decode_max_rows<D>();      \
+  template size_t decode_smem_bytes<D>(); \
+  template int decode_blocks_per_sm<D>(); \
   template void launch_decode<D>(const AttentionArgs&, const DecodePlan&);
 LLMK_INSTANTIATE_DECODE(64)
 LLMK_INSTANTIATE_DECODE(128)

@@ -23,7 +23,7 @@ void launch_prefill<256>(const AttentionArgs& a, bool wgmma);
 // Decode: how one launch is laid out, chosen on the host (attention.cpp) from host-known
 // values only, so a captured launch replays at any position.
 struct DecodePlan {
-  int rows = 0;    // query rows (query x head of one KV group) per block: 1, 2, 4, 8 or 16
+  int rows = 0;    // query rows (query x head of one KV group) per block: decode_max_rows
   int groups = 0;  // row groups per KV head: ceil(max_q_per_seq * G / rows)
   int split = 1;   // blocks sharing the keys of one (sequence, KV head, row group)
   // Split > 1: partial results [split][T * Hq][D] (unnormalised), their (max, sum) pairs
@@ -39,9 +39,9 @@ template <int kD>
 int decode_max_rows();
 // Dynamic shared memory of one decode block, and how many such blocks fit on one SM.
 template <int kD>
-size_t decode_smem_bytes(int rows);
+size_t decode_smem_bytes();
 template <int kD>
-int decode_blocks_per_sm(int rows);
+int decode_blocks_per_sm();
 template <int kD>
 void launch_decode(const AttentionArgs& a, const DecodePlan& plan);
 

@@ -74,23 +74,9 @@ __device__ __forceinline__ void load_rows(uint32_t dst, const uint16_t* src, int
 #pragma unroll
   for (int j = 0; j < kRows / kStep; ++j) {
     const bool ok = r0 + j * kStep < valid;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + j * kStep * kP * 2),
-                 "l"(ok ? g : src), "r"(ok ? 16 : 0));
+    cp_async_16_at(dst + j * kStep * kP * 2, ok ? g : src, ok);
     g += step;
   }
-}
-
-// ldmatrix at a shared-space byte address (a per-thread base plus a compile-time offset in the
-// unrolled loops, which ptxas folds into the instruction).
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 // 2^x on the special-function unit (relative error ~2^-22; -inf gives +0).
@@ -276,8 +262,7 @@ __device__ __forceinline__ void tree_reduce(float (&t)[kN], Op op) {
 // threads (lane % 4) combine with shuffles.
 template <int kMT, int kNT, int kDT>
 __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
-                                               float (&m)[kMT][2], float (&l)[kMT][2],
-                                               float fold) {
+                                               float (&m)[kMT][2], float (&l)[kMT][2], float fold) {
   float alpha[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
@@ -316,8 +301,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&
 
 // P's A fragment for keys [16 kk, 16 kk + 16) of m-tile mt (16-bit, from the S accumulators).
 template <class E, int kMT, int kNT>
-__device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&s)[kMT][kNT][4],
-                                           int mt, int kk) {
+__device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&s)[kMT][kNT][4], int mt,
+                                           int kk) {
   pa[0] = E::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
   pa[1] = E::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
   pa[2] = E::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
@@ -327,8 +312,8 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&s)[k
 // out = O / l (zeros for a row that sees no key); lse = (m + log2 l) ln 2 (-inf there).
 template <class E, class T, int kMT, int kDT>
 __device__ __forceinline__ void store_rows(const AttentionArgs& a, const Work& w, int row_base,
-                                           const float (&o)[kMT][kDT][4],
-                                           const float (&m)[kMT][2], const float (&l)[kMT][2]) {
+                                           const float (&o)[kMT][kDT][4], const float (&m)[kMT][2],
+                                           const float (&l)[kMT][2]) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)

@@ -64,8 +64,7 @@ __device__ __forceinline__ void load_swizzled(uint32_t dst, const uint16_t* src,
     const int r = r0 + j * kStep;
     const bool ok = r < valid;
     const uint32_t at = dst + j * kStep * 128 + (((c % 8) ^ (r % 8)) << 4);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(ok ? g : src),
-                 "r"(ok ? 16 : 0));
+    cp_async_16_at(at, ok ? g : src, ok);
     g += step;
   }
 }
@@ -167,7 +166,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk)
-          wgmma_rs<T, kD>(o_flat, pa[kk], wgmma_desc_sw128(v_tile + kk * 16 * 128, kBN * 128, 1024));
+          wgmma_rs<T, kD>(o_flat, pa[kk],
+                          wgmma_desc_sw128(v_tile + kk * 16 * 128, kBN * 128, 1024));
         wgmma_commit();
         wgmma_fence_operand(o_flat);
         wgmma_wait<0>();

@@ -20,12 +20,15 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared, asynchronously; when !valid the destination is zero-filled and
-// nothing is read (src must still be a valid address).
+// 16 bytes global -> shared (`dst` a shared-space byte address), asynchronously; when !valid
+// the destination is zero-filled and nothing is read (src must still be a valid address).
+__device__ __forceinline__ void cp_async_16_at(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+// The same with a generic pointer to shared memory.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
+  cp_async_16_at(smem_addr(dst), src, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `pending` of this thread's committed groups are still in flight.
@@ -34,30 +37,26 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
-// Copies rows [0, kRows) of a [rows, kD] bf16 tile (row stride `stride` elements) into shared
-// memory with row pitch kPitch; rows >= valid_rows are zero-filled and not read.
-template <int kRows, int kD, int kPitch, int kThreads>
-__device__ __forceinline__ void load_tile_async(bf16* dst, const bf16* src, int64_t stride,
-                                                int valid_rows) {
-  constexpr int kChunksPerRow = kD / 8;
-  for (int c = threadIdx.x; c < kRows * kChunksPerRow; c += kThreads) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const bool valid = r < valid_rows;
-    cp_async_16(dst + r * kPitch + col, valid ? src + r * stride + col : src, valid);
-  }
-}
-
-// Four 8x8 b16 matrices; lane l supplies the address of row (l % 8) of matrix l / 8. Thread t
-// receives elements (t / 4, 2 (t % 4) + {0, 1}) of each matrix (.trans: the transpose).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+// Four 8x8 b16 matrices at a shared-space byte address (in unrolled loops a per-thread base plus
+// a compile-time offset, which ptxas folds into the instruction); lane l supplies the address of
+// row (l % 8) of matrix l / 8. Thread t receives elements (t / 4, 2 (t % 4) + {0, 1}) of each
+// matrix (.trans: the transpose).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
+}
+// The same with generic pointers to shared memory.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  ldsm_x4(r, smem_addr(p));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  ldsm_x4_t(r, smem_addr(p));
 }
 
 // c (16x8 f32) += a (16x16 bf16, row-major) * b (16x8 bf16, column-major).

@@ -13,8 +13,13 @@
 // m16n8k16, bf16 in, fp32 accumulate, P rounded to bf16 as in the prefill kernel), with the
 // warp's own online softmax in registers. At the end the 4 warps merge through shared memory.
 // With split > 1 each block writes an unnormalised partial and its (max, sum) to a workspace;
-// the last block of a (sequence, KV head, row group) to arrive (an atomic counter) combines
-// them and resets the counter: one launch, no host sync.
+// the last block of a (sequence, KV head, row group) to arrive (an acquire-release atomic
+// counter) combines them and resets the counter: one launch, no host sync.
+// Memory traffic: K/V tiles are read with an L2 evict-first policy (read once per launch, they
+// should not push out what is reused: the partials, page table, q), the partials are written
+// evict-last. Under programmatic dependent launch the next kernel's blocks are released early:
+// at the first tile when a block streams 8 tiles or more, else when 3 tiles remain (an earlier
+// release costs short launches more than their next launch's early reads gain).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -45,7 +50,10 @@ struct DecodeConfig {
   static constexpr size_t kTileBytes = kStages * kStageBytes;
   // Tiles, then q (bf16) for the block's rows. The warps' final states reuse the tiles.
   static constexpr size_t kSmemBytes = kTileBytes + sizeof(bf16) * kRows * kPitch;
-  static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kRows * (kD + 2);
+  // Merge rows [kD accumulators | max | sum | pad]: kD + 8 floats, so that the float2 stores of
+  // a half-warp (4 rows x 4 lanes) land on 16 distinct bank pairs.
+  static constexpr int kMergePitch = kD + 8;
+  static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kRows * kMergePitch;
   static_assert(kKeysPerWarp == 16, "one k16 step of P V per warp and tile");
   static_assert(kMergeBytes <= kTileBytes, "merge area must fit in the tiles");
 };
@@ -100,6 +108,44 @@ __device__ __forceinline__ void grid_dependents_launch() {
 #endif
 }
 
+// L2 eviction-priority policies (sm_80+) for the cache hints below.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+// cp_async_16 with an L2 cache policy.
+__device__ __forceinline__ void cp_async_16_policy(void* dst, const void* src, bool valid,
+                                                   uint64_t policy) {
+  asm volatile(
+      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(valid ? 16 : 0), "l"(policy));
+}
+__device__ __forceinline__ void store_policy(float* p, float4 v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(p), "f"(v.x),
+               "f"(v.y), "f"(v.z), "f"(v.w), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void store_policy(float* p, float2 v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(p), "f"(v.x), "f"(v.y),
+               "l"(policy)
+               : "memory");
+}
+// Adds 1 to *counter at device scope with acquire-release order and returns the old value: the
+// caller's earlier writes (and, through a preceding __syncthreads, its block's) are visible to
+// whoever reads the incremented value, and the writes that value's earlier adders released are
+// visible to the caller. Cheaper than __threadfence (a sequentially consistent fence) + atomicAdd.
+__device__ __forceinline__ int atomic_add_acq_rel(int* counter) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+
 template <int kD>
 __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     decode_kernel(const AttentionArgs a, const DecodePlan plan) {
@@ -141,6 +187,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   const int64_t my_hi = my_lo + chunk - 1 < hi ? my_lo + chunk - 1 : hi;
   const int n_tiles = my_hi >= my_lo ? static_cast<int>(ceil_div(my_hi - my_lo + 1, kBN)) : 0;
 
+  const uint64_t kv_policy = l2_evict_first_policy();
   const bf16* k_head = a.k + hk * a.k_h;
   const bf16* v_head = a.v + hk * a.v_h;
   const int32_t* pages = paged ? a.page_table + static_cast<int64_t>(b) * a.pages_per_seq : nullptr;
@@ -187,8 +234,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       const int r = (threadIdx.x + i * kThreads) / kChunks;
       const int64_t src = __shfl_sync(0xffffffffu, row, i * kRowsPW + lane / kChunks);
       const bool valid = n0 + r <= my_hi;
-      cp_async_16(sK + r * kP + col, k_head + src * a.k_t + col, valid);
-      cp_async_16(sV + r * kP + col, v_head + src * a.v_t + col, valid);
+      cp_async_16_policy(sK + r * kP + col, k_head + src * a.k_t + col, valid, kv_policy);
+      cp_async_16_policy(sV + r * kP + col, v_head + src * a.v_t + col, valid, kv_policy);
     }
   };
   // All first lookups in flight at once, then the first kS - 1 tiles.
@@ -202,10 +249,16 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       cp_async_commit();
     }
   };
+  auto fill_page_cache = [&] {  // visible to the lookups after the loop's first barrier
+    for (int i = threadIdx.x; i < pc_n; i += kThreads) page_cache[i] = pages[pc_lo + i];
+  };
   // Keys below the first query's position were not written by the kernel before this one.
   const bool first_tiles_early = early && my_lo + (kS - 1) * kBN <= sv.pos0;
   if (first_tiles_early) load_first_tiles();
-  if (early) grid_dependency_wait();
+  if (early) {
+    if (pc) fill_page_cache();  // indices: readable before the wait with early reads
+    grid_dependency_wait();
+  }
   if (!first_tiles_early) load_first_tiles();
   int64_t next_row = first_rows[kS - 1];  // lookup_row(it + kS - 1) at the top of iteration it
 
@@ -219,9 +272,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     }
     *reinterpret_cast<uint4*>(sQ + r * kP + d) = x;
   }
-  if (pc) {  // visible to the lookups after the loop's first barrier
-    for (int i = threadIdx.x; i < pc_n; i += kThreads) page_cache[i] = pages[pc_lo + i];
-  }
+  if (pc && !early) fill_page_cache();
   __syncthreads();
   uint32_t qa[C::kQRegs ? kD / 16 : 1][4];
   if constexpr (C::kQRegs) {
@@ -244,10 +295,18 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     pos[h] = r < n_rows ? static_cast<int>(sv.pos0 + (row0 + r) / G) : -1;
   }
   const float scale_log2 = a.scale * kLog2e;
+  // Where the next kernel's blocks are released (grid_dependents_launch; they still wait for
+  // this grid to finish before touching its results): at the first tile for long shares, when 3
+  // tiles remain for short ones. Both measured best of the positions tried on the H100 (graph
+  // replay of back-to-back decode calls; docs/perf.md): an early release lets the next launch's
+  // index and first-tile reads overlap this launch, but in a short launch they then compete with
+  // its own last tiles.
+  const int release_at = n_tiles >= 8 ? 0 : max(0, n_tiles - 3);
 
   for (int it = 0; it < n_tiles; ++it) {
     cp_async_wait<kS - 2>();  // this thread's copies of tile it have landed
     __syncthreads();          // everyone's have; everyone is done with tile it - 1
+    if (it == release_at) grid_dependents_launch();
     if (it + kS - 1 < n_tiles) load_tile(it + kS - 1, next_row);  // the stage tile it - 1 used
     cp_async_commit();
     next_row = lookup_row(it + kS, pc);  // used one iteration later
@@ -330,15 +389,12 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       mma_bf16_16816(o[2 * dn2 + 1], pa, vb[2], vb[3]);
     }
   }
-  // Every K/V read is issued: a kernel launched after this one with programmatic serialisation
-  // may start its blocks now (they still wait for this grid to finish before touching memory).
-  grid_dependents_launch();
   cp_async_wait<0>();
   __syncthreads();  // tiles free: the warps' states go there
 
-  // Merge the 4 warps: [kWarps][kR][kD + 2] = accumulator, then (max, sum).
+  // Merge the 4 warps: [kWarps][kR][kMS] = accumulator, then (max, sum).
   float* merge = reinterpret_cast<float*>(smem);
-  constexpr int kMS = kD + 2;
+  constexpr int kMS = C::kMergePitch;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
@@ -346,8 +402,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     float* dst = merge + (warp * kR + lane / 4 + 8 * h) * kMS;
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) {
-      dst[nb * 8 + 2 * (lane % 4)] = o[nb][2 * h];
-      dst[nb * 8 + 2 * (lane % 4) + 1] = o[nb][2 * h + 1];
+      *reinterpret_cast<float2*>(dst + nb * 8 + 2 * (lane % 4)) =
+          make_float2(o[nb][2 * h], o[nb][2 * h + 1]);
     }
     if (lane % 4 == 0) {
       dst[kD] = m[h];
@@ -384,16 +440,19 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       const float* src = merge + (w * kR + r) * kMS;
       const float wt = exp2f(src[kD] - m_use);
       den += src[kD + 1] * wt;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o4[i] += src[d + i] * wt;
+      const float4 x = *reinterpret_cast<const float4*>(src + d);
+      o4[0] += x.x * wt;
+      o4[1] += x.y * wt;
+      o4[2] += x.z * wt;
+      o4[3] += x.w * wt;
     }
     if (n_split == 1) {
       store_out(r, d, o4, m_all, den);
     } else {
       const int64_t wr = static_cast<int64_t>(split) * rows_total + out_row(r);
-      *reinterpret_cast<float4*>(plan.part_o + wr * kD + d) =
-          make_float4(o4[0], o4[1], o4[2], o4[3]);
-      if (d == 0) *reinterpret_cast<float2*>(plan.part_ml + wr * 2) = make_float2(m_all, den);
+      const uint64_t keep = l2_evict_last_policy();  // read back soon by the combining block
+      store_policy(plan.part_o + wr * kD + d, make_float4(o4[0], o4[1], o4[2], o4[3]), keep);
+      if (d == 0) store_policy(plan.part_ml + wr * 2, make_float2(m_all, den), keep);
     }
   }
   if (n_split == 1) return;
@@ -401,14 +460,10 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   // The last block of this (sequence, KV head, row group) to arrive combines the partials.
   __shared__ int is_last;
   int* counter = plan.counters + (static_cast<int64_t>(b) * a.Hkv + hk) * plan.groups + grp;
-  __syncthreads();  // every thread's partial stores are issued
-  if (threadIdx.x == 0) {
-    __threadfence();  // the block's partials are visible device-wide before it is counted
-    is_last = atomicAdd(counter, 1) == n_split - 1;
-  }
-  __syncthreads();
+  __syncthreads();  // every thread's partial stores are issued (and ordered before thread 0's)
+  if (threadIdx.x == 0) is_last = atomic_add_acq_rel(counter) == n_split - 1;
+  __syncthreads();  // the acquire reaches the whole block
   if (!is_last) return;
-  __threadfence();
   // Each thread: 4 consecutive dims of one row. All splits' (max, sum) pairs and partials are
   // loaded together, kRound splits at a time with a running max across rounds: one dependent
   // round of loads for up to kRound splits.

@@ -317,6 +317,11 @@ TEST_F(AttentionDecodeGpu, ForcedSplits) {
     run_case({.seqs = {{4099, 1}}, .split = split}, seed++);
     run_case({.seqs = {{1, 1}, {127, 4}, {1000, 1}}, .split = split, .lse = true}, seed++);
   }
+  // Splits of 8+ tiles each (the next kernel released at the first tile) beside short ones: with
+  // a window, several queries per sequence, a softcap.
+  run_case({.seqs = {{4099, 3}, {2500, 8}, {300, 2}}, .window = 3000, .split = 3, .lse = true},
+           seed++);
+  run_case({.seqs = {{9000, 1}}, .softcap = 20.0f, .split = 4}, seed++);
 }
 
 TEST_F(AttentionDecodeGpu, RejectsBadArguments) {

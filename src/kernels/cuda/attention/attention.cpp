@@ -70,9 +70,8 @@ template <int kD>
 attn::DecodePlan decode_shape(const AttentionArgs& a) {
   attn::DecodePlan p;
   const int max_q = a.cu_q != nullptr ? a.max_q_per_seq : a.T;
-  const int rows = max_q * (a.Hq / a.Hkv);
-  p.rows = attn::decode_max_rows<kD>();
-  p.groups = (rows + p.rows - 1) / p.rows;
+  const int rows = max_q * (a.Hq / a.Hkv), per_block = attn::decode_max_rows<kD>();
+  p.groups = (rows + per_block - 1) / per_block;
   return p;
 }
 

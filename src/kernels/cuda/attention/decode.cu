@@ -108,24 +108,7 @@ __device__ __forceinline__ void grid_dependents_launch() {
 #endif
 }
 
-// L2 eviction-priority policies (sm_80+) for the cache hints below.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t l2_evict_last_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-// cp_async_16 with an L2 cache policy.
-__device__ __forceinline__ void cp_async_16_policy(void* dst, const void* src, bool valid,
-                                                   uint64_t policy) {
-  asm volatile(
-      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(valid ? 16 : 0), "l"(policy));
-}
+// Stores with an L2 cache policy (l2_evict_*_policy, tiles.cuh).
 __device__ __forceinline__ void store_policy(float* p, float4 v, uint64_t policy) {
   asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(p), "f"(v.x),
                "f"(v.y), "f"(v.z), "f"(v.w), "l"(policy)
@@ -427,6 +410,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
           den > 0.0f ? (m_all + log2f(den)) * 0.6931471805599453f : -INFINITY;
     }
   };
+  const uint64_t keep = l2_evict_last_policy();  // partials: read back soon by the combine
   // Each thread: 4 consecutive dims of one row.
   for (int e = threadIdx.x * 4; e < n_rows * kD; e += kThreads * 4) {
     const int r = e / kD, d = e % kD;
@@ -450,7 +434,6 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       store_out(r, d, o4, m_all, den);
     } else {
       const int64_t wr = static_cast<int64_t>(split) * rows_total + out_row(r);
-      const uint64_t keep = l2_evict_last_policy();  // read back soon by the combining block
       store_policy(plan.part_o + wr * kD + d, make_float4(o4[0], o4[1], o4[2], o4[3]), keep);
       if (d == 0) store_policy(plan.part_ml + wr * 2, make_float2(m_all, den), keep);
     }

@@ -23,8 +23,7 @@ void launch_prefill<256>(const AttentionArgs& a, bool wgmma);
 // Decode: how one launch is laid out, chosen on the host (attention.cpp) from host-known
 // values only, so a captured launch replays at any position.
 struct DecodePlan {
-  int rows = 0;    // query rows (query x head of one KV group) per block: decode_max_rows
-  int groups = 0;  // row groups per KV head: ceil(max_q_per_seq * G / rows)
+  int groups = 0;  // row groups per KV head: ceil(max_q_per_seq * G / decode_max_rows)
   int split = 1;   // blocks sharing the keys of one (sequence, KV head, row group)
   // Split > 1: partial results [split][T * Hq][D] (unnormalised), their (max, sum) pairs
   // [split][T * Hq][2] (log2 domain), and one arrival counter per (sequence, KV head, row

@@ -30,6 +30,24 @@ __device__ __forceinline__ void cp_async_16_at(uint32_t dst, const void* src, bo
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   cp_async_16_at(smem_addr(dst), src, valid);
 }
+// L2 eviction-priority policies (sm_80+) for the cache hints of cp_async_16_policy and stores.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+// cp_async_16 with an L2 cache policy.
+__device__ __forceinline__ void cp_async_16_policy(void* dst, const void* src, bool valid,
+                                                   uint64_t policy) {
+  asm volatile(
+      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(valid ? 16 : 0), "l"(policy));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `pending` of this thread's committed groups are still in flight.
 template <int pending>

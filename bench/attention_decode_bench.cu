@@ -10,10 +10,12 @@
 // floor of a shape is its bytes / that rate.
 //
 // Prints one JSON line per measurement:
-//   {"kind":"decode","B":1,"Hq":32,"Hkv":8,"L":4096,"D":128,"page_size":16,"split":..,"us":..,
-//    "gbps":..,"copy_gbps":..}
+//   {"kind":"decode","B":1,"Hq":32,"Hkv":8,"L":4096,"D":128,"page_size":16,"split":..,
+//    "loader":"tma"|"cp.async","us":..,"gbps":..,"copy_gbps":..}
 // ("kind":"decode_split" for the sweep lines). bench/attention.py merges them with SDPA's.
 //   attention_decode_bench [--samples N] [--shape B L PAGE SPLIT] [--no-early-reads]
+//                          [--loader auto|tma|cp-async]
+// --loader: which build of the kernel reads K/V (cuda::DecodeLoader; default auto).
 // --shape: that one shape alone (page 0: contiguous; split 0: the heuristic), no copy rate and
 // no floor (for a profiler, e.g. ncu -k regex:decode_kernel).
 #include <cuda_bf16.h>
@@ -125,6 +127,7 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
   a.decode_split = s.split;
   a.decode_early_reads = g_early_reads;
   const int split = cuda::attention_decode_split(a);
+  const char* loader = cuda::attention_decode_uses_tma(a) ? "tma" : "cp.async";
   auto call = [&](int i) {
     cuda::AttentionArgs c = a;
     c.k = ks[i % sets];
@@ -151,8 +154,9 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
   const double bytes = 2.0 * static_cast<double>(B) * L * Hkv * D * 2;
   std::printf(
       "{\"kind\":\"%s\",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"L\":%lld,\"D\":%d,\"page_size\":%d,"
-      "\"split\":%d,\"us\":%.2f,\"gbps\":%.0f,\"copy_gbps\":%.0f,\"floor_us\":%.2f}\n",
-      s.kind, B, Hq, Hkv, static_cast<long long>(L), D, s.page_size, split, us,
+      "\"split\":%d,\"loader\":\"%s\",\"us\":%.2f,\"gbps\":%.0f,\"copy_gbps\":%.0f,"
+      "\"floor_us\":%.2f}\n",
+      s.kind, B, Hq, Hkv, static_cast<long long>(L), D, s.page_size, split, loader, us,
       bytes / (us * 1e-6) / 1e9, copy_gbs, bytes / (copy_gbs * 1e9) * 1e6);
   std::fflush(stdout);
 
@@ -175,6 +179,18 @@ int main_impl(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--samples") == 0 && i + 1 < argc) samples = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--no-early-reads") == 0) g_early_reads = false;
+    if (std::strcmp(argv[i], "--loader") == 0 && i + 1 < argc) {
+      const char* l = argv[++i];
+      if (std::strcmp(l, "cp-async") == 0) {
+        cuda::set_decode_loader(cuda::DecodeLoader::kCpAsync);
+      } else if (std::strcmp(l, "tma") == 0) {
+        cuda::set_decode_loader(cuda::DecodeLoader::kTma);
+      } else if (std::strcmp(l, "auto") != 0) {
+        std::fprintf(stderr,
+                     "attention_decode_bench: --loader %s: expected auto, tma or cp-async\n", l);
+        return 2;
+      }
+    }
     if (std::strcmp(argv[i], "--shape") == 0 && i + 4 < argc) {
       one.B = std::atoi(argv[++i]);
       one.L = std::atoll(argv[++i]);

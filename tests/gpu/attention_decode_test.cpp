@@ -247,12 +247,18 @@ void run_case(const Case& c, uint32_t seed) {
   }
 }
 
-class AttentionDecodeGpu : public ::testing::Test {
+// Every case under both builds of the kernel: K/V tiles by the bulk tensor copy engine (kTma,
+// where the device and the cache allow it; see DecodeLoader) and by cp.async.
+class AttentionDecodeGpu : public ::testing::TestWithParam<cuda::DecodeLoader> {
  protected:
-  void SetUp() override { cuda::init(); }
+  void SetUp() override {
+    cuda::init();
+    cuda::set_decode_loader(GetParam());
+  }
+  void TearDown() override { cuda::set_decode_loader(cuda::DecodeLoader::kAuto); }
 };
 
-TEST_F(AttentionDecodeGpu, LengthsAndQueryCountsPaged) {
+TEST_P(AttentionDecodeGpu, LengthsAndQueryCountsPaged) {
   uint32_t seed = 1;
   for (int n : {1, 17, 127, 1000, 4099}) {
     for (int tq : {1, 3, 8}) {
@@ -262,7 +268,7 @@ TEST_F(AttentionDecodeGpu, LengthsAndQueryCountsPaged) {
   }
 }
 
-TEST_F(AttentionDecodeGpu, ContiguousCache) {
+TEST_P(AttentionDecodeGpu, ContiguousCache) {
   uint32_t seed = 100;
   for (int n : {1, 17, 127, 1000, 4099}) run_case({.seqs = {{n, 1}}, .page_size = 0}, seed++);
   run_case({.seqs = {{4099, 8}}, .page_size = 0}, seed++);
@@ -271,7 +277,7 @@ TEST_F(AttentionDecodeGpu, ContiguousCache) {
            seed++);
 }
 
-TEST_F(AttentionDecodeGpu, HeadDimsAndGroupSizes) {
+TEST_P(AttentionDecodeGpu, HeadDimsAndGroupSizes) {
   uint32_t seed = 200;
   for (int D : {64, 128, 256}) {
     for (auto [hq, hkv] : {std::pair{8, 8}, {14, 2}, {32, 8}, {64, 8}, {8, 1}}) {
@@ -282,10 +288,11 @@ TEST_F(AttentionDecodeGpu, HeadDimsAndGroupSizes) {
   }
 }
 
-TEST_F(AttentionDecodeGpu, MixedBatchesInterleavedPages) {
+TEST_P(AttentionDecodeGpu, MixedBatchesInterleavedPages) {
   uint32_t seed = 300;
   const std::vector<Seq> seqs = {{1, 1}, {17, 2}, {127, 8}, {1000, 1}, {4099, 3}};
-  for (int page : {1, 7, 16, 64}) run_case({.seqs = seqs, .page_size = page}, seed++);
+  // 8, 16, 32, 64 and 128: whole pages per TMA box (one box per page, 64 keys of a 128-key page).
+  for (int page : {1, 7, 8, 16, 32, 64, 128}) run_case({.seqs = seqs, .page_size = page}, seed++);
   run_case({.seqs = seqs, .page_size = 16, .use_cu_k = true}, seed++);
   // Many sequences of one query (the batched decode step).
   std::vector<Seq> many;
@@ -293,7 +300,7 @@ TEST_F(AttentionDecodeGpu, MixedBatchesInterleavedPages) {
   run_case({.seqs = many, .page_size = 16}, seed++);
 }
 
-TEST_F(AttentionDecodeGpu, WindowSoftcapLse) {
+TEST_P(AttentionDecodeGpu, WindowSoftcapLse) {
   uint32_t seed = 400;
   const std::vector<Seq> seqs = {{17, 1}, {1000, 8}, {4099, 2}};
   run_case({.seqs = seqs, .window = 100}, seed++);
@@ -311,7 +318,7 @@ TEST_F(AttentionDecodeGpu, WindowSoftcapLse) {
            seed++);
 }
 
-TEST_F(AttentionDecodeGpu, ForcedSplits) {
+TEST_P(AttentionDecodeGpu, ForcedSplits) {
   uint32_t seed = 500;
   for (int split : {1, 2, 5, 33, 64}) {
     run_case({.seqs = {{4099, 1}}, .split = split}, seed++);
@@ -324,7 +331,7 @@ TEST_F(AttentionDecodeGpu, ForcedSplits) {
   run_case({.seqs = {{9000, 1}}, .softcap = 20.0f, .split = 4}, seed++);
 }
 
-TEST_F(AttentionDecodeGpu, RejectsBadArguments) {
+TEST_P(AttentionDecodeGpu, RejectsBadArguments) {
   cuda::AttentionArgs a;
   a.T = 2;
   a.Hq = 8;
@@ -448,11 +455,71 @@ void ops_paged_case(int64_t D, bool early_reads = false) {
   compare(q2, cu2, pos2, T, out2, row1);
 }
 
-TEST_F(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) { ops_paged_case(128); }
-TEST_F(AttentionDecodeGpu, OpsPagedFallbackHeadDimMatchesCpuAndReplays) { ops_paged_case(96); }
+TEST_P(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) { ops_paged_case(128); }
+TEST_P(AttentionDecodeGpu, OpsPagedFallbackHeadDimMatchesCpuAndReplays) { ops_paged_case(96); }
 // The indices and the older keys read before the wait for the previous kernel (the memset and
 // copies before each call are not kernels that write them): same results.
-TEST_F(AttentionDecodeGpu, OpsPagedEarlyReadsMatchesCpuAndReplays) { ops_paged_case(128, true); }
+TEST_P(AttentionDecodeGpu, OpsPagedEarlyReadsMatchesCpuAndReplays) { ops_paged_case(128, true); }
+
+// Which build the cases above ran: TMA for the caches it takes on an sm_90 device under kTma,
+// never under kCpAsync (so a TMA path that silently fell back would show here); and kAuto's
+// choice, TMA only when the grid has more blocks than the device has SMs.
+TEST_P(AttentionDecodeGpu, LoaderChoice) {
+  cuda::AttentionArgs a;
+  a.T = 1;
+  a.Hq = 32;
+  a.Hkv = 8;
+  a.D = 128;
+  a.L = 1 << 20;
+  a.k_t = a.v_t = 8 * 128;
+  a.k_h = a.v_h = 128;
+  int32_t dummy = 0;
+  a.positions = &dummy;
+  a.page_table = &dummy;
+  const bool hopper = cuda::device_info().cc_major >= 9;
+  const bool tma = GetParam() == cuda::DecodeLoader::kTma;
+  for (int page : {8, 16, 32, 64, 128, 256}) {
+    a.page_size = page;
+    a.pages_per_seq = 4096 / page;
+    EXPECT_EQ(cuda::attention_decode_uses_tma(a), hopper && tma) << "page " << page;
+  }
+  for (int page : {1, 7, 24, 96}) {
+    a.page_size = page;
+    a.pages_per_seq = 4096 / page;
+    EXPECT_FALSE(cuda::attention_decode_uses_tma(a)) << "page " << page;
+  }
+  a.page_table = nullptr;  // contiguous
+  EXPECT_EQ(cuda::attention_decode_uses_tma(a), hopper && tma);
+  a.k_h = a.v_h = 64;  // heads overlapping: no nested tensor-map strides
+  EXPECT_FALSE(cuda::attention_decode_uses_tma(a));
+  a.k_h = a.v_h = 128;
+
+  // kAuto at contexts 1k to 64k: TMA exactly when kTma's grid (8 KV heads x split) outnumbers
+  // the SMs.
+  a.page_table = &dummy;
+  a.page_size = 16;
+  int auto_tma = 0;
+  for (int len : {1024, 4096, 8192, 32768, 65536}) {
+    a.pages_per_seq = len / 16;
+    cuda::set_decode_loader(cuda::DecodeLoader::kTma);
+    const int64_t blocks = int64_t{8} * cuda::attention_decode_split(a);
+    cuda::set_decode_loader(cuda::DecodeLoader::kAuto);
+    const bool want = hopper && blocks > cuda::device_info().sm_count;
+    EXPECT_EQ(cuda::attention_decode_uses_tma(a), want) << "context " << len;
+    auto_tma += want;
+  }
+  if (hopper) {
+    EXPECT_GT(auto_tma, 0) << "kAuto never chose TMA";
+  }
+  cuda::set_decode_loader(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Loaders, AttentionDecodeGpu,
+                         ::testing::Values(cuda::DecodeLoader::kTma, cuda::DecodeLoader::kCpAsync),
+                         [](const ::testing::TestParamInfo<cuda::DecodeLoader>& p) {
+                           return std::string(p.param == cuda::DecodeLoader::kTma ? "Tma"
+                                                                                  : "CpAsync");
+                         });
 
 }  // namespace
 }  // namespace llmk

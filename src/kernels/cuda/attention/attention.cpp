@@ -38,6 +38,7 @@ void dispatch_head_dim(int D, const char* op, Fn&& fn) {
 }
 
 std::atomic<PrefillKernel> g_prefill_kernel{PrefillKernel::kAuto};
+std::atomic<DecodeLoader> g_decode_loader{DecodeLoader::kAuto};
 
 }  // namespace
 
@@ -61,6 +62,8 @@ void attention_prefill(const AttentionArgs& a) {
 
 void set_prefill_kernel(PrefillKernel k) { g_prefill_kernel.store(k, std::memory_order_relaxed); }
 PrefillKernel prefill_kernel() { return g_prefill_kernel.load(std::memory_order_relaxed); }
+void set_decode_loader(DecodeLoader l) { g_decode_loader.store(l, std::memory_order_relaxed); }
+DecodeLoader decode_loader() { return g_decode_loader.load(std::memory_order_relaxed); }
 
 namespace {
 
@@ -88,7 +91,7 @@ template <int kD>
 int decode_split(const AttentionArgs& a, const attn::DecodePlan& p) {
   if (a.decode_split > 0) return std::min(a.decode_split, attn::kDecodeMaxSplit);
   const int64_t slots =
-      static_cast<int64_t>(device_info().sm_count) * attn::decode_blocks_per_sm<kD>();
+      static_cast<int64_t>(device_info().sm_count) * attn::decode_blocks_per_sm<kD>(p.tma);
   const int64_t base = static_cast<int64_t>(a.B) * a.Hkv * p.groups;
   const int64_t by_slots = std::max<int64_t>(1, slots / base);
   const int64_t by_len = std::max<int64_t>(1, decode_capacity(a) / (4 * 64));
@@ -130,10 +133,44 @@ class GrowOnlyBuffer {
   size_t bytes_ = 0;
 };
 
+// Whether the TMA build can read `a`'s cache (DecodeLoader): an sm_90+ device; pages that are
+// whole boxes of at most 64 rows starting at 1024-byte multiples in the tile (8, 16, 32, 64) or
+// whole multiples of 64 rows; a tensor map's nested strides (rows outside heads, or heads
+// outside rows) and 32-bit row coordinates. Sets p's box rows and stride order.
+bool decode_tma_possible(const AttentionArgs& a, attn::DecodePlan& p) {
+  if (decode_loader() == DecodeLoader::kCpAsync || device_info().cc_major < 9) return false;
+  if (a.L < 1 || a.L > INT32_MAX) return false;
+  if (a.page_table != nullptr) {
+    const int ps = a.page_size;
+    if (!(ps == 8 || ps == 16 || ps == 32 || ps % 64 == 0)) return false;
+    p.tma_box_rows = std::min(ps, 64);
+  } else {
+    p.tma_box_rows = 64;
+  }
+  if (a.k_t != a.v_t || a.k_h != a.v_h) return false;
+  const int64_t D = a.D, H = a.Hkv;
+  if (a.k_h >= D && a.k_t >= a.k_h * H) {
+    p.tma_head_outer = false;  // [rows][Hkv][D]-like
+  } else if (a.k_t >= D && a.k_h >= a.k_t * a.L) {
+    p.tma_head_outer = true;  // [Hkv][rows][D]-like
+  } else {
+    return false;
+  }
+  return true;
+}
+
 template <int kD>
 attn::DecodePlan decode_plan(const AttentionArgs& a) {
   attn::DecodePlan p = decode_shape<kD>(a);
+  p.tma = decode_tma_possible(a, p);
   p.split = decode_split<kD>(a, p);
+  if (p.tma && decode_loader() == DecodeLoader::kAuto) {
+    const int64_t blocks = static_cast<int64_t>(a.B) * a.Hkv * p.groups * p.split;
+    if (blocks <= device_info().sm_count) {  // one block or fewer per SM: cp.async (attention.h)
+      p.tma = false;
+      p.split = decode_split<kD>(a, p);
+    }
+  }
   return p;
 }
 
@@ -181,7 +218,7 @@ void attention_decode(const AttentionArgs& a) {
     constexpr int kD = decltype(d)::value;
     const DeviceInfo& dev = device_info();
     attn::DecodePlan plan = decode_plan<kD>(a);
-    const size_t smem = attn::decode_smem_bytes<kD>();
+    const size_t smem = attn::decode_smem_bytes<kD>(plan.tma);
     LLMK_CHECK(smem <= dev.max_smem_per_block_optin,
                "attention decode: {} bytes of shared memory at head dim {}; the device allows {}",
                smem, kD, dev.max_smem_per_block_optin);
@@ -194,8 +231,21 @@ void attention_decode(const AttentionArgs& a) {
           static_cast<float*>(partial_ws.get(rows * (kD + 4) * sizeof(float), "partial"));
       plan.part_o = plan.part_ml + (rows * 2 + 3) / 4 * 4;  // 16-byte aligned
     }
-    attn::launch_decode<kD>(a, plan);
+    if (!attn::launch_decode<kD>(a, plan)) {  // the driver refused the tensor maps
+      plan.tma = false;
+      attn::launch_decode<kD>(a, plan);
+    }
   });
+}
+
+bool attention_decode_uses_tma(const AttentionArgs& a) {
+  check_decode_args(a);
+  bool tma = false;
+  dispatch_head_dim(a.D, "attention decode", [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    tma = decode_plan<kD>(a).tma;
+  });
+  return tma;
 }
 
 }  // namespace llmk::cuda

@@ -107,5 +107,19 @@ constexpr int kDecodeMaxQueries = 8;
 void attention_decode(const AttentionArgs& a);
 // The split attention_decode would choose for `a` (1 = no split); for benchmarks and stats.
 int attention_decode_split(const AttentionArgs& a);
+// How the decode kernel loads K/V tiles. Two builds of one kernel: the bulk tensor copy engine
+// (TMA: one copy per page, or 64 keys, and 64-dim panel, landing on a shared-memory barrier;
+// sm_90+, and a cache it can describe: page size 8, 16, 32, 64 or a multiple of 64, or a
+// contiguous cache; nested row and head strides; at most 2^31 rows) and cp.async (16-byte copies
+// by every thread; any cache). kAuto: TMA where it can run and the grid has more blocks than the
+// device has SMs, else cp.async (measured on the H100: with one block or fewer per SM the
+// cp.async build is faster, B1 L4096 10.7 against 11.4 us; with two, TMA is, B1 L32768 49.3
+// against 51.4 us, B32 L4096 179 against 189). kTma: TMA wherever it can run; kCpAsync: cp.async
+// everywhere. Process-wide; for the tests and benchmarks that compare the two.
+enum class DecodeLoader { kAuto, kTma, kCpAsync };
+void set_decode_loader(DecodeLoader l);
+DecodeLoader decode_loader();
+// Whether attention_decode would load `a`'s tiles with TMA.
+bool attention_decode_uses_tma(const AttentionArgs& a);
 
 }  // namespace llmk::cuda

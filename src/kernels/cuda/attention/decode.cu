@@ -20,6 +20,8 @@
 // evict-last. Under programmatic dependent launch the next kernel's blocks are released early:
 // at the first tile when a block streams 8 tiles or more, else when 3 tiles remain (an earlier
 // release costs short launches more than their next launch's early reads gain).
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -36,26 +38,43 @@ namespace llmk::cuda::attn {
 
 namespace {
 
-template <int kD>
+// kTma: K/V tiles by the bulk tensor copy engine (one copy per page, or per 64 keys, and 64-dim
+// panel), landing on an mbarrier per stage, in the 128-byte-swizzle panel layout (a [kBlockN][kD]
+// tile is kD / 64 panels of [kBlockN][64], 16-byte chunk c of row r at chunk c ^ (r % 8)); else
+// cp.async 16-byte copies by every thread into rows padded to kD + 8 elements.
+template <int kD, bool kTma>
 struct DecodeConfig {
   static constexpr int kRows = 16;    // query rows per block: one m16n8k16 m-tile
   static constexpr int kBlockN = 64;  // keys per tile: 16 per warp
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * kWarp;
   static constexpr int kKeysPerWarp = kBlockN / kWarps;
-  static constexpr int kPitch = kD + 8;  // smem row pitch (elements): conflict-free ldmatrix
+  static constexpr int kPitch = kD + 8;  // smem row pitch (elements) of q and cp.async tiles
+  static constexpr int kPanels = kD / 64;
   static constexpr int kStages = kD <= 128 ? 3 : 2;
   static constexpr bool kQRegs = kD <= 128;  // q fragments kept in registers (else ldmatrix)
-  static constexpr size_t kStageBytes = static_cast<size_t>(2) * kBlockN * kPitch * sizeof(bf16);
+  static constexpr size_t kTensorBytes =     // one K or V tile
+      static_cast<size_t>(kBlockN) * (kTma ? kD : kPitch) * sizeof(bf16);
+  static constexpr size_t kStageBytes = 2 * kTensorBytes;
   static constexpr size_t kTileBytes = kStages * kStageBytes;
-  // Tiles, then q (bf16) for the block's rows. The warps' final states reuse the tiles.
-  static constexpr size_t kSmemBytes = kTileBytes + sizeof(bf16) * kRows * kPitch;
+  // (TMA: 1024 bytes to re-align the dynamic window to the swizzle period.) Tiles, then q (bf16)
+  // for the block's rows. The warps' final states reuse the tiles.
+  static constexpr size_t kAlign = kTma ? 1024 : 0;
+  static constexpr size_t kSmemBytes = kAlign + kTileBytes + sizeof(bf16) * kRows * kPitch;
   // Merge rows [kD accumulators | max | sum | pad]: kD + 8 floats, so that the float2 stores of
   // a half-warp (4 rows x 4 lanes) land on 16 distinct bank pairs.
   static constexpr int kMergePitch = kD + 8;
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kRows * kMergePitch;
   static_assert(kKeysPerWarp == 16, "one k16 step of P V per warp and tile");
   static_assert(kMergeBytes <= kTileBytes, "merge area must fit in the tiles");
+  static_assert(kD % 64 == 0, "64-dim panels");
+};
+
+// The K and V tensor maps of the TMA loader (unused by the cp.async one): 3-d views of the cache
+// [dim, KV head, row] (or [dim, row, KV head] for a head-major cache, DecodePlan::tma_head_outer)
+// with boxes of 64 dims x DecodePlan::tma_box_rows rows.
+struct DecodeMaps {
+  CUtensorMap k, v;
 };
 
 // Where sequence b's queries and keys are, read from the device.
@@ -129,15 +148,21 @@ __device__ __forceinline__ int atomic_add_acq_rel(int* counter) {
   return old;
 }
 
-template <int kD>
-__global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
-    decode_kernel(const AttentionArgs a, const DecodePlan plan) {
-  using C = DecodeConfig<kD>;
+template <int kD, bool kTma>
+__global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
+    decode_kernel(const AttentionArgs a, const DecodePlan plan,
+                  const __grid_constant__ DecodeMaps maps) {
+  using C = DecodeConfig<kD, kTma>;
   constexpr int kBN = C::kBlockN, kP = C::kPitch, kThreads = C::kThreads, kS = C::kStages;
   constexpr int kR = C::kRows, kNB = kD / 8;  // n-blocks of 8 dims in the accumulator
-  extern __shared__ __align__(16) unsigned char smem[];
-  bf16* tiles = reinterpret_cast<bf16*>(smem);               // [kS][K|V][kBN][kP]
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // TMA: the window re-aligned to the 1024-byte swizzle period (C::kAlign spare bytes).
+  unsigned char* smem = smem_raw;
+  if constexpr (C::kAlign > 0) smem += (C::kAlign - smem_addr(smem_raw) % C::kAlign) % C::kAlign;
+  bf16* tiles = reinterpret_cast<bf16*>(smem);               // [kS][K|V][tile]
   bf16* sQ = reinterpret_cast<bf16*>(smem + C::kTileBytes);  // [kR][kP]
+  const uint32_t tiles_at = smem_addr(tiles);
+  __shared__ __align__(8) uint64_t full[kTma ? kS : 1];  // TMA: stage landed (one per stage)
 
   // Launched with programmatic stream serialisation (launch_decode): the block may start while
   // the previous kernel in the stream is still finishing, so it waits for that kernel's results
@@ -160,26 +185,44 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   const int n_rows = min(kR, sv.tq * G - row0);
   if (n_rows <= 0) return;  // every block of this (sequence, head, group) returns here
 
-  // Keys any of the block's queries sees: [lo, hi]; this block takes a tile-aligned share.
+  // Keys any of the block's queries sees: [lo, hi]; this block takes a tile-aligned share. The
+  // TMA loader starts the tiles at a multiple of 64 keys (lo_tiles), so that a tile's pages are
+  // whole boxes; the keys before lo are masked (and their V rows zeroed, below).
   const int64_t first_pos = sv.pos0 + row0 / G;
   const int64_t lo = a.window > 0 && first_pos - a.window + 1 > 0 ? first_pos - a.window + 1 : 0;
+  const int64_t lo_tiles = kTma ? lo / kBN * kBN : lo;
   const int64_t hi = sv.n_keys - 1;
-  const int64_t n_keys = hi >= lo ? hi - lo + 1 : 0;
+  const int64_t n_keys = hi >= lo_tiles ? hi - lo_tiles + 1 : 0;
   const int64_t chunk = ceil_div(ceil_div(n_keys, n_split), kBN) * kBN;
-  const int64_t my_lo = lo + split * chunk;
+  const int64_t my_lo = lo_tiles + split * chunk;
   const int64_t my_hi = my_lo + chunk - 1 < hi ? my_lo + chunk - 1 : hi;
   const int n_tiles = my_hi >= my_lo ? static_cast<int>(ceil_div(my_hi - my_lo + 1, kBN)) : 0;
 
   const uint64_t kv_policy = l2_evict_first_policy();
-  const bf16* k_head = a.k + hk * a.k_h;
-  const bf16* v_head = a.v + hk * a.v_h;
   const int32_t* pages = paged ? a.page_table + static_cast<int64_t>(b) * a.pages_per_seq : nullptr;
+  // The block's page-table entries, copied to shared memory once (when they fit) so that the
+  // main loop's lookups do not wait on global loads.
+  constexpr int kPageCache = 256;
+  __shared__ int32_t page_cache[kPageCache];
+  const int pc_lo = paged ? static_cast<int>(my_lo / a.page_size) : 0;
+  const int pc_n = paged && n_tiles > 0 ? static_cast<int>(my_hi / a.page_size) - pc_lo + 1 : 0;
+  const bool pc = paged && pc_n <= kPageCache;
+  auto fill_page_cache = [&] {  // visible to the lookups after the loop's first barrier
+    for (int i = threadIdx.x; i < pc_n; i += kThreads) page_cache[i] = pages[pc_lo + i];
+  };
+  // Pool row of key j (< capacity), from the page cache or the page table.
+  auto pool_row = [&](int64_t j, bool cached) -> int64_t {
+    if (!paged) return sv.key0 + j;
+    const int j32 = static_cast<int>(j);  // < capacity <= INT32_MAX
+    const int page = cached ? page_cache[j32 / a.page_size - pc_lo] : pages[j32 / a.page_size];
+    return static_cast<int64_t>(page) * a.page_size + j32 % a.page_size;
+  };
 
-  // Tile copy layout: chunk c = threadIdx.x + i * kThreads (16 bytes) is row c / kChunks, column
-  // (c % kChunks) * 8. As kThreads and kWarp are multiples of kChunks, warp w copies rows
-  // w * kRowsPW + lane / kChunks + i * kWarps * kRowsPW: 16 distinct rows per tile. Their pool
-  // rows are looked up once per tile and warp, lane k % 16 taking the warp's k-th row (k =
-  // i * kRowsPW + a), and reach the copying lanes by shuffle. One page-table load per lane
+  // ---- cp.async loader. Chunk c = threadIdx.x + i * kThreads (16 bytes) of a tile is row
+  // c / kChunks, column (c % kChunks) * 8. As kThreads and kWarp are multiples of kChunks, warp w
+  // copies rows w * kRowsPW + lane / kChunks + i * kWarps * kRowsPW: 16 distinct rows per tile.
+  // Their pool rows are looked up once per tile and warp, lane k % 16 taking the warp's k-th row
+  // (k = i * kRowsPW + a), and reach the copying lanes by shuffle. One page-table load per lane
   // instead of one per chunk, and it is issued a tile ahead, so its latency is not in front of
   // every tile's copies.
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row
@@ -189,21 +232,12 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   static_assert(kIters * kRowsPW == 16, "each warp copies 16 distinct rows of a tile");
   const int my_key =
       warp * kRowsPW + (lane % 16) % kRowsPW + (lane % 16) / kRowsPW * C::kWarps * kRowsPW;
-  // The block's page-table entries, copied to shared memory once (when they fit) so that the
-  // main loop's lookups do not wait on global loads.
-  constexpr int kPageCache = 256;
-  __shared__ int32_t page_cache[kPageCache];
-  const int pc_lo = paged ? static_cast<int>(my_lo / a.page_size) : 0;
-  const int pc_n = paged && n_tiles > 0 ? static_cast<int>(my_hi / a.page_size) - pc_lo + 1 : 0;
-  const bool pc = paged && pc_n <= kPageCache;
+  const bf16* k_head = a.k + hk * a.k_h;
+  const bf16* v_head = a.v + hk * a.v_h;
   // Pool row of tile it's key my_key (0 for keys past my_hi, which are not copied).
   auto lookup_row = [&](int it, bool cached) -> int64_t {
     const int64_t j = my_lo + static_cast<int64_t>(it) * kBN + my_key;
-    if (j > my_hi) return 0;
-    if (!paged) return sv.key0 + j;
-    const int j32 = static_cast<int>(j);  // < capacity <= INT32_MAX
-    const int page = cached ? page_cache[j32 / a.page_size - pc_lo] : pages[j32 / a.page_size];
-    return static_cast<int64_t>(page) * a.page_size + j32 % a.page_size;
+    return j > my_hi ? 0 : pool_row(j, cached);
   };
   // Copies keys [n0, n0 + kBN) of tile it into its stage; keys past my_hi are zero-filled.
   // `row` is this lane's lookup_row(it). All lanes of the block call it (shuffles).
@@ -221,19 +255,62 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
       cp_async_16_policy(sV + r * kP + col, v_head + src * a.v_t + col, valid, kv_policy);
     }
   };
-  // All first lookups in flight at once, then the first kS - 1 tiles.
-  int64_t first_rows[kS];
+
+  // ---- TMA loader: a tile is n_box boxes (tma_box_rows keys: one page, or 64 keys of a
+  // contiguous cache or of a larger page) x kPanels 64-dim panels x (K, V) copies, spread over
+  // the warps (copy j by lane j / kWarps of warp j % kWarps) so that no warp's own work waits
+  // behind all of them; thread 0 arms the stage's barrier with the bytes to expect (a copy that
+  // lands first only drives the byte count below zero until then). Boxes wholly past my_hi are
+  // not copied (their rows, like those before lo, get zero V below).
+  const int box_rows = plan.tma_box_rows;
+  auto issue_tile = [&](int it, bool cached) {  // every thread
+    const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN;
+    const int64_t last = n0 + kBN - 1 < my_hi ? n0 + kBN - 1 : my_hi;
+    const int n_box = static_cast<int>((last - n0) / box_rows) + 1;
+    const int n_copies = n_box * C::kPanels * 2;
+    const uint32_t stage = tiles_at + (it % kS) * static_cast<uint32_t>(C::kStageBytes);
+    const uint32_t bar = smem_addr(&full[it % kS]);
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect_tx(bar, static_cast<uint32_t>(n_copies * box_rows * 128));
+    }
+    for (int j = lane * C::kWarps + warp; j < n_copies; j += kThreads) {
+      const int bx = j % n_box, p = (j / n_box) % C::kPanels, tensor = j / (n_box * C::kPanels);
+      // A row outside the tensor (a corrupt page entry) reads zeros: the map bounds the copy.
+      const int64_t r = pool_row(n0 + bx * box_rows, cached);
+      const int row = static_cast<int>(r >= 0 && r < a.L ? r : a.L);  // a.L <= INT32_MAX
+      const uint32_t dst = stage + tensor * static_cast<uint32_t>(C::kTensorBytes) +
+                           p * (kBN * 128) + bx * box_rows * 128;
+      const void* map = tensor == 0 ? &maps.k : &maps.v;
+      if (plan.tma_head_outer) {
+        tma_load_3d(dst, map, p * 64, row, hk, bar, kv_policy);
+      } else {
+        tma_load_3d(dst, map, p * 64, hk, row, bar, kv_policy);
+      }
+    }
+  };
+
+  // All first lookups in flight at once (cp.async), then the first kS - 1 tiles.
+  int64_t first_rows[kTma ? 1 : kS];
+  if constexpr (!kTma) {
 #pragma unroll
-  for (int st = 0; st < kS; ++st) first_rows[st] = lookup_row(st, false);
+    for (int st = 0; st < kS; ++st) first_rows[st] = lookup_row(st, false);
+  } else {
+    if (threadIdx.x == 0) {
+      for (int st = 0; st < kS; ++st) mbar_init(smem_addr(&full[st]), 1);
+      mbar_init_fence();
+    }
+    __syncthreads();  // the barriers are initialised before any thread issues a copy
+  }
   auto load_first_tiles = [&] {
 #pragma unroll
     for (int st = 0; st < kS - 1; ++st) {
-      if (st < n_tiles) load_tile(st, first_rows[st]);
-      cp_async_commit();
+      if constexpr (kTma) {
+        if (st < n_tiles) issue_tile(st, false);
+      } else {
+        if (st < n_tiles) load_tile(st, first_rows[st]);
+        cp_async_commit();
+      }
     }
-  };
-  auto fill_page_cache = [&] {  // visible to the lookups after the loop's first barrier
-    for (int i = threadIdx.x; i < pc_n; i += kThreads) page_cache[i] = pages[pc_lo + i];
   };
   // Keys below the first query's position were not written by the kernel before this one.
   const bool first_tiles_early = early && my_lo + (kS - 1) * kBN <= sv.pos0;
@@ -243,7 +320,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
     grid_dependency_wait();
   }
   if (!first_tiles_early) load_first_tiles();
-  int64_t next_row = first_rows[kS - 1];  // lookup_row(it + kS - 1) at the top of iteration it
+  int64_t next_row = 0;  // cp.async: lookup_row(it + kS - 1) at the top of iteration it
+  if constexpr (!kTma) next_row = first_rows[kS - 1];
 
   // q rows (bf16, unscaled: the scale is applied to the fp32 logits); rows past n_rows are 0.
   for (int e = threadIdx.x; e < kR * (kD / 8); e += kThreads) {
@@ -286,17 +364,51 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   // its own last tiles.
   const int release_at = n_tiles >= 8 ? 0 : max(0, n_tiles - 3);
 
-  for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<kS - 2>();  // this thread's copies of tile it have landed
-    __syncthreads();          // everyone's have; everyone is done with tile it - 1
-    if (it == release_at) grid_dependents_launch();
-    if (it + kS - 1 < n_tiles) load_tile(it + kS - 1, next_row);  // the stage tile it - 1 used
-    cp_async_commit();
-    next_row = lookup_row(it + kS, pc);  // used one iteration later
+  // TMA: ldmatrix row addresses in the swizzled panels. K (S = Q K^T): lane l reads key
+  // 16 warp + l % 8 + 8 (l / 16), chunk 2 (kk % 4) + (l / 8) % 2 of panel kk / 4; V (trans):
+  // key 16 warp + l % 8 + 8 ((l / 8) % 2), chunk 2 (dn2 % 4) + l / 16 of panel dn2 / 4. Every
+  // key's row index is key % 8 (mod 8), so the chunk a lane reads is its logical chunk ^ (l % 8).
+  const uint32_t k_row = (warp * 16 + lane % 8 + (lane / 16) * 8) * 128;
+  const uint32_t v_row = (warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * 128;
+  const uint32_t k_xor = ((lane / 8) % 2) ^ (lane % 8), v_xor = (lane / 16) ^ (lane % 8);
 
-    const bf16* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // the warp's 16 keys
+  for (int it = 0; it < n_tiles; ++it) {
+    const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN + warp * 16;  // the warp's keys
+    if constexpr (kTma) {
+      mbar_wait(smem_addr(&full[it % kS]), (it / kS) & 1);
+      // Rows outside [lo, my_hi] hold other keys, unwritten rows or nothing copied (stale shared
+      // memory): their logits are masked, but p = 0 times a NaN in V would not be; zero them.
+      if (n0 < lo || n0 + 15 > my_hi) {
+        const uint32_t sv_at = tiles_at + (it % kS) * static_cast<uint32_t>(C::kStageBytes) +
+                               static_cast<uint32_t>(C::kTensorBytes);
+        for (int e = lane; e < 16 * 8 * C::kPanels; e += kWarp) {
+          const int r = e / (8 * C::kPanels), p = (e / 8) % C::kPanels, c = e % 8;
+          if (n0 + r < lo || n0 + r > my_hi) {
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
+                             sv_at + p * (kBN * 128) + (warp * 16 + r) * 128 + c * 16),
+                         "r"(0)
+                         : "memory");
+          }
+        }
+        fence_proxy_async_smem();  // before the copy engine refills this stage
+        __syncwarp();
+      }
+      __syncthreads();  // everyone is done with tile it - 1
+      if (it == release_at) grid_dependents_launch();
+      if (it + kS - 1 < n_tiles) issue_tile(it + kS - 1, pc);  // the stage tile it - 1 used
+    } else {
+      cp_async_wait<kS - 2>();  // this thread's copies of tile it have landed
+      __syncthreads();          // everyone's have; everyone is done with tile it - 1
+      if (it == release_at) grid_dependents_launch();
+      if (it + kS - 1 < n_tiles) load_tile(it + kS - 1, next_row);  // the stage tile it - 1 used
+      cp_async_commit();
+      next_row = lookup_row(it + kS, pc);  // used one iteration later
+    }
+
+    const bf16* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // cp.async: warp's keys
     const bf16* sV = sK + kBN * kP;
-    const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN + warp * 16;
+    const uint32_t sK_at = tiles_at + (it % kS) * static_cast<uint32_t>(C::kStageBytes);  // TMA
+    const uint32_t sV_at = sK_at + static_cast<uint32_t>(C::kTensorBytes);
 
     // S = Q K^T for the warp's 16 keys: s[j][x] is row lane / 4 + 8 (x / 2), key 8 j +
     // 2 (lane % 4) + x % 2.
@@ -311,7 +423,11 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
         ldmatrix_x4(qf, sQ + (lane % 16) * kP + kk * 16 + (lane / 16) * 8);
       }
       uint32_t kb[4];
-      ldmatrix_x4(kb, sK + (lane % 8 + (lane / 16) * 8) * kP + kk * 16 + ((lane / 8) % 2) * 8);
+      if constexpr (kTma) {
+        ldsm_x4(kb, sK_at + (kk / 4) * (kBN * 128) + k_row + ((((kk % 4) * 2) ^ k_xor) << 4));
+      } else {
+        ldmatrix_x4(kb, sK + (lane % 8 + (lane / 16) * 8) * kP + kk * 16 + ((lane / 8) % 2) * 8);
+      }
       mma_bf16_16816(s[0], qf, kb[0], kb[1]);
       mma_bf16_16816(s[1], qf, kb[2], kb[3]);
     }
@@ -366,14 +482,18 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
 #pragma unroll
     for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
       uint32_t vb[4];
-      ldmatrix_x4_trans(vb,
-                        sV + (lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 + (lane / 16) * 8);
+      if constexpr (kTma) {
+        ldsm_x4_t(vb, sV_at + (dn2 / 4) * (kBN * 128) + v_row + ((((dn2 % 4) * 2) ^ v_xor) << 4));
+      } else {
+        ldmatrix_x4_trans(vb,
+                          sV + (lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 + (lane / 16) * 8);
+      }
       mma_bf16_16816(o[2 * dn2], pa, vb[0], vb[1]);
       mma_bf16_16816(o[2 * dn2 + 1], pa, vb[2], vb[3]);
     }
   }
-  cp_async_wait<0>();
-  __syncthreads();  // tiles free: the warps' states go there
+  if constexpr (!kTma) cp_async_wait<0>();  // (TMA: every issued tile was waited for)
+  __syncthreads();                          // tiles free: the warps' states go there
 
   // Merge the 4 warps: [kWarps][kR][kMS] = accumulator, then (max, sum).
   float* merge = reinterpret_cast<float*>(smem);
@@ -492,47 +612,94 @@ __global__ void __launch_bounds__(DecodeConfig<kD>::kThreads)
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (stream order)
 }
 
-template <int kD>
+template <int kD, bool kTma>
 void set_smem_limit_once() {
-  static const bool done = [] {  // once per head dim, so capture sees no attribute calls
+  static const bool done = [] {  // once per kernel, so capture sees no attribute calls
     // Exactly what the launch uses: the kernel's static shared memory counts against the
     // opt-in limit too, so asking for the whole limit would be refused.
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<kD>,
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<kD, kTma>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(DecodeConfig<kD>::kSmemBytes)));
+                                         static_cast<int>(DecodeConfig<kD, kTma>::kSmemBytes)));
     return true;
   }();
   (void)done;
+}
+
+template <int kD, bool kTma>
+int blocks_per_sm() {
+  static const int blocks = [] {  // once per kernel: no API call per launch
+    set_smem_limit_once<kD, kTma>();
+    int b = 0;
+    LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &b, decode_kernel<kD, kTma>, DecodeConfig<kD, kTma>::kThreads,
+        DecodeConfig<kD, kTma>::kSmemBytes));
+    return b > 0 ? b : 1;
+  }();
+  return blocks;
+}
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      p = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// The 3-d view of one cache (K or V) that DecodeMaps describes; false if the driver refused it.
+bool encode_cache_map(CUtensorMap* map, const void* base, int64_t t_stride, int64_t h_stride,
+                      const AttentionArgs& a, const DecodePlan& plan) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t rows = static_cast<cuuint64_t>(a.L), heads = static_cast<cuuint64_t>(a.Hkv);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.D), plan.tma_head_outer ? rows : heads,
+                              plan.tma_head_outer ? heads : rows};
+  const cuuint64_t t_bytes = static_cast<cuuint64_t>(t_stride) * sizeof(bf16),
+                   h_bytes = static_cast<cuuint64_t>(h_stride) * sizeof(bf16);
+  const cuuint64_t strides[2] = {plan.tma_head_outer ? t_bytes : h_bytes,
+                                 plan.tma_head_outer ? h_bytes : t_bytes};
+  const cuuint32_t box[3] = {64,
+                             plan.tma_head_outer ? static_cast<cuuint32_t>(plan.tma_box_rows) : 1u,
+                             plan.tma_head_outer ? 1u : static_cast<cuuint32_t>(plan.tma_box_rows)};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides,
+                box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace
 
 template <int kD>
 int decode_max_rows() {
-  return DecodeConfig<kD>::kRows;
+  return DecodeConfig<kD, false>::kRows;
 }
 
 template <int kD>
-size_t decode_smem_bytes() {
-  return DecodeConfig<kD>::kSmemBytes;
+size_t decode_smem_bytes(bool tma) {
+  return tma ? DecodeConfig<kD, true>::kSmemBytes : DecodeConfig<kD, false>::kSmemBytes;
 }
 
 template <int kD>
-int decode_blocks_per_sm() {
-  static const int blocks = [] {  // once per head dim: no API call per launch
-    set_smem_limit_once<kD>();
-    int b = 0;
-    LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &b, decode_kernel<kD>, DecodeConfig<kD>::kThreads, DecodeConfig<kD>::kSmemBytes));
-    return b > 0 ? b : 1;
-  }();
-  return blocks;
+int decode_blocks_per_sm(bool tma) {
+  return tma ? blocks_per_sm<kD, true>() : blocks_per_sm<kD, false>();
 }
 
 template <int kD>
-void launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
-  using C = DecodeConfig<kD>;
-  set_smem_limit_once<kD>();
+bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
+  DecodeMaps maps = {};
+  if (plan.tma && !(encode_cache_map(&maps.k, a.k, a.k_t, a.k_h, a, plan) &&
+                    encode_cache_map(&maps.v, a.v, a.v_t, a.v_h, a, plan))) {
+    return false;
+  }
   const dim3 grid(static_cast<unsigned>(plan.split), static_cast<unsigned>(a.Hkv * plan.groups),
                   static_cast<unsigned>(a.B));
   // Programmatic stream serialisation (sm_90+): the grid may be launched before the previous
@@ -544,20 +711,28 @@ void launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(C::kThreads);
-  cfg.dynamicSmemBytes = C::kSmemBytes;
+  cfg.blockDim = dim3(DecodeConfig<kD, false>::kThreads);
   cfg.stream = current_stream();
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD>, a, plan));
+  if (plan.tma) {
+    set_smem_limit_once<kD, true>();
+    cfg.dynamicSmemBytes = DecodeConfig<kD, true>::kSmemBytes;
+    LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, true>, a, plan, maps));
+  } else {
+    set_smem_limit_once<kD, false>();
+    cfg.dynamicSmemBytes = DecodeConfig<kD, false>::kSmemBytes;
+    LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, false>, a, plan, maps));
+  }
   check_launch("attention decode");
+  return true;
 }
 
-#define LLMK_INSTANTIATE_DECODE(D)        \
-  template int decode_max_rows<D>();      \
-  template size_t decode_smem_bytes<D>(); \
-  template int decode_blocks_per_sm<D>(); \
-  template void launch_decode<D>(const AttentionArgs&, const DecodePlan&);
+#define LLMK_INSTANTIATE_DECODE(D)            \
+  template int decode_max_rows<D>();          \
+  template size_t decode_smem_bytes<D>(bool); \
+  template int decode_blocks_per_sm<D>(bool); \
+  template bool launch_decode<D>(const AttentionArgs&, const DecodePlan&);
 LLMK_INSTANTIATE_DECODE(64)
 LLMK_INSTANTIATE_DECODE(128)
 LLMK_INSTANTIATE_DECODE(256)

@@ -31,17 +31,24 @@ struct DecodePlan {
   float* part_o = nullptr;
   float* part_ml = nullptr;
   int* counters = nullptr;
+  // K/V tiles by the bulk tensor copy engine (decode_tma_ok): one copy per tma_box_rows keys
+  // (the page size, or 64) and 64-dim panel; tma_head_outer: a cache laid out [Hkv][rows][D].
+  bool tma = false;
+  bool tma_head_outer = false;
+  int tma_box_rows = 0;
 };
 constexpr int kDecodeMaxSplit = 64;
 // Largest `rows` the kernels are built for at head dim kD.
 template <int kD>
 int decode_max_rows();
-// Dynamic shared memory of one decode block, and how many such blocks fit on one SM.
+// Dynamic shared memory of one decode block, and how many such blocks fit on one SM, for the
+// TMA or the cp.async loader.
 template <int kD>
-size_t decode_smem_bytes();
+size_t decode_smem_bytes(bool tma);
 template <int kD>
-int decode_blocks_per_sm();
+int decode_blocks_per_sm(bool tma);
+// False (nothing launched) when plan.tma and the driver refused the tensor maps.
 template <int kD>
-void launch_decode(const AttentionArgs& a, const DecodePlan& plan);
+bool launch_decode(const AttentionArgs& a, const DecodePlan& plan);
 
 }  // namespace llmk::cuda::attn

@@ -55,6 +55,58 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
+// Shared-memory barriers (mbarrier, sm_80+) and the bulk tensor copy engine (TMA, sm_90+), for
+// tiles that land on a barrier instead of a cp.async group. `bar` is a shared-space byte
+// address of an 8-byte-aligned barrier word.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Makes barrier initialisations visible to the copy engine (and the rest of the cluster).
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival that also expects `bytes` more from the copy engine before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Spins until the barrier's phase with the given parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "LLMK_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra LLMK_MBAR_WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Orders this thread's earlier ordinary shared-memory accesses before later copy-engine
+// accesses of the same memory (after a barrier that the copy's issuer also passes).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// One box of a 3-d tensor map (a __grid_constant__ kernel parameter's generic address) at
+// element coordinates (c0, c1, c2) -> shared memory at `dst`, completing `bar`'s expected bytes,
+// with an L2 cache policy. Coordinates outside the tensor read as zeros.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2,
+                                            uint32_t bar, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::"
+      "cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+      : "memory");
+#else
+  __trap();  // the host launches TMA kernels on sm_90+ only
+#endif
+}
+
 // Four 8x8 b16 matrices at a shared-space byte address (in unrolled loops a per-thread base plus
 // a compile-time offset, which ptxas folds into the instruction); lane l supplies the address of
 // row (l % 8) of matrix l / 8. Thread t receives elements (t / 4, 2 (t % 4) + {0, 1}) of each

@@ -11,7 +11,8 @@
 //
 // Prints one JSON line per measurement:
 //   {"kind":"decode","B":1,"Hq":32,"Hkv":8,"L":4096,"D":128,"page_size":16,"split":..,
-//    "loader":"tma"|"cp.async","us":..,"gbps":..,"copy_gbps":..}
+//    "loader":"tma"|"cp.async","us":..,"host_us":..,"gbps":..,"copy_gbps":..}
+// (host_us: the host time to enqueue one call outside a graph).
 // ("kind":"decode_split" for the sweep lines). bench/attention.py merges them with SDPA's.
 //   attention_decode_bench [--samples N] [--shape B L PAGE SPLIT] [--no-early-reads]
 //                          [--loader auto|tma|cp-async]
@@ -22,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -151,12 +153,24 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
     ms.push_back(ev.time([&] { LLMK_CUDA_CHECK(cudaGraphLaunch(exec, st)); }));
   }
   const double us = median(ms) * 1e3 / batch;
+  // Host time to enqueue one call outside a graph (argument checks, plan, tensor maps, launch):
+  // the median of 20 rounds of `batch` calls, each round drained before the next.
+  std::vector<double> host;
+  for (int r = 0; r < 20; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < batch; ++i) call(i);
+    const auto t1 = std::chrono::steady_clock::now();
+    host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / batch);
+    LLMK_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
+  }
+  std::sort(host.begin(), host.end());
+  const double host_us = host[host.size() / 2];
   const double bytes = 2.0 * static_cast<double>(B) * L * Hkv * D * 2;
   std::printf(
       "{\"kind\":\"%s\",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"L\":%lld,\"D\":%d,\"page_size\":%d,"
-      "\"split\":%d,\"loader\":\"%s\",\"us\":%.2f,\"gbps\":%.0f,\"copy_gbps\":%.0f,"
-      "\"floor_us\":%.2f}\n",
-      s.kind, B, Hq, Hkv, static_cast<long long>(L), D, s.page_size, split, loader, us,
+      "\"split\":%d,\"loader\":\"%s\",\"us\":%.2f,\"host_us\":%.2f,\"gbps\":%.0f,"
+      "\"copy_gbps\":%.0f,\"floor_us\":%.2f}\n",
+      s.kind, B, Hq, Hkv, static_cast<long long>(L), D, s.page_size, split, loader, us, host_us,
       bytes / (us * 1e-6) / 1e9, copy_gbs, bytes / (copy_gbs * 1e9) * 1e6);
   std::fflush(stdout);
 

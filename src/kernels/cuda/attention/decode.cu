@@ -258,43 +258,72 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
 
   // ---- TMA loader: a tile is n_box boxes (tma_box_rows keys: one page, or 64 keys of a
   // contiguous cache or of a larger page) x kPanels 64-dim panels x (K, V) copies, spread over
-  // the warps (copy j by lane j / kWarps of warp j % kWarps) so that no warp's own work waits
-  // behind all of them; thread 0 arms the stage's barrier with the bytes to expect (a copy that
-  // lands first only drives the byte count below zero until then). Boxes wholly past my_hi are
-  // not copied (their rows, like those before lo, get zero V below).
+  // the warps (copy j by lane j / kWarps of warp j % kWarps: at most one per thread and tile)
+  // so that no warp's own work waits behind all of them; thread 0 arms the stage's barrier with
+  // the bytes to expect (a copy that lands first only drives the byte count below zero until
+  // then). As with cp.async, each thread's page lookup is made a tile ahead, the first kS at
+  // once. Boxes wholly past my_hi are not copied (their rows, like those before lo, get zero V
+  // below).
   const int box_rows = plan.tma_box_rows;
-  auto issue_tile = [&](int it, bool cached) {  // every thread
-    const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN;
-    const int64_t last = n0 + kBN - 1 < my_hi ? n0 + kBN - 1 : my_hi;
-    const int n_box = static_cast<int>((last - n0) / box_rows) + 1;
-    const int n_copies = n_box * C::kPanels * 2;
-    const uint32_t stage = tiles_at + (it % kS) * static_cast<uint32_t>(C::kStageBytes);
+  constexpr int kMaxCopies = (kBN / 8) * C::kPanels * 2;  // 8-row pages
+  static_assert(kMaxCopies <= kThreads, "at most one copy per thread and tile");
+  const int my_copy = lane * C::kWarps + warp;
+  // Worked out once, so that the loop has no divisions: the boxes of a full tile (a power of
+  // two) and of the last one (keys <= my_hi only), and this thread's copy in each.
+  struct TmaCopy {
+    int n_box, bx, panel, tensor;
+    bool any;
+  };
+  auto tma_copy = [&](int n_box) {
+    return TmaCopy{n_box, my_copy % n_box, (my_copy / n_box) % C::kPanels,
+                   my_copy / (n_box * C::kPanels), my_copy < n_box * C::kPanels * 2};
+  };
+  const TmaCopy full_copy = tma_copy(kTma ? kBN / box_rows : 1);
+  const TmaCopy last_copy = tma_copy(
+      kTma && n_tiles > 0 ? static_cast<int>((my_hi - (my_lo + (n_tiles - 1) * kBN)) / box_rows) + 1
+                          : 1);
+  // The pool row this thread's copy of tile it starts at, or -1 when it has none. A row outside
+  // the tensor (a corrupt page entry) reads zeros: the map bounds the copy. Pages of at most 64
+  // rows are whole boxes: tile it's box bx is page my_lo / page_size + it * (64 / page_size) + bx.
+  auto copy_row = [&](int it, bool cached) -> int64_t {
+    const TmaCopy c = it == n_tiles - 1 ? last_copy : full_copy;
+    if (it >= n_tiles || !c.any) return -1;
+    int64_t r;
+    if (!paged) {
+      r = sv.key0 + my_lo + static_cast<int64_t>(it) * kBN + c.bx * box_rows;
+    } else if (a.page_size <= kBN) {
+      const int pi = pc_lo + it * full_copy.n_box + c.bx;
+      r = static_cast<int64_t>(cached ? page_cache[pi - pc_lo] : pages[pi]) * a.page_size;
+    } else {
+      r = pool_row(my_lo + static_cast<int64_t>(it) * kBN, cached);
+    }
+    return r >= 0 && r < a.L ? r : a.L;  // a.L <= INT32_MAX
+  };
+  // `row` is this thread's copy_row(it). Every thread calls it.
+  auto issue_tile = [&](int it, int64_t row) {
+    const TmaCopy c = it == n_tiles - 1 ? last_copy : full_copy;
     const uint32_t bar = smem_addr(&full[it % kS]);
     if (threadIdx.x == 0) {
-      mbar_arrive_expect_tx(bar, static_cast<uint32_t>(n_copies * box_rows * 128));
+      mbar_arrive_expect_tx(bar, static_cast<uint32_t>(c.n_box * C::kPanels * 2 * box_rows * 128));
     }
-    for (int j = lane * C::kWarps + warp; j < n_copies; j += kThreads) {
-      const int bx = j % n_box, p = (j / n_box) % C::kPanels, tensor = j / (n_box * C::kPanels);
-      // A row outside the tensor (a corrupt page entry) reads zeros: the map bounds the copy.
-      const int64_t r = pool_row(n0 + bx * box_rows, cached);
-      const int row = static_cast<int>(r >= 0 && r < a.L ? r : a.L);  // a.L <= INT32_MAX
-      const uint32_t dst = stage + tensor * static_cast<uint32_t>(C::kTensorBytes) +
-                           p * (kBN * 128) + bx * box_rows * 128;
-      const void* map = tensor == 0 ? &maps.k : &maps.v;
-      if (plan.tma_head_outer) {
-        tma_load_3d(dst, map, p * 64, row, hk, bar, kv_policy);
-      } else {
-        tma_load_3d(dst, map, p * 64, hk, row, bar, kv_policy);
-      }
+    if (row < 0) return;
+    const uint32_t dst = tiles_at + (it % kS) * static_cast<uint32_t>(C::kStageBytes) +
+                         c.tensor * static_cast<uint32_t>(C::kTensorBytes) + c.panel * (kBN * 128) +
+                         c.bx * box_rows * 128;
+    const void* map = c.tensor == 0 ? &maps.k : &maps.v;
+    if (plan.tma_head_outer) {
+      tma_load_3d(dst, map, c.panel * 64, static_cast<int>(row), hk, bar, kv_policy);
+    } else {
+      tma_load_3d(dst, map, c.panel * 64, hk, static_cast<int>(row), bar, kv_policy);
     }
   };
 
-  // All first lookups in flight at once (cp.async), then the first kS - 1 tiles.
-  int64_t first_rows[kTma ? 1 : kS];
-  if constexpr (!kTma) {
+  // This thread's first kS lookups, all in flight at once; then the first kS - 1 tiles.
+  int64_t first_rows[kS];
 #pragma unroll
-    for (int st = 0; st < kS; ++st) first_rows[st] = lookup_row(st, false);
-  } else {
+  for (int st = 0; st < kS; ++st)
+    first_rows[st] = kTma ? copy_row(st, false) : lookup_row(st, false);
+  if constexpr (kTma) {
     if (threadIdx.x == 0) {
       for (int st = 0; st < kS; ++st) mbar_init(smem_addr(&full[st]), 1);
       mbar_init_fence();
@@ -305,7 +334,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
 #pragma unroll
     for (int st = 0; st < kS - 1; ++st) {
       if constexpr (kTma) {
-        if (st < n_tiles) issue_tile(st, false);
+        if (st < n_tiles) issue_tile(st, first_rows[st]);
       } else {
         if (st < n_tiles) load_tile(st, first_rows[st]);
         cp_async_commit();
@@ -320,8 +349,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
     grid_dependency_wait();
   }
   if (!first_tiles_early) load_first_tiles();
-  int64_t next_row = 0;  // cp.async: lookup_row(it + kS - 1) at the top of iteration it
-  if constexpr (!kTma) next_row = first_rows[kS - 1];
+  int64_t next_row = first_rows[kS - 1];  // this thread's lookup for tile it + kS - 1
 
   // q rows (bf16, unscaled: the scale is applied to the fp32 logits); rows past n_rows are 0.
   for (int e = threadIdx.x; e < kR * (kD / 8); e += kThreads) {
@@ -395,7 +423,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
       }
       __syncthreads();  // everyone is done with tile it - 1
       if (it == release_at) grid_dependents_launch();
-      if (it + kS - 1 < n_tiles) issue_tile(it + kS - 1, pc);  // the stage tile it - 1 used
+      if (it + kS - 1 < n_tiles) issue_tile(it + kS - 1, next_row);  // the stage tile it - 1 used
+      next_row = copy_row(it + kS, pc);                              // used one iteration later
     } else {
       cp_async_wait<kS - 2>();  // this thread's copies of tile it have landed
       __syncthreads();          // everyone's have; everyone is done with tile it - 1

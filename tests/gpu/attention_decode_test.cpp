@@ -68,6 +68,7 @@ struct Case {
   int split = 0;          // 0: the heuristic
   bool use_cu_k = false;  // key counts from cu_k instead of positions
   bool lse = false;
+  bool head_major = false;  // caches laid out [Hkv][rows][D] instead of [rows][Hkv][D]
 };
 
 std::string describe(const Case& c) {
@@ -76,9 +77,10 @@ std::string describe(const Case& c) {
     s += " (" + std::to_string(q.n_keys) + "," + std::to_string(q.tq) + ")";
   char buf[200];
   std::snprintf(buf, sizeof buf,
-                " Hq/Hkv=%d/%d D=%d page=%d window=%d softcap=%g split=%d cu_k=%d lse=%d", c.Hq,
-                c.Hkv, c.D, c.page_size, c.window, static_cast<double>(c.softcap), c.split,
-                c.use_cu_k, c.lse);
+                " Hq/Hkv=%d/%d D=%d page=%d window=%d softcap=%g split=%d cu_k=%d lse=%d "
+                "head_major=%d",
+                c.Hq, c.Hkv, c.D, c.page_size, c.window, static_cast<double>(c.softcap), c.split,
+                c.use_cu_k, c.lse, c.head_major);
   return s + buf;
 }
 
@@ -129,13 +131,19 @@ void run_case(const Case& c, uint32_t seed) {
            j % c.page_size;
   };
   const size_t kv_n = static_cast<size_t>(pool_rows) * Hkv * D;
+  // Element (row, head, 0) of a cache.
+  auto at = [&](int64_t row, int hk) -> size_t {
+    return static_cast<size_t>(c.head_major ? hk * pool_rows + row : row * Hkv + hk) * D;
+  };
   std::vector<uint16_t> k(kv_n, kBf16NaN), v(kv_n, kBf16NaN);
   for (int b = 0; b < B; ++b) {
     for (int j = 0; j < c.seqs[b].n_keys; ++j) {
       const int64_t row = key_row(b, j);
-      for (int e = 0; e < Hkv * D; ++e) {
-        k[row * Hkv * D + e] = rand_bf16(rng, -1.0f, 1.0f);
-        v[row * Hkv * D + e] = rand_bf16(rng, -1.0f, 1.0f);
+      for (int hk = 0; hk < Hkv; ++hk) {
+        for (int d = 0; d < D; ++d) {
+          k[at(row, hk) + d] = rand_bf16(rng, -1.0f, 1.0f);
+          v[at(row, hk) + d] = rand_bf16(rng, -1.0f, 1.0f);
+        }
       }
     }
   }
@@ -156,8 +164,8 @@ void run_case(const Case& c, uint32_t seed) {
   a.q_h = D;
   a.k = reinterpret_cast<const __nv_bfloat16*>(dk.p);
   a.v = reinterpret_cast<const __nv_bfloat16*>(dv.p);
-  a.k_t = a.v_t = static_cast<int64_t>(Hkv) * D;
-  a.k_h = a.v_h = D;
+  a.k_t = a.v_t = c.head_major ? D : static_cast<int64_t>(Hkv) * D;
+  a.k_h = a.v_h = c.head_major ? pool_rows * D : D;
   a.T = T;
   a.Hq = Hq;
   a.Hkv = Hkv;
@@ -204,7 +212,7 @@ void run_case(const Case& c, uint32_t seed) {
           for (int d = 0; d < D; ++d) {
             dot +=
                 static_cast<double>(bf16_to_float(q[(static_cast<size_t>(t) * Hq + h) * D + d])) *
-                bf16_to_float(k[(row * Hkv + hk) * D + d]);
+                bf16_to_float(k[at(row, hk) + d]);
           }
           double s = dot * a.scale;
           if (c.softcap > 0) s = c.softcap * std::tanh(s / c.softcap);
@@ -217,7 +225,7 @@ void run_case(const Case& c, uint32_t seed) {
           const double w = std::exp(logits[j - lo] - mx);
           den += w;
           const int64_t row = key_row(b, j);
-          for (int d = 0; d < D; ++d) acc[d] += w * bf16_to_float(v[(row * Hkv + hk) * D + d]);
+          for (int d = 0; d < D; ++d) acc[d] += w * bf16_to_float(v[at(row, hk) + d]);
         }
         for (int d = 0; d < D; ++d) {
           const double ref = acc[d] / den;
@@ -329,6 +337,25 @@ TEST_P(AttentionDecodeGpu, ForcedSplits) {
   run_case({.seqs = {{4099, 3}, {2500, 8}, {300, 2}}, .window = 3000, .split = 3, .lse = true},
            seed++);
   run_case({.seqs = {{9000, 1}}, .softcap = 20.0f, .split = 4}, seed++);
+}
+
+// Caches laid out head-major ([Hkv][rows][D]: the TMA build's [dim, row, head] tensor map),
+// paged and contiguous, with a window.
+TEST_P(AttentionDecodeGpu, HeadMajorCaches) {
+  uint32_t seed = 600;
+  const std::vector<Seq> seqs = {{17, 1}, {1000, 8}, {4099, 2}};
+  for (int page : {7, 16, 64})
+    run_case({.seqs = seqs, .page_size = page, .head_major = true}, seed++);
+  run_case({.seqs = seqs, .window = 300, .head_major = true}, seed++);
+  run_case({.seqs = {{4099, 3}}, .page_size = 0, .lse = true, .head_major = true}, seed++);
+  run_case({.seqs = {{1, 1}, {1000, 4}, {127, 8}},
+            .Hq = 8,
+            .Hkv = 2,
+            .D = 256,
+            .page_size = 0,
+            .use_cu_k = true,
+            .head_major = true},
+           seed++);
 }
 
 TEST_P(AttentionDecodeGpu, RejectsBadArguments) {
@@ -490,6 +517,10 @@ TEST_P(AttentionDecodeGpu, LoaderChoice) {
   }
   a.page_table = nullptr;  // contiguous
   EXPECT_EQ(cuda::attention_decode_uses_tma(a), hopper && tma);
+  a.k_t = a.v_t = 128;  // head-major ([Hkv][rows][D], HeadMajorCaches): the [dim, row, head] map
+  a.k_h = a.v_h = a.L * 128;
+  EXPECT_EQ(cuda::attention_decode_uses_tma(a), hopper && tma);
+  a.k_t = a.v_t = 8 * 128;
   a.k_h = a.v_h = 64;  // heads overlapping: no nested tensor-map strides
   EXPECT_FALSE(cuda::attention_decode_uses_tma(a));
   a.k_h = a.v_h = 128;

@@ -7,8 +7,10 @@
 // the s-th of `split` equal, tile-aligned shares of the keys sequence b's queries see (their
 // count is read on the device, so the grid depends only on host-known values and a captured
 // launch replays at every position). The share streams through shared memory in kStages-deep
-// cp.async tiles of 64 keys (16-byte copies; pool rows looked up in the page table per key,
-// from a copy of the block's page-table entries in shared memory when they fit).
+// tiles of 64 keys, loaded by one of two builds (DecodeLoader in attention.h): cp.async 16-byte
+// copies by every thread, or the bulk tensor copy engine (TMA: one copy per page, or 64 keys, and
+// 64-dim panel, on an mbarrier per stage). Pool rows are looked up in the page table, from a
+// copy of the block's page-table entries in shared memory when they fit.
 // In a tile warp w takes 16 keys: S = Q K^T and O += P V on the tensor cores (mma.sync
 // m16n8k16, bf16 in, fp32 accumulate, P rounded to bf16 as in the prefill kernel), with the
 // warp's own online softmax in registers. At the end the 4 warps merge through shared memory.

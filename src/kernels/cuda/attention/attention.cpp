@@ -201,15 +201,22 @@ void check_decode_args(const AttentionArgs& a) {
 
 }  // namespace
 
-int attention_decode_split(const AttentionArgs& a) {
+namespace {
+
+// The plan attention_decode would launch `a` with (checked arguments; no workspaces).
+attn::DecodePlan checked_decode_plan(const AttentionArgs& a) {
   check_decode_args(a);
-  int split = 1;
-  dispatch_head_dim(a.D, "attention decode", [&](auto d) {
-    constexpr int kD = decltype(d)::value;
-    split = decode_plan<kD>(a).split;
-  });
-  return split;
+  attn::DecodePlan plan;
+  dispatch_head_dim(a.D, "attention decode",
+                    [&](auto d) { plan = decode_plan<decltype(d)::value>(a); });
+  return plan;
 }
+
+}  // namespace
+
+int attention_decode_split(const AttentionArgs& a) { return checked_decode_plan(a).split; }
+
+bool attention_decode_uses_tma(const AttentionArgs& a) { return checked_decode_plan(a).tma; }
 
 void attention_decode(const AttentionArgs& a) {
   if (a.T <= 0 || a.Hq <= 0) return;
@@ -231,21 +238,14 @@ void attention_decode(const AttentionArgs& a) {
           static_cast<float*>(partial_ws.get(rows * (kD + 4) * sizeof(float), "partial"));
       plan.part_o = plan.part_ml + (rows * 2 + 3) / 4 * 4;  // 16-byte aligned
     }
-    if (!attn::launch_decode<kD>(a, plan)) {  // the driver refused the tensor maps
-      plan.tma = false;
-      attn::launch_decode<kD>(a, plan);
-    }
+    // decode_tma_possible admits only caches a tensor map describes: a refusal is a bug there
+    // (or a driver without the encoder), not a reason to run another kernel unannounced.
+    LLMK_CHECK(
+        attn::launch_decode<kD>(a, plan),
+        "attention decode: the CUDA driver refused the K/V tensor maps (head dim {}, {} rows, "
+        "row stride {}, head stride {}); DecodeLoader::kCpAsync avoids them",
+        kD, a.L, a.k_t, a.k_h);
   });
-}
-
-bool attention_decode_uses_tma(const AttentionArgs& a) {
-  check_decode_args(a);
-  bool tma = false;
-  dispatch_head_dim(a.D, "attention decode", [&](auto d) {
-    constexpr int kD = decltype(d)::value;
-    tma = decode_plan<kD>(a).tma;
-  });
-  return tma;
 }
 
 }  // namespace llmk::cuda

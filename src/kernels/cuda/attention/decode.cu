@@ -320,11 +320,29 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
     }
   };
 
+  // The build's two steps: this thread's lookup for tile it (made a tile ahead of its copy),
+  // and the copy of tile it into its stage (nothing past the last tile; cp.async commits a group
+  // either way, so that cp_async_wait counts tiles).
+  auto lookup = [&](int it, bool cached) -> int64_t {
+    if constexpr (kTma) {
+      return copy_row(it, cached);
+    } else {
+      return lookup_row(it, cached);
+    }
+  };
+  auto fetch = [&](int it, int64_t row) {
+    if constexpr (kTma) {
+      if (it < n_tiles) issue_tile(it, row);
+    } else {
+      if (it < n_tiles) load_tile(it, row);
+      cp_async_commit();
+    }
+  };
+
   // This thread's first kS lookups, all in flight at once; then the first kS - 1 tiles.
   int64_t first_rows[kS];
 #pragma unroll
-  for (int st = 0; st < kS; ++st)
-    first_rows[st] = kTma ? copy_row(st, false) : lookup_row(st, false);
+  for (int st = 0; st < kS; ++st) first_rows[st] = lookup(st, false);
   if constexpr (kTma) {
     if (threadIdx.x == 0) {
       for (int st = 0; st < kS; ++st) mbar_init(smem_addr(&full[st]), 1);
@@ -334,14 +352,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
   }
   auto load_first_tiles = [&] {
 #pragma unroll
-    for (int st = 0; st < kS - 1; ++st) {
-      if constexpr (kTma) {
-        if (st < n_tiles) issue_tile(st, first_rows[st]);
-      } else {
-        if (st < n_tiles) load_tile(st, first_rows[st]);
-        cp_async_commit();
-      }
-    }
+    for (int st = 0; st < kS - 1; ++st) fetch(st, first_rows[st]);
   };
   // Keys below the first query's position were not written by the kernel before this one.
   const bool first_tiles_early = early && my_lo + (kS - 1) * kBN <= sv.pos0;
@@ -423,18 +434,13 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
         fence_proxy_async_smem();  // before the copy engine refills this stage
         __syncwarp();
       }
-      __syncthreads();  // everyone is done with tile it - 1
-      if (it == release_at) grid_dependents_launch();
-      if (it + kS - 1 < n_tiles) issue_tile(it + kS - 1, next_row);  // the stage tile it - 1 used
-      next_row = copy_row(it + kS, pc);                              // used one iteration later
     } else {
       cp_async_wait<kS - 2>();  // this thread's copies of tile it have landed
-      __syncthreads();          // everyone's have; everyone is done with tile it - 1
-      if (it == release_at) grid_dependents_launch();
-      if (it + kS - 1 < n_tiles) load_tile(it + kS - 1, next_row);  // the stage tile it - 1 used
-      cp_async_commit();
-      next_row = lookup_row(it + kS, pc);  // used one iteration later
     }
+    __syncthreads();  // everyone's copies have landed; everyone is done with tile it - 1
+    if (it == release_at) grid_dependents_launch();
+    fetch(it + kS - 1, next_row);    // into the stage tile it - 1 used
+    next_row = lookup(it + kS, pc);  // used one iteration later
 
     const bf16* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // cp.async: warp's keys
     const bf16* sV = sK + kBN * kP;

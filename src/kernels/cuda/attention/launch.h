@@ -47,7 +47,8 @@ template <int kD>
 size_t decode_smem_bytes(bool tma);
 template <int kD>
 int decode_blocks_per_sm(bool tma);
-// False (nothing launched) when plan.tma and the driver refused the tensor maps.
+// False (nothing launched) when plan.tma and the driver refused the tensor maps (or has no
+// encoder); the caller reports it.
 template <int kD>
 bool launch_decode(const AttentionArgs& a, const DecodePlan& plan);
 

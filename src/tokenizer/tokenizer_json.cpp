@@ -456,7 +456,7 @@ void read_config(const std::string& dir, const Json& root, const Json& model, To
   std::optional<bool> add_bos;
   if (std::filesystem::exists(path)) {
     const Reader r(path);
-    const Json config = json_io::parse_sorted(json_io::read_file(path), path);
+    const Json config = json_io::parse(json_io::read_file(path), path);
     if (!config.is_object()) r.expected(config, "(top level)", "an object");
     // A token is its text or an AddedToken object {"content": ...}.
     const auto token_id = [&](std::string_view key) -> std::optional<int32_t> {
@@ -511,7 +511,7 @@ std::string tokenizer_json_path(const std::string& path) {
 Tokenizer Tokenizer::from_hf_json(const std::string& path) {
   const std::string file = tokenizer_json_path(path);
   const Reader r(file);
-  const Json root = json_io::parse_sorted(json_io::read_file(file), file);
+  const Json root = json_io::parse(json_io::read_file(file), file);
   if (!root.is_object()) r.expected(root, "(top level)", "an object");
 
   const Json& model = r.get(root, "", "model");

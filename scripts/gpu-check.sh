@@ -11,10 +11,8 @@
 #   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e profile
 #                                        #   attention long
 #
-# Binaries: build/cuda (step `build`), or .devbin/ made by scripts/pack-devbin.sh on a machine
-# that could build them (the GPU machine lacks PCRE2's development files).
-# The SmolLM2 model (98 MB) is larger than what one device call carries: it travels in parts
-# under .xfer/ (scripts/split-model.sh) and is put together here into models/.
+# Binaries: build/cuda (step `build`), or .devbin/ packed elsewhere; the SmolLM2 model may arrive
+# in parts under .xfer/. scripts/device/README.md says why (workarounds for the GPU machine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-check}
@@ -28,17 +26,8 @@ summary=$out/summary.md
 note() { echo "$*" | tee -a "$summary"; }
 
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-# The parts arrive over several calls (each carries .xfer/smol.sha256): join them only when the
-# joined bytes have the model's checksum.
-if [ ! -f "$model" ] && [ -f .xfer/smol.sha256 ] && ls .xfer/smol.part* >/dev/null 2>&1; then
-  mkdir -p models && cat .xfer/smol.part* > "$model.tmp"
-  if [ "$(sha256sum "$model.tmp" | cut -d' ' -f1)" = "$(cat .xfer/smol.sha256)" ]; then
-    mv "$model.tmp" "$model"
-  else
-    rm -f "$model.tmp"
-    note "model parts so far: $(ls .xfer/smol.part* | tr '\n' ' ')(not all there yet)"
-  fi
-fi
+parts=$(scripts/device/join-model.sh) || note "model: scripts/device/join-model.sh failed"
+[ -n "$parts" ] && note "$parts"
 [ -f "$model" ] && note "model: $model ($(sha256sum "$model" | cut -c1-12))" || note "model: $model missing"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu: /' | tee -a "$summary"
 

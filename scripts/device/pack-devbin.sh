@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Packs the CUDA build's binaries, and the shared libraries the GPU machine lacks, into .devbin/
-# (git-ignored) so that a device call can carry them: the GPU machine has no PCRE2 development
-# files to configure a build with, and building here costs no device time.
+# (git-ignored) so that a device call can carry them (scripts/device/README.md says why).
 #
-#   scripts/pack-devbin.sh [BUILD_DIR [DEST]]   # defaults: build/cuda .devbin
+#   scripts/device/pack-devbin.sh [BUILD_DIR [DEST]]   # defaults: build/cuda .devbin
 # Every executable under BUILD_DIR/bench is packed too. gpu-check.sh finds DEST through $DEVBIN.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${1:-build/cuda}
 dest=${2:-.devbin}
 case "$dest" in .devbin*) ;; *) echo "pack-devbin: DEST must start with .devbin (git-ignored)" >&2; exit 2 ;; esac

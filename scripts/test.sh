@@ -19,6 +19,8 @@ fi
 jobs=$(nproc)
 
 scripts/install-deps.sh
+# Generated code must match its generator (a hand edit or a stale header fails here).
+python3 src/kernels/cuda/gen-wgmma.py --check
 scripts/fetch-models.sh all
 for p in "${presets[@]}"; do
   echo "== preset $p: configure, build, test" >&2

@@ -338,6 +338,20 @@ void read_vocabulary(const Reader& r, const Json& root, const Json& model, bool 
                      TokenizerData& d) {
   const Json& vocab = r.get(model, "model", "vocab");
   if (!vocab.is_object()) r.expected(vocab, "model.vocab", "an object (token -> id)");
+  const Json* added = r.find(root, "", "added_tokens");
+  if (added != nullptr && !added->is_array()) r.expected(*added, "added_tokens", "an array");
+  // Ids index the vocabulary: one at or past the number of entries leaves some id without a
+  // token, so it is refused before anything is sized by it.
+  const size_t entries = vocab.size() + (added != nullptr ? added->size() : 0);
+  const auto id_of = [&](const Json& v, const std::string& key) {
+    const int32_t id = r.as_id(v, key);
+    if (static_cast<size_t>(id) >= entries) {
+      r.fail(key, fmt::format("id {} is out of range: the file has {} entries (model.vocab and "
+                              "added_tokens), so ids must be below {}",
+                              id, entries, entries));
+    }
+    return id;
+  };
   std::vector<std::optional<std::string>> tokens;
   std::vector<int32_t> types;
   const auto place = [&](int32_t id, const std::string& text, TokenType type,
@@ -356,7 +370,7 @@ void read_vocabulary(const Reader& r, const Json& root, const Json& model, bool 
   for (const auto& [text, id] : vocab.items()) {
     const std::string key = fmt::format("model.vocab['{}']", json_io::escape(text));
     const int byte = byte_fallback ? SpmModel::byte_token_value(text) : -1;
-    place(r.as_id(id, key), text, byte >= 0 ? TokenType::Byte : TokenType::Normal, key);
+    place(id_of(id, key), text, byte >= 0 ? TokenType::Byte : TokenType::Normal, key);
     if (byte >= 0) have_byte[byte] = true;
   }
   for (int b = 0; b < 256 && byte_fallback; ++b) {
@@ -366,8 +380,7 @@ void read_vocabulary(const Reader& r, const Json& root, const Json& model, bool 
                                         b));
     }
   }
-  if (const Json* added = r.find(root, "", "added_tokens")) {
-    if (!added->is_array()) r.expected(*added, "added_tokens", "an array");
+  if (added != nullptr) {
     for (size_t i = 0; i < added->size(); ++i) {
       const Json& t = (*added)[i];
       const std::string key = Reader::index("added_tokens", i);
@@ -375,7 +388,7 @@ void read_vocabulary(const Reader& r, const Json& root, const Json& model, bool 
         r.fail(Reader::join(key, "single_word"), "true is not supported");
       }
       const bool special = r.get_bool(t, key, "special", false);
-      const int32_t id = r.as_id(r.get(t, key, "id"), Reader::join(key, "id"));
+      const int32_t id = id_of(r.get(t, key, "id"), Reader::join(key, "id"));
       place(id, r.get_string(t, key, "content"),
             special ? TokenType::Control : TokenType::UserDefined, key);
       // tokenizers' default for an AddedToken: normalized unless special.

@@ -429,7 +429,11 @@ TEST_F(TokenizerJsonErrors, UnsupportedOptions) {
 
 TEST_F(TokenizerJsonErrors, BadIds) {
   json j = minimal();
-  j["model"]["vocab"]["ab"] = 5;  // leaves id 2 (and 4) without a token
+  j["model"]["vocab"]["ab"] = 5;  // past the 4 entries
+  expect_error(write(j), {"model.vocab['ab']", "id 5 is out of range", "4 entries"});
+  // "b" listed again as an added token makes 5 entries: id 4 is in range but leaves id 2 empty.
+  j["added_tokens"].push_back(json::parse(R"({"id": 1, "content": "b"})"));
+  j["model"]["vocab"]["ab"] = 4;
   expect_error(write(j), {"model.vocab", "no token has id 2"});
   j = minimal();
   j["model"]["vocab"]["ab"] = "2";
@@ -437,6 +441,20 @@ TEST_F(TokenizerJsonErrors, BadIds) {
   j = minimal();
   j["added_tokens"][0]["id"] = 1;  // id 1 is "b"
   expect_error(write(j), {"added_tokens[0]", "already 'b'"});
+}
+
+// Reproducers of bad input, committed under tests/fixtures/bad/tokenizer/ (see its README).
+std::string bad_fixture(const std::string& name) {
+  return std::string(LLMK_SOURCE_DIR) + "/tests/fixtures/bad/tokenizer/" + name;
+}
+
+// An id near 2^31 once sized the vocabulary to it (86 GB asked by a 130-byte file): ids must be
+// below the number of entries, checked before any allocation.
+TEST_F(TokenizerJsonErrors, IdBeyondTheEntriesIsRefusedBeforeAllocating) {
+  expect_error(bad_fixture("vocab_id_huge.json"),
+               {"model.vocab['a']", "id 2147483000 is out of range", "1 entries"});
+  expect_error(bad_fixture("added_token_id_huge.json"),
+               {"added_tokens[0].id", "id 2147483000 is out of range", "2 entries"});
 }
 
 TEST_F(TokenizerJsonErrors, BadConfig) {

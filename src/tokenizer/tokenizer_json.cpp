@@ -117,13 +117,24 @@ class Reader {
   }
   static std::string index(std::string_view key, size_t i) { return fmt::format("{}[{}]", key, i); }
 
+  // Sequences inside Sequences (normalizers, pre-tokenizers): real files nest one level; the
+  // bound keeps a deep nest from recursing (and building ever longer keys) without end.
+  static constexpr int kMaxDepth = 8;
+  // `depth`: 1 for the top-level value at `key`, one more for each Sequence around it.
+  void check_depth(std::string_view key, int depth) const {
+    if (depth > kMaxDepth) {
+      fail(key, fmt::format("Sequence nested more than {} deep is not supported", kMaxDepth));
+    }
+  }
+
  private:
   std::string path_;
 };
 
 // The pre-tokenizer at `key`, reduced to a signature: the parts that change how text is cut,
 // with the parts that cannot be honoured rejected.
-std::string signature_of(const Reader& r, const Json& pre, const std::string& key) {
+std::string signature_of(const Reader& r, const Json& pre, const std::string& key, int depth) {
+  r.check_depth(key, depth);
   const std::string type = r.get_string(pre, key, "type");
   if (type == "Sequence") {
     const Json& list = r.get(pre, key, "pretokenizers");
@@ -132,7 +143,7 @@ std::string signature_of(const Reader& r, const Json& pre, const std::string& ke
     std::string out;
     for (size_t i = 0; i < list.size(); ++i) {
       if (!out.empty()) out += " + ";
-      out += signature_of(r, list[i], Reader::index(key + ".pretokenizers", i));
+      out += signature_of(r, list[i], Reader::index(key + ".pretokenizers", i), depth + 1);
     }
     return out;
   }
@@ -166,7 +177,7 @@ std::string signature_of(const Reader& r, const Json& pre, const std::string& ke
 std::string_view pre_tokenizer_name(const Reader& r, const Json& root) {
   const Json* pre = r.find(root, "", "pre_tokenizer");
   if (pre == nullptr) r.fail("pre_tokenizer", "null is not supported (no byte-level split)");
-  const std::string signature = signature_of(r, *pre, "pre_tokenizer");
+  const std::string signature = signature_of(r, *pre, "pre_tokenizer", 1);
   std::string supported;
   for (const PreShape& shape : known_pre_shapes()) {
     if (shape.signature == signature) return shape.name;
@@ -178,7 +189,9 @@ std::string_view pre_tokenizer_name(const Reader& r, const Json& root) {
 }
 
 // One normalizer (a Sequence is flattened) into `n`.
-void read_normalizer(const Reader& r, const Json& v, const std::string& key, Normalizer& n) {
+void read_normalizer(const Reader& r, const Json& v, const std::string& key, int depth,
+                     Normalizer& n) {
+  r.check_depth(key, depth);
   const std::string type = r.get_string(v, key, "type");
   const auto set_once = [&](bool& flag) {
     if (flag) r.fail(key, fmt::format("{} appears twice", type));
@@ -188,7 +201,7 @@ void read_normalizer(const Reader& r, const Json& v, const std::string& key, Nor
     const Json& list = r.get(v, key, "normalizers");
     if (!list.is_array()) r.expected(list, key + ".normalizers", "an array");
     for (size_t i = 0; i < list.size(); ++i) {
-      read_normalizer(r, list[i], Reader::index(key + ".normalizers", i), n);
+      read_normalizer(r, list[i], Reader::index(key + ".normalizers", i), depth + 1, n);
     }
   } else if (type == "NFC") {
     set_once(n.nfc);
@@ -216,7 +229,7 @@ void read_normalizer(const Reader& r, const Json& v, const std::string& key, Nor
 
 Normalizer normalizer_of(const Reader& r, const Json& root) {
   Normalizer n;
-  if (const Json* v = r.find(root, "", "normalizer")) read_normalizer(r, *v, "normalizer", n);
+  if (const Json* v = r.find(root, "", "normalizer")) read_normalizer(r, *v, "normalizer", 1, n);
   return n;
 }
 

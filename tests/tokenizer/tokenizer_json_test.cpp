@@ -457,6 +457,16 @@ TEST_F(TokenizerJsonErrors, IdBeyondTheEntriesIsRefusedBeforeAllocating) {
                {"added_tokens[0].id", "id 2147483000 is out of range", "2 entries"});
 }
 
+// Sequences nested ten deep: the recursion stops at the ninth level with an error naming it.
+TEST_F(TokenizerJsonErrors, DeepSequencesAreRefused) {
+  std::string ninth = "normalizer";
+  for (int level = 2; level <= 9; ++level) ninth += ".normalizers[0]";
+  expect_error(bad_fixture("normalizer_nested.json"), {ninth + ":", "more than 8 deep"});
+  ninth = "pre_tokenizer";
+  for (int level = 2; level <= 9; ++level) ninth += ".pretokenizers[0]";
+  expect_error(bad_fixture("pre_tokenizer_nested.json"), {ninth + ":", "more than 8 deep"});
+}
+
 TEST_F(TokenizerJsonErrors, BadConfig) {
   const std::string path = write(minimal());
   const std::string config = write("tokenizer_config.json", R"({"bos_token": "<s>"})");

@@ -428,14 +428,14 @@ void read_merges(const Reader& r, const Json& model, TokenizerData& d) {
     const Json& m = merges[i];
     const std::string key = Reader::index("model.merges", i);
     if (m.is_string()) {
-      d.merges.push_back(m.get<std::string>());
+      d.merges.push_back(r.as_string(m, key));
       continue;
     }
     if (!m.is_array() || m.size() != 2 || !m[0].is_string() || !m[1].is_string()) {
       r.expected(m, key, "a \"left right\" string or a [left, right] pair of strings");
     }
-    const std::string& left = m[0].get_ref<const std::string&>();
-    const std::string& right = m[1].get_ref<const std::string&>();
+    const std::string left = r.as_string(m[0], Reader::index(key, 0));
+    const std::string right = r.as_string(m[1], Reader::index(key, 1));
     // from_data splits "left right" at the space: byte-level tokens never hold one.
     if (left.empty() || right.empty() || left.find(' ') != std::string::npos ||
         right.find(' ') != std::string::npos) {
@@ -446,22 +446,27 @@ void read_merges(const Reader& r, const Json& model, TokenizerData& d) {
 }
 
 // Whether post_processor's single-sequence template begins with the token `bos` (Llama 3 adds
-// its bos this way instead of with add_bos_token).
-bool post_processor_adds(const Json& root, const std::string& bos) {
-  const auto it = root.find("post_processor");
-  if (it == root.end() || !it->is_object()) return false;
-  std::vector<const Json*> candidates = {&*it};
-  if (const auto list = it->find("processors"); list != it->end() && list->is_array()) {
-    for (const Json& p : *list) candidates.push_back(&p);
+// its bos this way instead of with add_bos_token). The post_processor itself and each of its
+// "processors" (a Sequence) are looked at; only TemplateProcessing ones count.
+bool post_processor_adds(const Reader& r, const Json& root, const std::string& bos) {
+  const Json* processor = r.find(root, "", "post_processor");
+  if (processor == nullptr) return false;
+  std::vector<std::pair<const Json*, std::string>> candidates = {{processor, "post_processor"}};
+  if (const Json* list = r.find(*processor, "post_processor", "processors")) {
+    if (!list->is_array()) r.expected(*list, "post_processor.processors", "an array");
+    for (size_t i = 0; i < list->size(); ++i) {
+      candidates.emplace_back(&(*list)[i], Reader::index("post_processor.processors", i));
+    }
   }
-  for (const Json* p : candidates) {
-    if (!p->is_object() || p->value("type", "") != "TemplateProcessing") continue;
-    const auto single = p->find("single");
-    if (single == p->end() || !single->is_array() || single->empty()) continue;
-    const Json& first = (*single)[0];
-    if (!first.is_object()) continue;
-    const auto special = first.find("SpecialToken");
-    if (special != first.end() && special->is_object() && special->value("id", "") == bos) {
+  for (const auto& [p, key] : candidates) {
+    if (r.find_string(*p, key, "type") != "TemplateProcessing") continue;
+    const Json* single = r.find(*p, key, "single");
+    if (single == nullptr) continue;
+    if (!single->is_array()) r.expected(*single, key + ".single", "an array");
+    if (single->empty()) continue;
+    const std::string first = Reader::index(key + ".single", 0);
+    const Json* special = r.find((*single)[0], first, "SpecialToken");
+    if (special != nullptr && r.get_string(*special, first + ".SpecialToken", "id") == bos) {
       return true;
     }
   }
@@ -469,14 +474,15 @@ bool post_processor_adds(const Json& root, const std::string& bos) {
 }
 
 // tokenizer_config.json: bos/eos/pad/unk tokens, add_bos_token and the chat template.
-void read_config(const std::string& dir, const Json& root, const Json& model, TokenizerData& d) {
+void read_config(const Reader& file, const Json& root, const Json& model, TokenizerData& d) {
+  const std::string dir = std::filesystem::path(file.path()).parent_path().string();
   const std::string path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
   const std::string jinja_path = (std::filesystem::path(dir) / "chat_template.jinja").string();
   std::unordered_map<std::string_view, int32_t> by_text;
   for (size_t i = d.tokens.size(); i-- > 0;) by_text[d.tokens[i]] = static_cast<int32_t>(i);
 
-  if (const auto unk = model.find("unk_token"); unk != model.end() && unk->is_string()) {
-    const auto it = by_text.find(unk->get_ref<const std::string&>());
+  if (const std::optional<std::string> unk = file.find_string(model, "model", "unk_token")) {
+    const auto it = by_text.find(*unk);
     if (it != by_text.end()) d.unk_id = it->second;
   }
   std::optional<bool> add_bos;
@@ -505,7 +511,7 @@ void read_config(const std::string& dir, const Json& root, const Json& model, To
     }
     if (const Json* t = r.find(config, "", "chat_template")) {
       if (t->is_string()) {
-        d.chat_template = t->get<std::string>();
+        d.chat_template = r.as_string(*t, "chat_template");
       } else if (t->is_array()) {  // [{"name": "default", "template": ...}, ...]
         for (size_t i = 0; i < t->size(); ++i) {
           const std::string key = Reader::index("chat_template", i);
@@ -521,7 +527,8 @@ void read_config(const std::string& dir, const Json& root, const Json& model, To
   if (d.chat_template.empty() && std::filesystem::exists(jinja_path)) {
     d.chat_template = json_io::read_file(jinja_path);
   }
-  d.add_bos = add_bos.value_or(d.bos_id >= 0 && post_processor_adds(root, d.tokens[d.bos_id]));
+  d.add_bos =
+      add_bos.value_or(d.bos_id >= 0 && post_processor_adds(file, root, d.tokens[d.bos_id]));
 }
 
 std::string tokenizer_json_path(const std::string& path) {
@@ -572,7 +579,7 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
   }
   read_vocabulary(r, root, model, options.byte_fallback, d);
   read_merges(r, model, d);
-  read_config(std::filesystem::path(file).parent_path().string(), root, model, d);
+  read_config(r, root, model, d);
   try {
     return from_data(std::move(d));
   } catch (const Error& e) {

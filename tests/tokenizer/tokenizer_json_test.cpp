@@ -467,6 +467,39 @@ TEST_F(TokenizerJsonErrors, DeepSequencesAreRefused) {
   expect_error(bad_fixture("pre_tokenizer_nested.json"), {ninth + ":", "more than 8 deep"});
 }
 
+// A post_processor of the wrong shape once escaped as nlohmann's type_error.302 ("internal
+// error" in the CLI). It is read when tokenizer_config.json names a bos token but not
+// add_bos_token.
+TEST_F(TokenizerJsonErrors, MalformedPostProcessorIsAnError) {
+  const std::string dir = bad_fixture("post_processor_type_number");
+  expect_error(dir, {"post_processor.type", "an integer (1), expected a string"},
+               dir + "/tokenizer.json");
+  write("tokenizer_config.json", R"({"bos_token": "a"})");
+  const json ok = json::parse(R"({"type": "TemplateProcessing", "single": [
+                                  {"SpecialToken": {"id": "a", "type_id": 0}}]})");
+  json j = minimal();
+  j["post_processor"] = ok;
+  EXPECT_TRUE(Tokenizer::from_hf_json(write(j)).add_bos());
+  j["post_processor"] = {{"type", "Sequence"}, {"processors", json::array({ok})}};
+  EXPECT_TRUE(Tokenizer::from_hf_json(write(j)).add_bos());
+  j["post_processor"]["processors"][0]["type"] = false;
+  expect_error(write(j), {"post_processor.processors[0].type", "expected a string"});
+  j["post_processor"]["processors"] = "x";
+  expect_error(write(j), {"post_processor.processors", "expected an array"});
+  j["post_processor"] = ok;
+  j["post_processor"]["single"][0]["SpecialToken"]["id"] = 0;
+  expect_error(write(j), {"post_processor.single[0].SpecialToken.id", "expected a string"});
+  j["post_processor"]["single"][0] = 7;
+  expect_error(write(j), {"post_processor.single[0]", "expected an object"});
+  j["post_processor"]["single"] = 7;
+  expect_error(write(j), {"post_processor.single", "expected an array"});
+  j["post_processor"] = 7;
+  expect_error(write(j), {"post_processor", "expected an object"});
+  j = minimal();
+  j["model"]["unk_token"] = 0;
+  expect_error(write(j), {"model.unk_token", "expected a string"});
+}
+
 TEST_F(TokenizerJsonErrors, BadConfig) {
   const std::string path = write(minimal());
   const std::string config = write("tokenizer_config.json", R"({"bos_token": "<s>"})");

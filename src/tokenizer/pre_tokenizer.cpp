@@ -40,7 +40,7 @@ struct Entry {
 };
 
 // To add a pre-tokenizer: its regexes above, one row here, and its splits in
-// scripts/make-tokenizer-fixtures.py (PRE_TOKENIZERS) so the test checks them.
+// tests/fixtures/tokenizer/make_smollm2.py (PRE_TOKENIZERS) so the test checks them.
 constexpr Entry kEntries[] = {
     {"gpt2", kGpt2Stages},
     {"smollm", kSmollmStages},

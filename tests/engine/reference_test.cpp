@@ -1,6 +1,6 @@
 // Real models on the CPU against Hugging Face transformers' float32 run of the same GGUF file
-// (fixtures written by scripts/make-fixtures.py): SmolLM2-135M-Instruct (Q4_1) and Gemma 3 270M
-// (Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 tensors).
+// (fixtures written by tests/fixtures/make_references.py): SmolLM2-135M-Instruct (Q4_1) and
+// Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 tensors).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // config.json: typed getters, nested objects, and errors that name the file, the key and (for
 // malformed JSON) the line and column. The fixture is the config transformers wrote for
-// tests/fixtures/safetensors/tiny-llama (scripts/make-safetensors-fixtures.py).
+// tests/fixtures/safetensors/tiny-llama (tests/fixtures/safetensors/make_safetensors.py).
 #include "formats/hf_config.h"
 
 #include <gtest/gtest.h>

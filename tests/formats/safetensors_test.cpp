@@ -1,7 +1,7 @@
 // safetensors files and Hugging Face folders: synthetic round trips, every kind of bad input
 // (each a llmk::Error naming the file and the problem), truncations and byte flips, and files
 // written by the `safetensors` / `transformers` Python packages
-// (scripts/make-safetensors-fixtures.py).
+// (tests/fixtures/safetensors/make_safetensors.py).
 #include "formats/safetensors.h"
 
 #include <fcntl.h>
@@ -606,7 +606,7 @@ const std::string kFixtures = std::string(LLMK_SOURCE_DIR) + "/tests/fixtures/sa
 nlohmann::json expected_json() {
   std::ifstream in(kFixtures + "/expected.json");
   EXPECT_TRUE(in.good()) << "missing " << kFixtures
-                         << "/expected.json; run scripts/make-safetensors-fixtures.py";
+                         << "/expected.json; run tests/fixtures/safetensors/make_safetensors.py";
   std::stringstream ss;
   ss << in.rdbuf();
   return nlohmann::json::parse(ss.str());

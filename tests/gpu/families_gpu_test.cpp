@@ -3,7 +3,7 @@
 // float32 logits: a batched prefill of 20 tokens, then 28 graph-replayed decode steps that cross
 // every sliding window.
 //
-// Yardstick: transformers itself in bf16. scripts/make-family-fixtures.py records, per
+// Yardstick: transformers itself in bf16. tests/fixtures/families/make_models.py records, per
 // position, its error against its own float32 run, max_v |bf16 - f32| / max_v |f32| (worst
 // 0.023-0.033 over the four fixtures), and whether its top-1 agrees. llmk's CUDA path rounds at
 // other places (fused epilogues, fp32 softmax), so it is allowed twice transformers' worst and

@@ -17,12 +17,12 @@
 namespace llmk {
 namespace {
 
-// The yardstick is transformers itself in bf16: scripts/make-fixtures.py records, per position,
-// its relative logit error against its float32 run and whether its top-1 agrees. llmk's CUDA
-// path (bf16 weights and activations, fp32 accumulation) is compared with llmk's CPU path, which
-// matches transformers' float32 to 6e-5 (tests/engine), and must lose no more than 1.5x what
-// transformers loses in bf16: worst and median error over all positions, and top-1 agreement
-// at most 2 points below. SmolLM2's residual stream carries large activations that bf16 holds
+// The yardstick is transformers itself in bf16: tests/fixtures/make_references.py records, per
+// position, its relative logit error against its float32 run and whether its top-1 agrees. llmk's
+// CUDA path (bf16 weights and activations, fp32 accumulation) is compared with llmk's CPU path,
+// which matches transformers' float32 to 6e-5 (tests/engine), and must lose no more than 1.5x what
+// transformers loses in bf16: worst and median error over all positions, and top-1 agreement at
+// most 2 points below. SmolLM2's residual stream carries large activations that bf16 holds
 // coarsely, so both engines reach ~0.1 relative error at a few positions.
 constexpr double kErrRatio = 1.5;
 constexpr double kTop1Slack = 0.02;

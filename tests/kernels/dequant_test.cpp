@@ -1,4 +1,4 @@
-// Dequantisation against fixtures written by scripts/make-quant-fixtures.py with the gguf
+// Dequantisation against fixtures written by tests/fixtures/quant/make_quant.py with the gguf
 // Python package, an implementation independent of llmk's.
 #include "kernels/cpu/dequant.h"
 
@@ -26,7 +26,7 @@ Fixture load_fixture(const std::string& name) {
   const std::string path = std::string(LLMK_SOURCE_DIR) + "/tests/fixtures/quant/" + name + ".bin";
   std::ifstream f(path, std::ios::binary);
   EXPECT_TRUE(f.good()) << "missing fixture " << path
-                        << " (regenerate with scripts/make-quant-fixtures.py)";
+                        << " (regenerate with tests/fixtures/quant/make_quant.py)";
   const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), {});
   Fixture fx;
   if (bytes.size() < 20 || std::memcmp(bytes.data(), "LLMKQFX1", 8) != 0) {

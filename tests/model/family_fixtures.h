@@ -1,6 +1,6 @@
 // The tiny random-weight models of tests/fixtures/families/<family>/ (written by
-// scripts/make-family-fixtures.py with transformers) and their reference logits, plus helpers
-// to make altered copies of a fixture folder. Used by the model tests and the GPU tests.
+// tests/fixtures/families/make_models.py with transformers) and their reference logits, plus
+// helpers to make altered copies of a fixture folder. Used by the model tests and the GPU tests.
 #pragma once
 
 #include <gtest/gtest.h>

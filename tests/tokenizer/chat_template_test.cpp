@@ -1,5 +1,6 @@
 // Chat template families on hand-written templates, and on the families' real templates as
-// Jinja2 renders them (tests/fixtures/tokenizer/chat_templates.json, scripts/make-chat-template-fixtures.py).
+// Jinja2 renders them (tests/fixtures/tokenizer/chat_templates.json, written by
+// tests/fixtures/tokenizer/make_chat_templates.py).
 // SmolLM2's own template is checked against transformers in smollm2_test.cpp.
 #include "tokenizer/chat_template.h"
 

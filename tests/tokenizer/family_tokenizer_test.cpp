@@ -1,5 +1,5 @@
 // The tokenizers of the tiny family models (tests/fixtures/families/<family>/tokenizer.json,
-// scripts/make-family-tokenizers.py): Llama 3 and Qwen2 (byte-level BPE, Qwen2 with NFC),
+// tests/fixtures/families/make_tokenizers.py): Llama 3 and Qwen2 (byte-level BPE, Qwen2 with NFC),
 // Phi-3 and Gemma 3 (SentencePiece-style BPE with byte fallback, as transformers' converters
 // write them), each trained with the tokenizers library, at most 512 tokens. Every corpus string
 // must give tokenizers' ids with and without special tokens parsed, and its decode.

@@ -1,6 +1,6 @@
 // Gemma 3's tokenizer (SentencePiece-style BPE with byte fallback), loaded from
 // models/gemma-3-270m-q4_k_m.gguf, against the ids of Hugging Face
-// (tests/fixtures/tokenizer/gemma3.json, from scripts/make-gemma-tokenizer-fixtures.py).
+// (tests/fixtures/tokenizer/gemma3.json, from tests/fixtures/tokenizer/make_gemma3.py).
 #include <gtest/gtest.h>
 
 #include <chrono>

@@ -1,5 +1,5 @@
 // SmolLM2-135M-Instruct's tokenizer, loaded from its GGUF, against the ids of Hugging Face
-// (tests/fixtures/tokenizer/smollm2.json, from scripts/make-tokenizer-fixtures.py).
+// (tests/fixtures/tokenizer/smollm2.json, from tests/fixtures/tokenizer/make_smollm2.py).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Tokenizer::from_hf_json against tokenizers: small byte-level BPEs trained with the
 // pre-tokenizers of Llama 3, Qwen2 (with its NFC normalizer) and GPT-2, and SmolLM2's own
 // tokenizer.json (which must also agree with the GGUF). Malformed files give errors naming the
-// file and the key. Fixtures: scripts/make-tokenizer-json-fixtures.py.
+// file and the key. Fixtures: tests/fixtures/tokenizer/make_hf_json.py.
 //
 // The round trip: decode(encode(s)) == s for tokenizers without a normalizer; with NFC it is
 // NFC(s) (checked against both tokenizers' decode and llmk's own unicode::nfc).

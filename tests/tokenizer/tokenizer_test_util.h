@@ -25,7 +25,7 @@ inline std::string smollm2_path() {
 inline nlohmann::json load_fixture(const std::string& name) {
   const std::string path = std::string(LLMK_SOURCE_DIR) + "/tests/fixtures/tokenizer/" + name;
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open fixture " + path + " (scripts/make-tokenizer-fixtures.py)");
+  if (!in) throw Error("cannot open fixture " + path + " (tests/fixtures/tokenizer/make_*.py)");
   std::stringstream ss;
   ss << in.rdbuf();
   return nlohmann::json::parse(ss.str());

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <memory>
 
+#include "core/error.h"
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define LLMK_CPU_RELAX() _mm_pause()
@@ -30,17 +32,30 @@ constexpr std::chrono::microseconds kSpin{200};
 
 ThreadPool::ThreadPool(int num_threads) {
   const int workers = std::max(1, num_threads) - 1;
-  workers_.reserve(static_cast<size_t>(workers));
-  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+  try {
+    workers_.reserve(static_cast<size_t>(workers));
+    for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::exception& e) {
+    // The destructor does not run for a constructor that throws: stop what started here.
+    const size_t started = workers_.size();
+    stop_workers();
+    LLMK_FAIL(
+        "cannot start a pool of {} CPU threads: thread {} failed to start ({}); use fewer "
+        "threads",
+        num_threads, started + 1, e.what());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::run_chunks() {
@@ -136,7 +151,9 @@ ThreadPool& cpu_pool() {
 }
 
 void set_num_threads(int n) {
-  pool_slot() = std::make_unique<ThreadPool>(n > 0 ? n : default_threads());
+  auto& p = pool_slot();
+  p.reset();  // its threads first, so that the two pools never run side by side
+  p = std::make_unique<ThreadPool>(n > 0 ? n : default_threads());
 }
 
 }  // namespace llmk

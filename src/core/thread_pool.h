@@ -14,6 +14,8 @@ namespace llmk {
 
 class ThreadPool {
  public:
+  // Throws llmk::Error when a thread cannot be started (the system's thread or memory limits);
+  // the threads started before it are stopped and joined first.
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -28,6 +30,7 @@ class ThreadPool {
 
  private:
   void worker_loop();
+  void stop_workers();  // wakes every worker with stop_ set and joins it
   void run_chunks();
 
   std::vector<std::thread> workers_;

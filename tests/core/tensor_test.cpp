@@ -1,13 +1,11 @@
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <numeric>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/tensor.h"
-#include "core/thread_pool.h"
 
 namespace llmk {
 namespace {
@@ -75,22 +73,6 @@ TEST(Half, RoundTripsAndRounding) {
   // 1 + 2^-8 is halfway between two bf16 values: ties go to even (1.0).
   EXPECT_EQ(bf16_to_float(float_to_bf16(1.00390625f)), 1.0f);
   EXPECT_EQ(bf16_to_float(float_to_bf16(1.01171875f)), 1.015625f);
-}
-
-TEST(ThreadPool, CoversEveryIndexOnceAndRethrows) {
-  ThreadPool pool(4);
-  for (int64_t n : {1, 7, 1000, 12345}) {
-    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-    pool.parallel_for(n, 3, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
-    });
-    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
-  }
-  EXPECT_THROW(pool.parallel_for(100, 1,
-                                 [](int64_t b, int64_t) {
-                                   if (b > 50) throw Error("boom");
-                                 }),
-               Error);
 }
 
 }  // namespace

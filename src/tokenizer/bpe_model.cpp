@@ -37,7 +37,6 @@ BpeModel::BpeModel(const std::array<int32_t, 256>& byte_ids, std::span<const Mer
       if (s.key == key) break;  // listed before: keep the lower rank
       if (s.key == kEmpty) {
         s = Slot{key, static_cast<int32_t>(rank), m.result};
-        ++count_;
         break;
       }
     }

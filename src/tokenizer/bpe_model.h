@@ -51,8 +51,6 @@ class BpeModel {
   // Appends the ids of `piece` (raw bytes) to `out`.
   void encode(std::string_view piece, Scratch& scratch, std::vector<int32_t>& out) const;
 
-  size_t num_merges() const { return count_; }
-
  private:
   // Open-addressing map from a pair of ids to (rank, result).
   struct Slot {
@@ -72,7 +70,6 @@ class BpeModel {
   std::array<int32_t, 256> byte_ids_{};
   std::vector<Slot> slots_;
   uint64_t mask_ = 0;
-  size_t count_ = 0;
 };
 
 }  // namespace llmk

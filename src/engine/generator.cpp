@@ -7,6 +7,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 #ifdef LLMK_HAS_CUDA
 #include "core/cuda/graph.h"
@@ -173,38 +174,11 @@ GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int
   return st;
 }
 
-namespace {
-// Length of the UTF-8 sequence a lead byte starts, or 0 for a byte that cannot lead one.
-size_t utf8_length(unsigned char c) {
-  if (c < 0x80) return 1;
-  if ((c >> 5) == 0x6) return 2;
-  if ((c >> 4) == 0xe) return 3;
-  if ((c >> 3) == 0x1e) return 4;
-  return 0;
-}
-}  // namespace
-
 std::string Utf8Stream::push(const std::string& bytes) {
   pending_ += bytes;
-  // Find the start of the last (possibly incomplete) character.
-  size_t i = pending_.size();
-  size_t back = 0;
-  while (i > 0 && back < 4) {
-    --i;
-    ++back;
-    const auto c = static_cast<unsigned char>(pending_[i]);
-    if ((c & 0xc0) != 0x80) {
-      const size_t len = utf8_length(c);
-      if (len > back) {  // incomplete: hold it back
-        std::string ready = pending_.substr(0, i);
-        pending_.erase(0, i);
-        return ready;
-      }
-      break;
-    }
-  }
-  std::string ready;
-  ready.swap(pending_);
+  const size_t complete = utf8::complete_prefix(pending_);
+  std::string ready = pending_.substr(0, complete);
+  pending_.erase(0, complete);
   return ready;
 }
 

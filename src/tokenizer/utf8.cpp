@@ -54,7 +54,8 @@ size_t complete_prefix(std::string_view text) {
   }
   if (i == 0) return text.size();
   const auto lead = static_cast<uint8_t>(text[i - 1]);
-  const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  // F8..FF never lead a sequence: such a byte is complete as it is.
+  const size_t need = lead >= 0xF8 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
   return need > back + 1 ? i - 1 : text.size();
 }
 

@@ -17,7 +17,8 @@ size_t valid_prefix(std::string_view text);
 inline bool is_valid(std::string_view text) { return valid_prefix(text) == text.size(); }
 
 // Bytes of the longest prefix of `text` that ends on a character boundary, assuming the text
-// is valid UTF-8 apart from a possibly incomplete last character (for streaming output).
+// is valid UTF-8 apart from a possibly incomplete last character (for streaming output). A
+// trailing byte that can never lead a sequence (F8..FF) counts as complete.
 size_t complete_prefix(std::string_view text);
 
 }  // namespace llmk::utf8

@@ -115,6 +115,8 @@ TEST(Utf8, ValidityAndCompletePrefixes) {
   EXPECT_EQ(utf8::complete_prefix("\xF0\x9F\x98"), 0u);
   EXPECT_EQ(utf8::complete_prefix("ab"), 2u);
   EXPECT_EQ(utf8::complete_prefix(""), 0u);
+  EXPECT_EQ(utf8::complete_prefix("a\xF8"), 2u);  // never a lead byte: complete as it is
+  EXPECT_EQ(utf8::complete_prefix("a\xFF"), 2u);
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 # Installs what building and testing llmk needs on Debian/Ubuntu, only where it is missing.
 set -euo pipefail
 
+# clang, libclang-rt-dev (libFuzzer and the sanitizer runtimes) and llvm (llvm-symbolizer, for
+# stack traces): the fuzz preset.
 pkgs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-      libpcre2-dev libutf8proc-dev python3 unzip)
+      libpcre2-dev libutf8proc-dev python3 unzip clang libclang-rt-dev llvm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds llmk and runs every test: the CUDA build first (preset cuda: compiles all CUDA code;
 # its GPU tests run where a GPU exists and report SKIP elsewhere), then every CPU test in the
-# Release build (preset cpu) and again under AddressSanitizer + UBSan (preset asan). Installs
-# missing build dependencies and fetches the test models (SmolLM2, Gemma 3 270M) first.
+# Release build (preset cpu) and again under AddressSanitizer + UBSan (preset asan), then runs
+# every libFuzzer target for a short time (preset fuzz; docs/fuzzing.md). Installs missing build
+# dependencies and fetches the test models (SmolLM2, Gemma 3 270M) first.
 #
-#   scripts/test.sh            # cuda (where nvcc exists) + cpu + asan
+#   scripts/test.sh            # cuda (where nvcc exists) + cpu + asan + fuzz
 #   scripts/test.sh --quick    # cpu only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,3 +34,11 @@ for p in "${presets[@]}"; do
     ctest --preset "$p" -j "$jobs" --timeout 900
   fi
 done
+[ "${1:-}" = "--quick" ] && exit 0
+
+# Every fuzz target from its seeds for 35 s, $jobs at a time: any crash, input slower than 1 s
+# or allocation above 2 GB fails the run.
+echo "== preset fuzz: configure, build, fuzz each target" >&2
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz -j "$jobs"
+fuzz/run.sh --seconds 35 --jobs "$jobs"

@@ -1,7 +1,5 @@
 #include "formats/gguf.h"
 
-#include "formats/mapped_file.h"
-
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -19,6 +17,8 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/text.h"
+#include "formats/mapped_file.h"
 
 namespace llmk::gguf {
 
@@ -40,7 +40,6 @@ constexpr size_t kMaxReserve = size_t{1} << 16;
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
 // Smallest encoding of one tensor info: empty name, n_dims, one dim, type, offset.
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
-
 
 // ---- ggml types ---------------------------------------------------------------------------
 
@@ -154,38 +153,6 @@ uint64_t min_encoded_bytes(ValueType t) {
       return 12;
   }
   return 1;
-}
-
-std::string escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    switch (c) {
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      default:
-        if (u < 0x20 || u == 0x7f) {
-          out += fmt::format("\\x{:02x}", u);
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
 }
 
 std::string format_float(double v, ValueType t) {
@@ -475,7 +442,7 @@ std::string Value::to_string(size_t max_array_items) const {
   for (size_t i = 0; i < shown; ++i) {
     if (i > 0) out += ", ";
     if (a.elem == ValueType::STRING) {
-      out += '"' + escape(a.strings[i]) + '"';
+      out += '"' + printable(a.strings[i]) + '"';
     } else if (a.elem == ValueType::ARRAY) {
       out += a.nested[i].to_string(max_array_items);
     } else if (is_float_type(a.elem)) {
@@ -573,15 +540,15 @@ void read_metadata(Reader& r, uint64_t kv_count, Contents& s) {
   for (uint64_t i = 0; i < kv_count; ++i) {
     r.set_context(fmt::format("metadata entry {} of {}", i, kv_count));
     std::string key = r.read_string("key");
-    r.set_context(fmt::format("metadata entry {} of {} ('{}')", i, kv_count, escape(key)));
+    r.set_context(fmt::format("metadata entry {} of {} ('{}')", i, kv_count, printable(key)));
     if (key.empty()) r.fail("empty metadata key");
     const ValueType t = read_value_type(r, "value type");
     Value v = read_value(r, t, 0);
     auto [it, inserted] = s.metadata_index.try_emplace(key, s.metadata.size());
     if (!inserted) {
       r.set_context("");
-      r.fail(fmt::format("duplicate metadata key '{}' (entries {} and {})", escape(key), it->second,
-                         i));
+      r.fail(fmt::format("duplicate metadata key '{}' (entries {} and {})", printable(key),
+                         it->second, i));
     }
     s.metadata.emplace_back(std::move(key), std::move(v));
   }
@@ -608,7 +575,7 @@ TensorInfo read_tensor_info(Reader& r, uint64_t i, uint64_t count) {
   TensorInfo t;
   r.set_context(fmt::format("tensor info {} of {}", i, count));
   t.name = r.read_string("tensor name");
-  const std::string name = escape(t.name);
+  const std::string name = printable(t.name);
   r.set_context(fmt::format("tensor info {} of {} ('{}')", i, count, name));
   if (t.name.empty()) r.fail("empty tensor name");
   const auto n_dims = r.read<uint32_t>("n_dims");
@@ -659,11 +626,11 @@ void check_tensor_data(const Contents& s) {
   for (const TensorInfo& t : s.tensors) {
     LLMK_CHECK(t.offset % s.alignment == 0,
                "{}: tensor '{}' data offset {} is not a multiple of the alignment {}", s.path,
-               escape(t.name), t.offset, s.alignment);
+               printable(t.name), t.offset, s.alignment);
     LLMK_CHECK(t.offset <= data_bytes && t.nbytes <= data_bytes - t.offset,
                "{}: tensor '{}' data extends past the end of the file (truncated download?): "
                "offset {} + {} bytes in the data section starting at {}, file size {}",
-               s.path, escape(t.name), t.offset, t.nbytes, s.data_offset, s.file_size);
+               s.path, printable(t.name), t.offset, t.nbytes, s.data_offset, s.file_size);
   }
   std::vector<const TensorInfo*> by_offset;
   by_offset.reserve(s.tensors.size());
@@ -675,7 +642,7 @@ void check_tensor_data(const Contents& s) {
     const TensorInfo& b = *by_offset[i];
     LLMK_CHECK(a.offset + a.nbytes <= b.offset,
                "{}: tensor data overlaps: '{}' at offset {} ({} bytes) and '{}' at offset {}",
-               s.path, escape(a.name), a.offset, a.nbytes, escape(b.name), b.offset);
+               s.path, printable(a.name), a.offset, a.nbytes, printable(b.name), b.offset);
   }
 }
 
@@ -713,7 +680,7 @@ void parse(const std::string& path, Contents* s) {
     TensorInfo t = read_tensor_info(r, i, tensor_count);
     auto [it, inserted] = s->tensor_index.try_emplace(t.name, s->tensors.size());
     if (!inserted) {
-      LLMK_FAIL("{}: duplicate tensor name '{}' (tensor infos {} and {})", path, escape(t.name),
+      LLMK_FAIL("{}: duplicate tensor name '{}' (tensor infos {} and {})", path, printable(t.name),
                 it->second, i);
     }
     s->tensors.push_back(std::move(t));

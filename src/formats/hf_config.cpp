@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "formats/mapped_file.h"
 
 namespace llmk {
@@ -37,8 +38,9 @@ std::string_view parse_error_reason(std::string_view what) {
 // (nlohmann would silently keep the last value).
 class DuplicateKeyCheck {
  public:
-  DuplicateKeyCheck(const std::string& path, const DuplicateKeyFn& on_duplicate)
-      : path_(path), on_duplicate_(on_duplicate) {}
+  DuplicateKeyCheck(const std::string& path, const DuplicateKeyFn& on_duplicate,
+                    std::vector<std::string>* top_level_keys)
+      : path_(path), on_duplicate_(on_duplicate), top_level_keys_(top_level_keys) {}
 
   template <class AnyJson>
   bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, AnyJson& parsed) {
@@ -74,7 +76,10 @@ class DuplicateKeyCheck {
   void on_key(const std::string& key) {
     Frame& top = frames_.back();
     top.last_key = key;
-    if (top.keys.insert(key).second) return;
+    if (top.keys.insert(key).second) {
+      if (top_level_keys_ != nullptr && frames_.size() == 1) top_level_keys_->push_back(key);
+      return;
+    }
     std::vector<std::string> parents;
     for (size_t i = 0; i + 1 < frames_.size(); ++i) {
       if (frames_[i].is_object) parents.push_back(frames_[i].last_key);
@@ -87,6 +92,7 @@ class DuplicateKeyCheck {
 
   const std::string& path_;
   const DuplicateKeyFn& on_duplicate_;
+  std::vector<std::string>* top_level_keys_;
   std::vector<Frame> frames_;
 };
 
@@ -110,35 +116,22 @@ TextPosition text_position(std::string_view text, size_t offset) {
   return p;
 }
 
-namespace {
-
-template <class AnyJson>
-AnyJson parse_as(std::string_view text, const std::string& path,
-                 const DuplicateKeyFn& on_duplicate) {
-  DuplicateKeyCheck check(path, on_duplicate);
+Json parse(std::string_view text, const std::string& path, const DuplicateKeyFn& on_duplicate,
+           std::vector<std::string>* top_level_keys) {
+  DuplicateKeyCheck check(path, on_duplicate, top_level_keys);
   try {
-    return AnyJson::parse(text.begin(), text.end(),
-                          [&check](int depth, nlohmann::json::parse_event_t event,
-                                   AnyJson& parsed) { return check(depth, event, parsed); });
-  } catch (const nlohmann::json::parse_error& e) {
+    return Json::parse(text.begin(), text.end(),
+                       [&check](int depth, Json::parse_event_t event, Json& parsed) {
+                         return check(depth, event, parsed);
+                       });
+  } catch (const Json::parse_error& e) {
     // e.byte is 1-based: the byte at which the parser gave up.
     const TextPosition p = text_position(text, e.byte > 0 ? e.byte - 1 : 0);
     LLMK_FAIL("{}: malformed JSON at line {}, column {}: {}", path, p.line, p.column,
               parse_error_reason(e.what()));
-  } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
+  } catch (const Json::exception& e) {  // e.g. a number too large for a double
     LLMK_FAIL("{}: malformed JSON: {}", path, e.what());
   }
-}
-
-}  // namespace
-
-Json parse(std::string_view text, const std::string& path, const DuplicateKeyFn& on_duplicate) {
-  return parse_as<Json>(text, path, on_duplicate);
-}
-
-nlohmann::json parse_sorted(std::string_view text, const std::string& path,
-                            const DuplicateKeyFn& on_duplicate) {
-  return parse_as<nlohmann::json>(text, path, on_duplicate);
 }
 
 std::string describe(const Json& v) {
@@ -167,24 +160,6 @@ std::string describe(const Json& v) {
     default:
       return std::string(v.type_name());
   }
-}
-
-std::string escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\'') {
-      out += "\\'";
-    } else if (u < 0x20 || u == 0x7f) {
-      out += fmt::format("\\x{:02x}", u);
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 }  // namespace json_io

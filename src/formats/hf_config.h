@@ -15,12 +15,15 @@
 #include <string_view>
 #include <vector>
 
+#include "core/text.h"
+
 namespace llmk {
 
 namespace json_io {
 
-// Objects keep their keys in file order.
-using Json = nlohmann::ordered_json;
+// Objects keep their keys sorted (std::map): inserting n keys costs n log n, where an object
+// that kept file order would cost n^2 (a 1 MB header of 125k keys took about 30 s).
+using Json = nlohmann::json;
 
 // The file's bytes. Throws llmk::Error "<path>: cannot open: <reason>" (or "not a regular
 // file", or "larger than <max_bytes> bytes").
@@ -33,14 +36,12 @@ using DuplicateKeyFn =
 
 // Parses `text`; errors name `path`: "<path>: malformed JSON at line L, column C: <reason>".
 // A duplicate key calls `on_duplicate` when given (which should throw), else throws
-// "<path>: duplicate key '<a.b.key>'".
+// "<path>: duplicate key '<a.b.key>'". `top_level_keys`, when given, receives the keys of the
+// top-level object in file order (for formats whose order means something, such as the tensors
+// of a safetensors header).
 Json parse(std::string_view text, const std::string& path,
-           const DuplicateKeyFn& on_duplicate = nullptr);
-// The same with objects whose keys are sorted rather than kept in file order: for documents with
-// very large objects (a tokenizer.json vocabulary of 262k keys), where each insert into an
-// ordered object is a linear search.
-nlohmann::json parse_sorted(std::string_view text, const std::string& path,
-                            const DuplicateKeyFn& on_duplicate = nullptr);
+           const DuplicateKeyFn& on_duplicate = nullptr,
+           std::vector<std::string>* top_level_keys = nullptr);
 
 // 1-based line and column of byte `offset` (0-based) of `text`; offsets past the end give the
 // position just after the last byte.
@@ -53,8 +54,9 @@ TextPosition text_position(std::string_view text, size_t offset);
 // "an integer (3)", "a string (\"16\")", "null", "an array", ...: what a value is, for errors.
 std::string describe(const Json& v);
 
-// Printable form of a name from a file (control characters escaped), for error messages.
-std::string escape(std::string_view s);
+// Printable form of a name from a file (control characters escaped, long names cut), for error
+// messages: llmk::printable.
+inline std::string escape(std::string_view s) { return printable(s); }
 
 }  // namespace json_io
 

@@ -1,7 +1,5 @@
 #include "formats/safetensors.h"
 
-#include "formats/mapped_file.h"
-
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -21,6 +19,7 @@
 
 #include "core/error.h"
 #include "formats/hf_config.h"
+#include "formats/mapped_file.h"
 
 namespace llmk::safetensors {
 
@@ -33,7 +32,6 @@ using json_io::Json;
 constexpr uint64_t kSizeFieldBytes = 8;  // the u64 header size
 constexpr std::string_view kIndexName = "model.safetensors.index.json";
 constexpr std::string_view kSingleName = "model.safetensors";
-
 
 // ---- dtypes ---------------------------------------------------------------------------------
 
@@ -279,18 +277,22 @@ void parse(const std::string& path, Contents* s) {
 
   const std::string_view text(reinterpret_cast<const char*>(s->mapping->data) + kSizeFieldBytes,
                               static_cast<size_t>(n));
+  std::vector<std::string> order;  // the header's names in file order
   const Json header = json_io::parse(
-      text, path, [&path](const std::vector<std::string>& parents, const std::string& key) {
+      text, path,
+      [&path](const std::vector<std::string>& parents, const std::string& key) {
         if (parents.empty()) {
           LLMK_FAIL("{}: duplicate tensor name '{}' in the header", path, escape(key));
         }
-      });
+      },
+      &order);
   if (!header.is_object()) {
     LLMK_FAIL("{}: the header is {}, expected a JSON object", path, describe(header));
   }
 
   s->tensors.reserve(header.size());
-  for (const auto& [name, entry] : header.items()) {
+  for (const std::string& name : order) {
+    const Json& entry = header.at(name);
     if (name == "__metadata__") {
       read_metadata(*s, entry);
       continue;

@@ -185,6 +185,20 @@ TEST_F(GgufErrors, ArraysNestedTooDeep) {
             "array)] (1 x array)] (1 x array)] (1 x array)");
 }
 
+TEST_F(GgufErrors, LongNamesAreCutInMessages) {
+  // A name from the file is quoted in errors; a corrupt length once made a 130 MB "line".
+  const std::string key(1 << 20, 'k');
+  GgufBuilder b = base();
+  b.kv(key, string_value("a")).kv(key, string_value("b"));
+  const std::string msg = fails(b, {"duplicate metadata key", "... (1048576 bytes)"});
+  EXPECT_LT(msg.size(), 400u) << msg.substr(0, 400);
+  b = base();
+  b.tensor(std::string(1 << 20, 't') + "\x1b[2J", {32, 2}, /*ggml type*/ 99, 256);
+  const std::string msg2 = fails(b, {"tensor info 1 of 2", "... (1048580 bytes)"});
+  EXPECT_LT(msg2.size(), 400u) << msg2.substr(0, 400);
+  EXPECT_EQ(msg2.find('\x1b'), std::string::npos);
+}
+
 TEST_F(GgufErrors, DuplicateMetadataKey) {
   GgufBuilder b = base();
   b.kv("general.architecture", string_value("qwen2"));

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 #include <numbers>
+#include <string_view>
 
 #include "core/error.h"
 #include "formats/gguf.h"
@@ -40,7 +42,20 @@ void read_gguf_rope_scaling(ModelConfig& c, const gguf::File& f, const std::stri
   }
 }
 
+double checked_eps(double eps, const std::string& where, std::string_view key) {
+  LLMK_CHECK(std::isfinite(eps) && eps >= 0 && eps < 1, "{}: {} = {} must be in [0, 1)", where, key,
+             eps);
+  return eps;
+}
+
 }  // namespace
+
+// Above 1: below it every frequency is 1 or more and the angles no longer fall with the dimension.
+double checked_theta(double theta, const std::string& where, std::string_view key) {
+  LLMK_CHECK(std::isfinite(theta) && theta > 1, "{}: {} = {} must be a finite number > 1", where,
+             key, theta);
+  return theta;
+}
 
 std::vector<float> llama3_rope_factors(double theta, int64_t rope_dim, double factor,
                                        double low_freq_factor, double high_freq_factor,
@@ -66,7 +81,7 @@ std::vector<float> llama3_rope_factors(double theta, int64_t rope_dim, double fa
 
 HfRope read_hf_rope(const HfConfig& r, const std::string& key, double theta, int64_t rope_dim) {
   HfRope out;
-  out.theta = r.get_float("rope_theta", theta);
+  out.theta = checked_theta(r.get_float("rope_theta", theta), r.path(), key + ".rope_theta");
   const char* type_key = r.has("rope_type") || !r.has("type") ? "rope_type" : "type";
   const std::string type = r.get_string(type_key, "default");
   if (type == "linear") {
@@ -89,8 +104,6 @@ HfRope read_hf_rope(const HfConfig& r, const std::string& key, double theta, int
                "linear, llama3)",
                r.path(), key, type_key, type);
   }
-  LLMK_CHECK(std::isfinite(out.theta) && out.theta > 1, "{}: {}.rope_theta = {} must be > 1",
-             r.path(), key, out.theta);
   return out;
 }
 
@@ -108,8 +121,10 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.n_kv_heads = f.get_int(p + "attention.head_count_kv", c.n_heads);
   c.d_ff = f.get_int(p + "feed_forward_length");
   c.context_length = f.get_int(p + "context_length");
-  c.rms_eps = static_cast<float>(f.get_float(p + "attention.layer_norm_rms_epsilon"));
-  c.rope_theta = static_cast<float>(f.get_float(p + "rope.freq_base", 10000.0));
+  c.rms_eps = static_cast<float>(checked_eps(f.get_float(p + "attention.layer_norm_rms_epsilon"),
+                                             f.path(), p + "attention.layer_norm_rms_epsilon"));
+  c.rope_theta = static_cast<float>(
+      checked_theta(f.get_float(p + "rope.freq_base", 10000.0), f.path(), p + "rope.freq_base"));
   c.head_dim = f.get_int(p + "attention.key_length", c.n_heads > 0 ? c.d_model / c.n_heads : 0);
   c.rope_dim = f.get_int(p + "rope.dimension_count", c.head_dim);
   // GGUF llama files have Q/K rows permuted by the converter so that RoPE rotates adjacent pairs;
@@ -122,6 +137,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     c.vocab_size = static_cast<int64_t>(v->as_array().size());
   }
   c.vocab_size = f.get_int(p + "vocab_size", c.vocab_size);
+  c.validate_sizes(f.path());
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.validate(f.path());
   return c;
@@ -142,7 +158,8 @@ ModelConfig ModelConfig::from_hf(const HfConfig& h) {
   c.d_ff = h.get_int("intermediate_size");
   c.vocab_size = h.get_int("vocab_size");
   c.context_length = h.get_int("max_position_embeddings");
-  c.rms_eps = static_cast<float>(h.get_float("rms_norm_eps"));
+  c.rms_eps =
+      static_cast<float>(checked_eps(h.get_float("rms_norm_eps"), h.path(), "rms_norm_eps"));
   c.head_dim = h.get_int("head_dim", c.n_heads > 0 ? c.d_model / c.n_heads : 0);
   // transformers 5 keeps rope settings in "rope_parameters" (partial_rotary_factor too), 4 in
   // "rope_theta" / "rope_scaling" / "partial_rotary_factor".
@@ -156,11 +173,12 @@ ModelConfig ModelConfig::from_hf(const HfConfig& h) {
   LLMK_CHECK(partial > 0 && partial <= 1, "{}: partial_rotary_factor {} must be in (0, 1]",
              h.path(), partial);
   c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);  // as int() does
+  c.validate_sizes(h.path());  // before any work sized by them (llama3 rope factors)
   // Hugging Face checkpoints keep Q/K in the rotate-half layout.
   c.rope_layout = ops::RopeLayout::HalfSplit;
   if (c.arch != "gemma3") {  // Gemma 3 has one rope per layer type (src/model/gemma3.cpp)
     HfRope rope;
-    rope.theta = h.get_float("rope_theta", rope.theta);
+    rope.theta = checked_theta(h.get_float("rope_theta", rope.theta), h.path(), "rope_theta");
     if (rope_key != nullptr)
       rope = read_hf_rope(h.object(rope_key), rope_key, rope.theta, c.rope_dim);
     c.rope_theta = static_cast<float>(rope.theta);
@@ -188,20 +206,30 @@ ModelConfig ModelConfig::from_hf(const HfConfig& h) {
   return c;
 }
 
+void ModelConfig::validate_sizes(const std::string& where) const {
+  // Far above any released model, low enough that no product of them overflows an int64.
+  const auto in_range = [&where](std::string_view what, int64_t v, int64_t max) {
+    LLMK_CHECK(v > 0 && v <= max, "{}: {} {} is out of range (1 to {})", where, what, v, max);
+  };
+  in_range("layer count", n_layers, 4096);
+  in_range("embedding length", d_model, int64_t{1} << 17);
+  in_range("head count", n_heads, 1024);
+  in_range("kv head count", n_kv_heads, 1024);
+  in_range("head dim", head_dim, 1024);
+  in_range("feed-forward length", d_ff, int64_t{1} << 20);
+  in_range("vocabulary size", vocab_size, int64_t{1} << 24);
+  in_range("context length", context_length, std::numeric_limits<int32_t>::max());
+  LLMK_CHECK(rope_dim > 0 && rope_dim <= head_dim && rope_dim % 2 == 0,
+             "{}: rope dimension {} must be even and at most the head dim {}", where, rope_dim,
+             head_dim);
+}
+
 void ModelConfig::validate(const std::string& where) const {
-  LLMK_CHECK(n_layers > 0 && n_layers <= 4096, "{}: {} layers is out of range", where, n_layers);
-  LLMK_CHECK(d_model > 0 && n_heads > 0 && n_kv_heads > 0 && d_ff > 0 && vocab_size > 0,
-             "{}: non-positive sizes (embedding {}, heads {}, kv heads {}, feed-forward {}, "
-             "vocab {})",
-             where, d_model, n_heads, n_kv_heads, d_ff, vocab_size);
+  validate_sizes(where);
   LLMK_CHECK(n_heads % n_kv_heads == 0, "{}: {} heads are not a multiple of {} kv heads", where,
              n_heads, n_kv_heads);
   LLMK_CHECK(head_dim > 0 && head_dim % 2 == 0, "{}: head dim {} must be even and positive", where,
              head_dim);
-  LLMK_CHECK(rope_dim > 0 && rope_dim <= head_dim && rope_dim % 2 == 0,
-             "{}: rope dimension {} must be even and at most the head dim {}", where, rope_dim,
-             head_dim);
-  LLMK_CHECK(context_length > 0, "{}: context length {} must be positive", where, context_length);
   LLMK_CHECK(
       rope_freq_factors.empty() || static_cast<int64_t>(rope_freq_factors.size()) == rope_dim / 2,
       "{}: {} rope frequency factors for a rope dimension of {}", where, rope_freq_factors.size(),

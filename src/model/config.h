@@ -74,6 +74,9 @@ struct ModelConfig {
   static ModelConfig from_hf(const HfConfig& c);
   // Checks sizes for consistency; `where` names the file in errors.
   void validate(const std::string& where) const;
+  // Only the sizes read first (layers, widths, heads, head and rope dims, vocabulary, context):
+  // each within a bound far above released models, so nothing sized by them runs away.
+  void validate_sizes(const std::string& where) const;
   std::string summary() const;
 };
 

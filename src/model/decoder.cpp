@@ -41,6 +41,7 @@ class DecoderModel final : public Model {
                const LoadOptions& opts, const WeightSource& src)
       : Model(path, std::move(config), context, opts.sequences, opts.device),
         act_(opts.device == Device::CPU ? DType::F32 : DType::BF16) {
+    check_layer_count(src, this->config().n_layers);
     WeightLoader loader(src, opts.device, opts.progress);
     load_weights(loader);  // planning pass: shapes checked, bytes counted, nothing copied
     check_device_memory(path, opts.device, loader.planned_bytes(), kv_cache_bytes(),
@@ -106,10 +107,9 @@ void DecoderModel::load_weights(WeightLoader& w) {
   const int64_t d = c.d_model, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
   tok_embd_ = w.matrix("token_embd.weight", {c.vocab_size, d});
   output_norm_ = w.vector("output_norm.weight", {d});
-  // GGUF files leave out output.weight when it is tied; HF configs say so explicitly.
-  output_ = c.tied_embeddings || !w.has("output.weight")
-                ? tok_embd_
-                : w.matrix("output.weight", {c.vocab_size, d});
+  // GGUF files leave out output.weight when it is tied; HF configs say so explicitly
+  // (tie_word_embeddings), and a missing lm_head.weight is then an error, not the embeddings.
+  output_ = c.tied_embeddings ? tok_embd_ : w.matrix("output.weight", {c.vocab_size, d});
   // Llama 3 rope scaling: GGUF files carry the divisors as a tensor, config.json as numbers.
   if (w.has("rope_freqs.weight")) {
     rope_freqs_ = w.vector("rope_freqs.weight", {c.rope_dim / 2});

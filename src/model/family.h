@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "model/config.h"
 
@@ -29,6 +30,10 @@ struct HfRope {
 // "rope_theta" when present (else `theta`). `rope_dim` is the rotated size the llama3 factors
 // are computed for. Any other type throws "<file>: <key>.rope_type 'yarn' is not supported".
 HfRope read_hf_rope(const HfConfig& r, const std::string& key, double theta, int64_t rope_dim);
+
+// `theta`, a RoPE base read from `key` of the file `where`, when finite and above 1; else throws
+// naming the file and the key.
+double checked_theta(double theta, const std::string& where, std::string_view key);
 
 // The llama3 per-frequency divisors of inv_freq[i] = theta^(-2i/rope_dim), as transformers'
 // _compute_llama3_parameters applies them (and llama.cpp's converter writes rope_freqs.weight).

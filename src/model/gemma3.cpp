@@ -93,7 +93,9 @@ void apply_gemma3_hf(ModelConfig& c, const HfConfig& h) {
     for (const char* key : {"rope_parameters", "rope_scaling"}) {
       if (h.has(key)) global = read_hf_rope(h.object(key), key, global.theta, c.rope_dim);
     }
-    local.theta = h.get_float("rope_local_base_freq", 1e4);
+    global.theta = checked_theta(global.theta, h.path(), "rope_theta");
+    local.theta =
+        checked_theta(h.get_float("rope_local_base_freq", 1e4), h.path(), "rope_local_base_freq");
   }
   LLMK_CHECK(local.freq_scale == 1.0f && local.freq_factors.empty(),
              "{}: scaled RoPE on the sliding-window layers is not supported", h.path());

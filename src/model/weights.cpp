@@ -5,11 +5,41 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "ops/ops.h"
 
 namespace llmk {
 
 namespace {
+
+// The layer index of `name` when it starts with `prefix` and a number and a dot
+// ("blk.12." -> 12), else -1.
+int64_t layer_index(std::string_view name, std::string_view prefix) {
+  if (name.substr(0, prefix.size()) != prefix) return -1;
+  int64_t index = 0;
+  size_t i = prefix.size();
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && i < prefix.size() + 9; ++i) {
+    index = index * 10 + (name[i] - '0');
+  }
+  return i > prefix.size() && i < name.size() && name[i] == '.' ? index : -1;
+}
+
+// The name among `names` of the highest layer index under `prefix`; `layers` = that index + 1.
+template <class Names, class NameOf>
+std::string last_layer_of(const Names& names, NameOf name_of, std::string_view prefix,
+                          int64_t& layers) {
+  std::string last;
+  layers = 0;
+  for (const auto& n : names) {
+    const std::string& name = name_of(n);
+    const int64_t i = layer_index(name, prefix);
+    if (i >= layers) {
+      layers = i + 1;
+      last = name;
+    }
+  }
+  return last;
+}
 
 class GgufSource final : public WeightSource {
  public:
@@ -20,6 +50,11 @@ class GgufSource final : public WeightSource {
     return f_.find_tensor(n) ? f_.tensor(n) : Tensor();
   }
   std::string config_name() const override { return ""; }
+  std::string last_layer_tensor(int64_t& layers) const override {
+    return last_layer_of(
+        f_.tensors(), [](const gguf::TensorInfo& t) -> const std::string& { return t.name; },
+        "blk.", layers);
+  }
 
  private:
   gguf::File f_;
@@ -85,6 +120,11 @@ class HfSource final : public WeightSource {
     return f_.find(h) ? f_.shard_of(h).path() : f_.path();
   }
   std::string config_name() const override { return f_.path() + "/config.json"; }
+  std::string last_layer_tensor(int64_t& layers) const override {
+    return last_layer_of(
+        f_.names(), [](const std::string& n) -> const std::string& { return n; }, "model.layers.",
+        layers);
+  }
 
  private:
   safetensors::Folder f_;
@@ -113,6 +153,15 @@ std::unique_ptr<WeightSource> gguf_source(const gguf::File& f) {
 }
 std::unique_ptr<WeightSource> hf_source(const safetensors::Folder& f, NameMap layer_names) {
   return std::make_unique<HfSource>(f, std::move(layer_names));
+}
+
+void check_layer_count(const WeightSource& src, int64_t n_layers) {
+  int64_t layers = 0;
+  const std::string last = src.last_layer_tensor(layers);
+  const std::string config = src.config_name().empty() ? "its block_count" : src.config_name();
+  LLMK_CHECK(layers <= n_layers,
+             "{}: tensor '{}' belongs to layer {}, but {} says the model has {} layers", src.path(),
+             printable(last), layers - 1, config, n_layers);
 }
 
 WeightLoader::WeightLoader(const WeightSource& src, Device device, ProgressFn progress)

@@ -35,7 +35,14 @@ class WeightSource {
   // Where the sizes the model expects come from, for messages ("<folder>/config.json"); "" when
   // the weights' own file says (GGUF).
   virtual std::string config_name() const = 0;
+  // The tensor of the highest layer index the file holds ("blk.31.ffn_up.weight", or its
+  // transformers name), or "" when no tensor belongs to a layer; `layers` gets that index + 1.
+  virtual std::string last_layer_tensor(int64_t& layers) const = 0;
 };
+
+// Throws when the file holds tensors of more layers than the config's `n_layers`: a block
+// count that is too small must not run a truncated model.
+void check_layer_count(const WeightSource& src, int64_t n_layers);
 
 std::unique_ptr<WeightSource> gguf_source(const gguf::File& f);
 // `layer_names`: the family's renamings within a layer (ModelConfig::hf_layer_names).

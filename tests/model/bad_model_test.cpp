@@ -2,6 +2,7 @@
 // llmk::Error line naming the file and the key or tensor.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <initializer_list>
 #include <string_view>
@@ -140,6 +141,76 @@ TEST(BadModel, MissingTensorNamesIt) {
     j["layer_types"].push_back("sliding_attention");
   });
   expect_load_error(folder, {"missing tensor 'model.layers.7.input_layernorm.weight'"});
+}
+
+// A name in the safetensors header of `file` replaced by another of the same length (so the
+// header stays valid): the file then lacks the tensor `from`.
+void rename_tensor(const std::string& file, const std::string& from, const std::string& to) {
+  ASSERT_EQ(from.size(), to.size());
+  std::string bytes = test::read_text(file);
+  const size_t at = bytes.find("\"" + from + "\"");
+  ASSERT_NE(at, std::string::npos) << from;
+  bytes.replace(at + 1, from.size(), to);
+  test::write_text(file, bytes);
+}
+
+TEST(BadModel, HugeHeadDimFailsAtOnceNamingIt) {
+  // Used to loop 2^30 times in the llama3 rope-factor code before any size was checked.
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("llama3", "llama3");
+  test::edit_config(folder, [](auto& j) { j["head_dim"] = int64_t{1} << 31; });
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_load_error(folder, {"config.json: ", "head dim 2147483648 is out of range"});
+  // Without the early check: 36 s and a 4 GB vector before the same message.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+}
+
+TEST(BadModel, HugeSizesAreRefusedBeforeUse) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("qwen2", "qwen2");
+  test::edit_config(folder, [](auto& j) { j["vocab_size"] = int64_t{1} << 40; });
+  expect_load_error(folder, {"config.json: ", "vocabulary size 1099511627776 is out of range"});
+  test::edit_config(folder, [](auto& j) {
+    j["vocab_size"] = 512;
+    j["max_position_embeddings"] = int64_t{1} << 33;
+  });
+  expect_load_error(folder, {"config.json: ", "context length 8589934592 is out of range"});
+}
+
+TEST(BadModel, MissingLmHeadWithUntiedEmbeddingsIsAnError) {
+  // tie_word_embeddings is false: the embeddings must not stand in for the missing head.
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("llama3", "llama3");
+  rename_tensor(folder + "/model.safetensors", "lm_head.weight", "lm_head.weighX");
+  expect_load_error(folder, {folder, "missing tensor 'lm_head.weight'"});
+}
+
+TEST(BadModel, FewerLayersInTheConfigThanInTheFileIsAnError) {
+  // The file holds 3 layers; a config that says 2 must not run a truncated model.
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("llama3", "llama3");
+  test::edit_config(folder, [](auto& j) { j["num_hidden_layers"] = 2; });
+  expect_load_error(folder, {"tensor 'model.layers.2.", "belongs to layer 2",
+                             folder + "/config.json says the model has 2 layers"});
+}
+
+TEST(BadModel, RopeThetaAndEpsOutOfRangeNameTheKey) {
+  ScratchDir dir;
+  const std::string folder = dir.copy_family("qwen2", "qwen2");
+  test::edit_config(folder, [](auto& j) {
+    j.erase("rope_parameters");
+    j["rope_theta"] = 0.5;
+  });
+  expect_load_error(folder, {"config.json: rope_theta = 0.5 must be a finite number > 1"});
+  test::edit_config(folder, [](auto& j) {
+    j["rope_theta"] = 10000.0;
+    j["rms_norm_eps"] = -1e-6;
+  });
+  expect_load_error(folder, {"config.json: rms_norm_eps = -1e-06 must be in [0, 1)"});
+  const std::string gemma = dir.copy_family("gemma3", "gemma3");
+  test::edit_config(
+      gemma, [](auto& j) { j["rope_parameters"]["sliding_attention"]["rope_theta"] = -3.0; });
+  expect_load_error(gemma, {"config.json: rope_parameters.sliding_attention.rope_theta = -3"});
 }
 
 TEST(BadModel, UnsupportedModelTypeNamesIt) {

@@ -1,16 +1,18 @@
 // Every family on the CPU against transformers' float32 logits of the same tiny random model
-// (tests/fixtures/families, scripts/make-family-fixtures.py): from the Hugging Face folder, and
+// (tests/fixtures/families, written by make_models.py there): from the Hugging Face folder, and
 // from a GGUF file the test writes from it the way llama.cpp's converter lays it out.
 //
 // Bound: at every position, max_v |llmk - transformers| / max_v |transformers| <= 1e-4 (the row's
 // largest logit magnitude sets the scale). Both sides compute in float32 on the same float32
 // weights; what differs is the order of additions (and RoPE angles computed in double here), so
-// the measured errors are ~1e-6; 1e-4 is the bound. The "far off" tests show that each
+// the measured errors are ~1e-6, 100x below the bound. The "far off" tests show that each
 // family-specific detail moves the logits by orders of magnitude more than the bound.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "core/error.h"
@@ -201,8 +203,10 @@ std::vector<float> permute_rows(const std::vector<float>& w, int64_t heads, int6
 }
 
 struct GgufOptions {
-  bool rope_freqs = true;         // llama: write rope_freqs.weight
-  std::string rope_scaling_type;  // "" = no rope.scaling.type key
+  bool rope_freqs = true;              // llama: write rope_freqs.weight
+  std::string rope_scaling_type;       // "" = no rope.scaling.type key
+  std::optional<double> freq_base;     // rope.freq_base instead of the config's
+  std::optional<int64_t> block_count;  // block_count instead of the config's layer count
 };
 
 // Writes the fixture of `family` (llama3, qwen2 or phi3) as a float32 GGUF file, with the names,
@@ -220,7 +224,7 @@ std::string write_gguf(const ScratchDir& dir, const std::string& family,
   using gguf::ValueType;
   gk::GgufBuilder b;
   b.kv("general.architecture", gk::string_value(arch))
-      .kv(p + "block_count", gk::int_value(ValueType::U32, layers))
+      .kv(p + "block_count", gk::int_value(ValueType::U32, opt.block_count.value_or(layers)))
       .kv(p + "embedding_length", gk::int_value(ValueType::U32, d))
       .kv(p + "attention.head_count", gk::int_value(ValueType::U32, heads))
       .kv(p + "attention.head_count_kv", gk::int_value(ValueType::U32, kv_heads))
@@ -230,7 +234,8 @@ std::string write_gguf(const ScratchDir& dir, const std::string& family,
       .kv(p + "attention.layer_norm_rms_epsilon",
           gk::float_value(ValueType::F32, cfg["rms_norm_eps"]))
       .kv(p + "rope.freq_base",
-          gk::float_value(ValueType::F32, cfg["rope_parameters"]["rope_theta"]));
+          gk::float_value(ValueType::F32, opt.freq_base.value_or(
+                                              cfg["rope_parameters"]["rope_theta"].get<double>())));
   int64_t rope_dim = head_dim;
   if (family == "phi3") {
     rope_dim = static_cast<int64_t>(static_cast<double>(head_dim) *
@@ -323,19 +328,36 @@ TEST(GgufFamilyDetails, LinearRopeScalingKeyIsRead) {
   EXPECT_GT(max_rel_err(*m, ref, ref.ids.size()), kFarOff);
 }
 
-TEST(GgufFamilyDetails, UnknownRopeScalingTypeIsOneClearLine) {
-  ScratchDir dir;
-  const std::string path = write_gguf(dir, "qwen2", {.rope_scaling_type = "yarn"});
+// Loading `path` fails with one line that names the file and holds `phrase`.
+void expect_gguf_error(const std::string& path, const std::string& phrase) {
   try {
     load(path);
-    FAIL() << "loaded a GGUF with rope.scaling.type yarn";
+    ADD_FAILURE() << "loaded " << path << "; expected an error with " << phrase;
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    EXPECT_NE(msg.find("qwen2.rope.scaling.type 'yarn' is not supported"), std::string::npos)
-        << msg;
+    EXPECT_EQ(msg.rfind(path + ": ", 0), 0u) << msg;
+    EXPECT_NE(msg.find(phrase), std::string::npos) << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
+}
+
+TEST(GgufFamilyDetails, UnknownRopeScalingTypeIsOneClearLine) {
+  ScratchDir dir;
+  expect_gguf_error(write_gguf(dir, "qwen2", {.rope_scaling_type = "yarn"}),
+                    "qwen2.rope.scaling.type 'yarn' is not supported");
+}
+
+TEST(GgufFamilyDetails, NanRopeBaseNamesFileAndKey) {
+  ScratchDir dir;
+  expect_gguf_error(write_gguf(dir, "qwen2", {.freq_base = std::nan("")}),
+                    "qwen2.rope.freq_base = nan must be a finite number > 1");
+}
+
+TEST(GgufFamilyDetails, BlockCountBelowTheStoredLayersIsAnError) {
+  // The file holds 3 layers; running 2 of them would be a silent wrong answer.
+  ScratchDir dir;
+  expect_gguf_error(write_gguf(dir, "llama3", {.block_count = 2}),
+                    "belongs to layer 2, but its block_count says the model has 2 layers");
 }
 
 }  // namespace

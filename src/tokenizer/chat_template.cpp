@@ -142,10 +142,11 @@ void gemma_render(const ChatTemplate::Settings&, std::span<const ChatMessage> me
   if (has_system) messages = messages.subspan(1);
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
+    // The role is not quoted: it is the caller's text, and the message must stay one line.
     LLMK_CHECK((m.role == "user") == (i % 2 == 0),
                "gemma chat template: conversation roles must alternate user/assistant/user/... "
-               "(message {} is '{}')",
-               i, m.role);
+               "(message {} {} a user message)",
+               i + (has_system ? 1 : 0), i % 2 == 0 ? "is not" : "is");
     out += kStartOfTurn;
     out += m.role == "assistant" ? "model" : m.role;
     out += '\n';

@@ -103,5 +103,19 @@ TEST(ChatTemplate, UnknownFamilyThrowsNamingTheSupportedOnes) {
   }
 }
 
+// Roles are the caller's text: the error names the message by its index and stays one line
+// (tests/fixtures/bad/fuzz/chat_template-gemma-role-newline, found by fuzz/chat_template.cpp).
+TEST(ChatTemplate, GemmaRoleErrorIsOneLine) {
+  const std::vector<ChatMessage> m = {{"system", "s"}, {"\n\x1b[31mrole", "hi"}};
+  try {
+    ChatTemplate::for_family("gemma").apply(m, true);
+    ADD_FAILURE() << "no error for a first role that is not user";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find_first_of("\n\x1b"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("message 1 is not a user message"), std::string::npos) << msg;
+  }
+}
+
 }  // namespace
 }  // namespace llmk

@@ -1,6 +1,7 @@
 // Tokenizer::from_gguf: fills a TokenizerData from the tokenizer.* keys of a GGUF file.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/error.h"
@@ -59,6 +60,10 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
   }
   if (const auto* scores = find_array(f, "tokenizer.ggml.scores", gguf::ValueType::F32, false)) {
     d.scores.assign(scores->floats.begin(), scores->floats.end());
+    // Scores rank SentencePiece merges; a NaN has no place in that order.
+    for (size_t i = 0; i < d.scores.size(); ++i) {
+      LLMK_CHECK(!std::isnan(d.scores[i]), "{}: tokenizer.ggml.scores[{}] is NaN", f.path(), i);
+    }
   }
   d.bos_id = optional_id(f, "tokenizer.ggml.bos_token_id");
   d.eos_id = optional_id(f, "tokenizer.ggml.eos_token_id");

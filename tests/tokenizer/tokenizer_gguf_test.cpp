@@ -14,6 +14,7 @@
 #include "formats/gguf.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_test_util.h"
 
 namespace llmk {
 namespace {
@@ -156,6 +157,14 @@ TEST(TokenizerGguf, MissingTokensNameTheKey) {
   const std::string path = w.save("llmk_tok_notokens.gguf");
   EXPECT_NE(load_error(path).find("tokenizer.ggml.tokens"), std::string::npos) << load_error(path);
   std::filesystem::remove(path);
+}
+
+// A NaN score leaves the merges of a SentencePiece vocabulary without an order. The reproducer
+// is written by tests/fixtures/bad/tokenizer/make_gguf.py.
+TEST(TokenizerGguf, NanScoreIsAnError) {
+  const std::string path = test::bad_fixture("gguf_score_nan.gguf");
+  const std::string message = load_error(path);
+  EXPECT_NE(message.find(path + ": tokenizer.ggml.scores[1] is NaN"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -81,6 +81,23 @@ inline size_t check_hf_cases(const Tokenizer& tok, const nlohmann::json& cases,
   return checked;
 }
 
+// A reproducer of bad input under tests/fixtures/bad/tokenizer/ (see its README).
+inline std::string bad_fixture(const std::string& name) {
+  return std::string(LLMK_SOURCE_DIR) + "/tests/fixtures/bad/tokenizer/" + name;
+}
+
+// Expects an error message fit for a terminal: one line of printable bytes, not much longer than
+// its fixed text (a name from the file is quoted in part), with the quoted name's escape byte
+// written out.
+inline void expect_short_printable(const std::string& message) {
+  EXPECT_LT(message.size(), 400u) << message;
+  for (char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    ASSERT_TRUE(u >= 0x20 && u != 0x7f) << "control byte " << int{u} << " in: " << message;
+  }
+  EXPECT_NE(message.find("\\x1b"), std::string::npos) << message;
+}
+
 #define LLMK_REQUIRE_SMOLLM2(tok)                                        \
   std::string smollm2_error_;                                            \
   const ::llmk::Tokenizer* tok = ::llmk::test::smollm2(&smollm2_error_); \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command for the GPU machine: build (CUDA, sm_90a, all cores), GPU tests normally and
-# once under compute-sanitizer memcheck, the CPU tests of that build, benchmarks, and the
-# comparison with transformers. Writes logs, JSON and summary.md to $OUT (or build/gpu-check).
+# under compute-sanitizer (memcheck; racecheck and synccheck over the shared-memory kernels), the
+# CPU tests of that build, benchmarks, and the comparison with transformers. Writes logs, JSON and summary.md to $OUT (or build/gpu-check).
 #
 #   scripts/gpu-check.sh                 # build test sanitize bench
 #   scripts/gpu-check.sh e2e             # bench/e2e_vs_hf.py (needs torch + transformers)
@@ -64,14 +64,32 @@ if has test; then
   fi
 fi
 
-if has sanitize; then
+# compute-sanitizer over the GPU tests: memcheck (out-of-bounds and misaligned accesses, leaks)
+# over all of them; racecheck (shared-memory hazards) and synccheck (barrier misuse: __syncthreads
+# in divergent code, mbarrier and warp-sync errors) over the tests of the kernels that share
+# memory within a block or work across blocks: attention prefill (both builds), split-KV decode
+# (both K/V loaders, the cross-block combine), the fallback kernel, and the block reductions of
+# RMSNorm, softmax, argmax and RoPE. Those two tools slow a kernel by 10-100x, hence the subset.
+race_filter='Kernels/AttentionPrefillGpu.SingleSequencesMatchCpu/*:Kernels/AttentionPrefillGpu.MixedBatchesMatchCpu/*'
+race_filter+=':Loaders/AttentionDecodeGpu.LengthsAndQueryCountsPaged/*:Loaders/AttentionDecodeGpu.ForcedSplits/*'
+race_filter+=':Loaders/AttentionDecodeGpu.WindowSoftcapLse/*:Loaders/AttentionDecodeGpu.HeadMajorCaches/*'
+race_filter+=':AttentionGenericGpu.*:CudaOpRmsNorm.*:CudaOpAddRmsNorm.*:CudaOpSoftmax.*:CudaOpArgmax.*'
+race_filter+=':CudaOpRope.MatchesCpu'
+sanitize() {  # tool, log name, gtest filter, extra options...
+  local tool=$1 log=$out/$2.log filter=$3
+  shift 3
   # API errors are left out: some tests provoke them on purpose (invalid device, 1 PiB).
-  timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool memcheck --report-api-errors no \
-    --error-exitcode 99 --print-limit 20 \
-    $tests/gpu_tests ${SANITIZE_FILTER:+--gtest_filter=$SANITIZE_FILTER} >"$out/memcheck.log" 2>&1
-  rc=$?
-  note "compute-sanitizer memcheck: rc=$rc, $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
-  [ $rc -ne 0 ] && { status=1; grep -E -m 20 "Invalid|ERROR|FAILED" "$out/memcheck.log"; }
+  timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --report-api-errors no \
+    --error-exitcode 99 --print-limit 20 "$@" \
+    $tests/gpu_tests ${filter:+--gtest_filter=$filter} >"$log" 2>&1
+  local rc=$?
+  note "compute-sanitizer $tool: rc=$rc, $(grep -E '^\[  (PASSED|FAILED) ' "$log" | head -1 | tr -s ' '),$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/^=*//')"
+  [ $rc -ne 0 ] && { status=1; grep -E -m 20 "Invalid|ERROR|Error|hazard|FAILED|Race|Barrier" "$log"; }
+}
+if has sanitize; then
+  sanitize memcheck memcheck "${SANITIZE_FILTER:-}"
+  sanitize racecheck racecheck "${RACE_FILTER:-$race_filter}" --racecheck-report all
+  sanitize synccheck synccheck "${RACE_FILTER:-$race_filter}"
 fi
 
 if has bench; then
@@ -83,9 +101,11 @@ if has bench; then
       --json "$out/bench_smollm2_b8.json" >"$out/bench_smollm2_b8.log" 2>&1
     note "bench smollm2 batch 8: $(grep -E 'decode:' "$out/bench_smollm2_b8.log")"
   fi
-  lb=$bin/linear_bench
-  [ -x "$lb" ] || lb=$bin/bench/linear_bench
-  [ -x "$lb" ] && "$lb" | tee "$out/linear_bench.log" | tail -n 16
+  for b in linear_bench norm_rope_bench; do
+    exe=$bin/$b
+    [ -x "$exe" ] || exe=$bin/bench/$b
+    [ -x "$exe" ] && "$exe" | tee "$out/$b.log" | tail -n 16
+  done
 fi
 
 if has e2e; then

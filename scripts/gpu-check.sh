@@ -11,6 +11,8 @@
 #   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e profile
 #                                        #   attention long
 #
+# GPU_TEST_FILTER, SANITIZE_FILTER (memcheck) and RACE_FILTER (racecheck, synccheck) narrow the
+# GPU tests by gtest filter.
 # Binaries: build/cuda (step `build`), or .devbin/ packed elsewhere; the SmolLM2 model may arrive
 # in parts under .xfer/. scripts/device/README.md says why (workarounds for the GPU machine).
 set -uo pipefail
@@ -52,7 +54,7 @@ if [ ! -x build/cuda/llmk ] && [ -x "$devbin/llmk" ]; then
 fi
 
 if has test; then
-  $tests/gpu_tests 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |GPU tests on|SmolLM2 CUDA|Failure" | head -60
+  $tests/gpu_tests ${GPU_TEST_FILTER:+--gtest_filter=$GPU_TEST_FILTER} 2>&1 | tee "$out/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |GPU tests on|SmolLM2 CUDA|Failure" | head -60
   rc=${PIPESTATUS[0]}
   note "gpu tests: rc=$rc, $(grep -E '^\[  PASSED  \]' "$out/gpu_tests.log" | head -1)"
   [ $rc -ne 0 ] && status=1

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/text.h"
 
 namespace llmk {
 namespace {
@@ -152,7 +153,8 @@ PreTokenizer PreTokenizer::create(std::string_view name) {
   std::string names;
   for (std::string_view n : supported_names())
     names += (names.empty() ? "" : ", ") + std::string(n);
-  LLMK_FAIL("unsupported pre-tokenizer '{}' (tokenizer.ggml.pre); supported: {}", name, names);
+  LLMK_FAIL("unsupported pre-tokenizer '{}' (tokenizer.ggml.pre); supported: {}", printable(name),
+            names);
 }
 
 std::vector<std::string_view> PreTokenizer::supported_names() {

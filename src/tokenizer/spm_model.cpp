@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "tokenizer/utf8.h"
 
 namespace llmk {
@@ -84,7 +85,7 @@ SpmModel::SpmModel(std::span<const std::string> tokens, std::span<const float> s
     const auto id = static_cast<int32_t>(i);
     if (types[i] == TokenType::Byte) {
       const int b = byte_token_value(tokens[i]);
-      LLMK_CHECK(b >= 0, "spm: byte token {} is '{}', expected <0xXX>", i, tokens[i]);
+      LLMK_CHECK(b >= 0, "spm: byte token {} is '{}', expected <0xXX>", i, printable(tokens[i]));
       byte_ids_[b] = id;
       continue;
     }

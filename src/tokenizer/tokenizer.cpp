@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "tokenizer/bpe_model.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pre_tokenizer.h"
@@ -73,7 +74,8 @@ std::vector<TokenType> check_types(const TokenizerData& d) {
              d.token_types.size(), d.tokens.size());
   for (size_t i = 0; i < types.size(); ++i) {
     const int32_t t = d.token_types[i];
-    LLMK_CHECK(t >= 1 && t <= 6, "token {} ('{}') has unknown token type {}", i, d.tokens[i], t);
+    LLMK_CHECK(t >= 1 && t <= 6, "token {} ('{}') has unknown token type {}", i,
+               printable(d.tokens[i]), t);
     types[i] = static_cast<TokenType>(t);
   }
   return types;
@@ -97,8 +99,8 @@ std::string token_bytes_of(const std::string& text, TokenType type) {
 
 Tokenizer Tokenizer::from_data(TokenizerData data) {
   LLMK_CHECK(data.model == "gpt2" || data.model == kSpmModel,
-             "unsupported tokenizer model '{}' (tokenizer.ggml.model); supported: {}", data.model,
-             kSupportedModels);
+             "unsupported tokenizer model '{}' (tokenizer.ggml.model); supported: {}",
+             printable(data.model), kSupportedModels);
   LLMK_CHECK(!data.tokens.empty(), "tokenizer has no tokens");
   LLMK_CHECK(data.tokens.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
              "tokenizer has too many tokens ({})", data.tokens.size());
@@ -182,13 +184,13 @@ Tokenizer Tokenizer::from_data(TokenizerData data) {
     // plain-text vocabulary still parses.
     const size_t space = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
     LLMK_CHECK(space != std::string::npos && space + 1 < m.size(),
-               "merge {} ('{}') is not two tokens separated by a space", i, m);
+               "merge {} ('{}') is not two tokens separated by a space", i, printable(m));
     const std::string_view left(m.data(), space), right(m.data() + space + 1, m.size() - space - 1);
     joined.assign(left);
     joined += right;
     for (std::string_view part : {left, right, std::string_view(joined)}) {
       LLMK_CHECK(impl->by_text.count(part), "merge {} ('{}'): token '{}' is not in the vocabulary",
-                 i, m, part);
+                 i, printable(m), printable(part));
     }
     const int32_t l = symbol(left), r = symbol(right), result = symbol(joined);
     if (l < 0 || r < 0 || result < 0) continue;  // involves a control token

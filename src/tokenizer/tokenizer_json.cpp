@@ -165,7 +165,8 @@ std::string signature_of(const Reader& r, const Json& pre, const std::string& ke
     if (!regex) r.fail(key + ".pattern", "only a {\"Regex\": ...} pattern is supported");
     const std::string behavior = r.get_string(pre, key, "behavior");
     if (behavior != "Isolated") {
-      r.fail(key + ".behavior", fmt::format("'{}' is not supported (only Isolated)", behavior));
+      r.fail(key + ".behavior",
+             fmt::format("'{}' is not supported (only Isolated)", json_io::escape(behavior)));
     }
     if (r.get_bool(pre, key, "invert", false)) r.fail(key + ".invert", "true is not supported");
     return fmt::format("Split(isolated, {})", *regex);

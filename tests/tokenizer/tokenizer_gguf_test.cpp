@@ -159,6 +159,24 @@ TEST(TokenizerGguf, MissingTokensNameTheKey) {
   std::filesystem::remove(path);
 }
 
+// Reproducers written by tests/fixtures/bad/tokenizer/make_gguf.py: names of 300 bytes after a
+// terminal escape sequence are quoted escaped and cut short.
+TEST(TokenizerGguf, NamesFromTheFileAreEscapedAndCut) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"gguf_model_long.gguf", "unsupported tokenizer model"},
+      {"gguf_pre_long.gguf", "unsupported pre-tokenizer"},
+      {"gguf_byte_token_long.gguf", "byte token 0"},
+  };
+  for (const auto& [name, what] : cases) {
+    const std::string path = test::bad_fixture(name);
+    const std::string message = load_error(path);
+    ASSERT_FALSE(message.empty()) << name;
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find(what), std::string::npos) << message;
+    test::expect_short_printable(message);
+  }
+}
+
 // A NaN score leaves the merges of a SentencePiece vocabulary without an order. The reproducer
 // is written by tests/fixtures/bad/tokenizer/make_gguf.py.
 TEST(TokenizerGguf, NanScoreIsAnError) {

@@ -443,13 +443,10 @@ TEST_F(TokenizerJsonErrors, BadIds) {
   expect_error(write(j), {"added_tokens[0]", "already 'b'"});
 }
 
-// Reproducers of bad input, committed under tests/fixtures/bad/tokenizer/ (see its README).
-std::string bad_fixture(const std::string& name) {
-  return std::string(LLMK_SOURCE_DIR) + "/tests/fixtures/bad/tokenizer/" + name;
-}
+using test::bad_fixture;
 
-// An id near 2^31 once sized the vocabulary to it (86 GB asked by a 130-byte file): ids must be
-// below the number of entries, checked before any allocation.
+// An id near 2^31 once sized the vocabulary to it (a 130-byte file asked for 2^31 tokens): ids
+// must be below the number of entries, checked before any allocation.
 TEST_F(TokenizerJsonErrors, IdBeyondTheEntriesIsRefusedBeforeAllocating) {
   expect_error(bad_fixture("vocab_id_huge.json"),
                {"model.vocab['a']", "id 2147483000 is out of range", "1 entries"});
@@ -498,6 +495,20 @@ TEST_F(TokenizerJsonErrors, MalformedPostProcessorIsAnError) {
   j = minimal();
   j["model"]["unk_token"] = 0;
   expect_error(write(j), {"model.unk_token", "expected a string"});
+}
+
+// Names from the file (here 300 bytes after a terminal escape sequence) are quoted escaped and
+// cut short.
+TEST_F(TokenizerJsonErrors, NamesFromTheFileAreEscapedAndCut) {
+  for (const char* name : {"merge_unknown_long.json", "split_behavior_long.json"}) {
+    const std::string message = error_of(bad_fixture(name));
+    ASSERT_FALSE(message.empty()) << name;
+    test::expect_short_printable(message);
+  }
+  EXPECT_NE(error_of(bad_fixture("merge_unknown_long.json")).find("is not in the vocabulary"),
+            std::string::npos);
+  EXPECT_NE(error_of(bad_fixture("split_behavior_long.json")).find("pre_tokenizer.behavior"),
+            std::string::npos);
 }
 
 TEST_F(TokenizerJsonErrors, BadConfig) {

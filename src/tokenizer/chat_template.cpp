@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "tokenizer/utf8.h"
 
 namespace llmk {
@@ -272,7 +273,7 @@ ChatTemplate ChatTemplate::for_family(std::string_view name) {
     }
     return t;
   }
-  LLMK_FAIL("unknown chat template family '{}'", name);
+  LLMK_FAIL("unknown chat template family '{}'", printable(name));
 }
 
 ChatTemplate ChatTemplate::from_jinja(std::string_view jinja) {

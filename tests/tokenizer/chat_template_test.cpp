@@ -117,5 +117,16 @@ TEST(ChatTemplate, GemmaRoleErrorIsOneLine) {
   }
 }
 
+// A family name from the caller is quoted escaped (tests/fixtures/bad/fuzz/
+// chat_template-family-name-newline, found by fuzz/chat_template.cpp).
+TEST(ChatTemplate, UnknownFamilyNameIsQuotedEscaped) {
+  try {
+    ChatTemplate::for_family("cha\ntml\x1b[2J");
+    ADD_FAILURE() << "no error for an unknown family";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "unknown chat template family 'cha\\ntml\\x1b[2J'");
+  }
+}
+
 }  // namespace
 }  // namespace llmk

@@ -1,33 +1,16 @@
 #include <fmt/format.h>
 
 #include "apps/llmk/commands.h"
+#include "core/text.h"
 #include "formats/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace llmk::cli {
 
 namespace {
-// A token's bytes as a quoted, escaped string, so whitespace and control bytes are visible.
-std::string quoted(const std::string& bytes) {
-  std::string s = "'";
-  for (unsigned char c : bytes) {
-    if (c == '\n')
-      s += "\\n";
-    else if (c == '\t')
-      s += "\\t";
-    else if (c == '\r')
-      s += "\\r";
-    else if (c == '\\')
-      s += "\\\\";
-    else if (c == '\'')
-      s += "\\'";
-    else if (c < 0x20 || c == 0x7f)
-      s += fmt::format("\\x{:02x}", c);
-    else
-      s += static_cast<char>(c);
-  }
-  return s + "'";
-}
+// A token's bytes as a quoted, escaped string, so whitespace and control bytes are visible and a
+// tokenizer file cannot send terminal escape sequences.
+std::string quoted(const std::string& bytes) { return "'" + printable(bytes, 256) + "'"; }
 }  // namespace
 
 Command add_tokenize(CLI::App& cmd) {

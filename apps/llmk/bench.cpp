@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -44,27 +43,33 @@ Command add_bench(CLI::App& cmd) {
   add_model_option(cmd, a->model);
   cmd.add_option("--prompt-tokens", a->prompt_tokens, "Tokens in the prompt (prefill)")
       ->default_val(512)
-      ->check(CLI::PositiveNumber);
-  cmd.add_option("--gen-tokens", a->gen_tokens, "Tokens to decode after the prompt")
+      ->check(at_least(1));
+  cmd.add_option("--gen-tokens", a->gen_tokens,
+                 "Tokens to generate after the prompt: the first comes from the prefill, each "
+                 "other from one timed decode step")
       ->default_val(128)
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(2));
   cmd.add_option("--batch", a->batch,
                  "Sequences decoded together (each its own prompt and KV cache); decode "
                  "tokens/s counts all of them")
       ->default_val(1)
-      ->check(CLI::Range(1, 1024));
+      ->check(in_range(1, 1024));
   cmd.add_option("--reps", a->reps, "Timed repetitions (after one warm-up); medians reported")
       ->default_val(3)
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd.add_option("--json", a->json, "Also write the results to this JSON file");
-  cmd.add_option("--seed", a->seed, "Seed of the random token ids")->default_val(1);
+  cmd.add_option("--seed", a->seed, "Seed of the random token ids")
+      ->default_val(1)
+      ->check(at_least<int64_t>(0));
   cmd.add_flag("--no-graph", a->no_graph, "On CUDA, launch each decode step without a graph");
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   return [a] {
     prepare(a->model, a->threads);
     const Device device = resolve_device(a->device);
-    const int64_t ctx = a->prompt_tokens + a->gen_tokens + 1;
+    // int64: --prompt-tokens and --gen-tokens may each be up to INT_MAX; the model's context
+    // check rejects a sum it cannot hold.
+    const int64_t ctx = int64_t{a->prompt_tokens} + a->gen_tokens + 1;
     auto model = Model::load(
         a->model,
         LoadOptions{
@@ -94,7 +99,7 @@ Command add_bench(CLI::App& cmd) {
       if (rep > 0) prefill_ms.push_back(p_ms);
       std::vector<int64_t> pos(batch);
       for (int i = 0; i < a->gen_tokens - 1; ++i) {
-        std::fill(pos.begin(), pos.end(), a->prompt_tokens + i);
+        std::fill(pos.begin(), pos.end(), int64_t{a->prompt_tokens} + i);
         auto t1 = Clock::now();
         if (batch == 1) {
           ids[0] = dec.step(ids[0], pos[0]);
@@ -105,6 +110,7 @@ Command add_bench(CLI::App& cmd) {
       }
     }
     const double p_med = median(prefill_ms), s_med = median(step_ms);
+    const double prompt_tps = a->batch * static_cast<double>(a->prompt_tokens) / (p_med / 1000);
     nlohmann::json out = {
         {"model", a->model},
         {"config", c.summary()},
@@ -114,7 +120,7 @@ Command add_bench(CLI::App& cmd) {
         {"reps", a->reps},
         {"prefill_ms_median", p_med},
         {"batch", a->batch},
-        {"prefill_tokens_per_s", a->batch * a->prompt_tokens / (p_med / 1000)},
+        {"prefill_tokens_per_s", prompt_tps},
         {"decode_ms_per_step_median", s_med},
         {"decode_tokens_per_s", a->batch * 1000 / s_med},
         {"cuda_graph", device == Device::CUDA && !a->no_graph},
@@ -133,18 +139,16 @@ Command add_bench(CLI::App& cmd) {
                           st.peak_reserved / 1048576.0);
     }
 #endif
+    // The file first: a failed write leaves nothing on stdout that reads as a result.
+    if (!a->json.empty()) {
+      write_file(a->json, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    }
     fmt::print(
         "model: {}\n{}\nprefill: {} x {} tokens in {:.2f} ms = {:.0f} tokens/s\n"
         "decode:  batch {}: {:.3f} ms/step = {:.1f} tokens/s (median of {} steps)\n",
-        c.summary(), where, a->batch, a->prompt_tokens, p_med,
-        a->batch * a->prompt_tokens / (p_med / 1000), a->batch, s_med, a->batch * 1000 / s_med,
-        step_ms.size());
+        c.summary(), where, a->batch, a->prompt_tokens, p_med, prompt_tps, a->batch, s_med,
+        a->batch * 1000 / s_med, step_ms.size());
     fmt::print("{}\n", attention_stats_line());
-    if (!a->json.empty()) {
-      std::ofstream f(a->json);
-      LLMK_CHECK(f.good(), "{}: cannot write the JSON output", a->json);
-      f << out.dump(2) << "\n";
-    }
     return 0;
   };
 }

@@ -29,16 +29,18 @@ Command add_chat(CLI::App& cmd) {
   cmd.add_option("--system", a->system, "System message");
   cmd.add_option("-n,--n-predict", a->n_predict, "Tokens per reply at most")
       ->default_val(512)
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   add_sampler_options(cmd, a->s);
   cmd.add_option("-c,--ctx", a->ctx, "Context length in tokens (default: min(model's, 4096))")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least<int64_t>(0));
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   cmd.footer(
-      "One message per line on stdin; each reply is streamed to stdout, its speed to stderr.\n"
-      "/reset starts a new conversation; end of input (Ctrl-D) ends the chat.\n"
-      "Example: printf 'Hi!\\nWhat did I just say?\\n' | llmk chat --temp 0");
+      fmt::format("One message per line on stdin (at most {} MiB a line); each reply is streamed "
+                  "to stdout,\nits speed to stderr.\n"
+                  "/reset starts a new conversation; end of input (Ctrl-D) ends the chat.\n"
+                  "Example: printf 'Hi!\\nWhat did I just say?\\n' | llmk chat --temp 0",
+                  kMaxTextBytes >> 20));
   return [a] {
     const SamplerConfig sampler = a->s.resolve();
     prepare(a->model, a->threads);
@@ -57,12 +59,12 @@ Command add_chat(CLI::App& cmd) {
     opts.max_tokens = a->n_predict;
     opts.sampler = sampler;
     std::string line;
-    for (;;) {
+    for (int64_t line_number = 1;; ++line_number) {
       if (tty) {
         fmt::print(stderr, "> ");
         std::fflush(stderr);
       }
-      if (!std::getline(std::cin, line)) break;
+      if (!read_line(std::cin, line, kMaxTextBytes, "stdin", line_number)) break;
       if (line.empty()) continue;
       if (line == "/reset") {
         msgs.resize(first_turn);
@@ -89,14 +91,14 @@ Command add_chat(CLI::App& cmd) {
             reply.push_back(id);
             const std::string ready = out.push(bytes);
             std::fwrite(ready.data(), 1, ready.size(), stdout);
-            std::fflush(stdout);
-            return true;
+            // Stop when stdout takes no more (a full disk): main() reports it.
+            return std::fflush(stdout) == 0 && std::ferror(stdout) == 0;
           },
           static_cast<int64_t>(cached));
       const std::string rest = out.flush();
       std::fwrite(rest.data(), 1, rest.size(), stdout);
       std::fputc('\n', stdout);
-      std::fflush(stdout);
+      check_stdout();
       fmt::print(stderr,
                  "[llmk] {} new prompt tokens ({} reused), {:.1f} tokens/s | reply {} "
                  "tokens, {:.1f} tokens/s | stop: {}\n",

@@ -3,8 +3,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <istream>
+#include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -26,7 +31,22 @@ Command add_chat(CLI::App& app);
 std::string default_model_path();
 // Adds -m/--model with the default above; an empty or missing file gives a clear error later.
 CLI::Option* add_model_option(CLI::App& cmd, std::string& path, bool positional = false);
-// Adds -t/--threads (default: all hardware threads).
+// Checks for integer options: the value must be a decimal integer in range, else a short
+// message ("--ctx: -5 is less than 0"). CLI11's own range checks print their bounds as doubles
+// in full (DBL_MAX has 309 digits) and accept NaN. The value is rewritten in canonical form, so
+// that CLI11 does not read "010" as octal.
+CLI::Validator in_range(int64_t min, int64_t max);
+// From `min` up to the largest value of the option's type T.
+template <typename T>
+CLI::Validator at_least(T min) {
+  return in_range(min, std::numeric_limits<T>::max());
+}
+
+// The most --threads may ask for: this machine's hardware threads (256 where the system does not
+// say). The pool's workers spin while they wait for work, so threads beyond the hardware's only
+// take cores from each other.
+int max_threads();
+// Adds -t/--threads (default: all hardware threads; at most max_threads()).
 void add_threads_option(CLI::App& cmd, int& threads);
 // Checks the model path exists and applies the thread count.
 void prepare(const std::string& model_path, int threads);
@@ -42,6 +62,21 @@ struct SamplerOptions {
   SamplerConfig resolve() const;
 };
 void add_sampler_options(CLI::App& cmd, SamplerOptions& s);
+// The most bytes of text a prompt file or one chat message may hold: more than a context of a
+// million tokens takes, and a bound on what `-f /dev/zero` or `chat < /dev/zero` can ask for.
+inline constexpr size_t kMaxTextBytes = size_t{16} << 20;
+// One line of `in` without its newline; false at the end of the input. A line longer than
+// `max_bytes` throws "<what> line <n> is longer than <max_bytes> bytes".
+bool read_line(std::istream& in, std::string& line, size_t max_bytes, const std::string& what,
+               int64_t line_number);
+// Writes `bytes` to `path`, replacing it. Throws "<path>: cannot write: <reason>" when opening,
+// writing or closing fails (a full disk, /dev/full, a folder).
+void write_file(const std::string& path, std::string_view bytes);
+
+// Flushes stdout; throws "stdout: cannot write: <reason>" when any output to it failed (a full
+// disk, /dev/full, a closed stdout), so that such a run never reads as a success.
+void check_stdout();
+
 // Progress of weight loading: a line on stderr that updates itself, on a terminal only.
 ProgressFn load_progress();
 

@@ -1,15 +1,21 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <random>
+#include <thread>
 
 #include "apps/llmk/commands.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "core/thread_pool.h"
 #include "formats/gguf.h"
+#include "formats/mapped_file.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -35,16 +41,88 @@ CLI::Option* add_model_option(CLI::App& cmd, std::string& path, bool positional)
                     : cmd.add_option("-m,--model", path, help);
 }
 
+namespace {
+// `input` as a decimal integer in [min, max], rewritten in canonical form; else the message.
+std::string check_integer(std::string& input, int64_t min, int64_t max) {
+  int64_t v = 0;
+  const char* end = input.data() + input.size();
+  const auto [ptr, ec] = std::from_chars(input.data(), end, v);
+  const std::string shown = printable(input, 40);
+  if (ec == std::errc::result_out_of_range) {
+    return fmt::format("'{}' is out of range ({} to {})", shown, min, max);
+  }
+  if (ec != std::errc() || ptr != end) return fmt::format("'{}' is not an integer", shown);
+  if (v < min) return fmt::format("{} is less than {}", v, min);
+  if (v > max) return fmt::format("{} is more than {}", v, max);
+  input = std::to_string(v);
+  return {};
+}
+}  // namespace
+
+CLI::Validator in_range(int64_t min, int64_t max) {
+  const bool unbounded =
+      max == std::numeric_limits<int>::max() || max == std::numeric_limits<int64_t>::max();
+  return {[min, max](std::string& input) { return check_integer(input, min, max); },
+          unbounded ? fmt::format(">= {}", min) : fmt::format("{}..{}", min, max)};
+}
+
+int max_threads() {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? static_cast<int>(std::min(hw, 4096u)) : 256;
+}
+
 void add_threads_option(CLI::App& cmd, int& threads) {
   threads = 0;
-  cmd.add_option("-t,--threads", threads, "CPU threads (default: all hardware threads)")
-      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("-t,--threads", threads,
+                 fmt::format("CPU threads, at most this machine's {} hardware threads (more only "
+                             "take cores from each other); default: all",
+                             max_threads()))
+      ->check(in_range(0, max_threads()));
+}
+
+bool read_line(std::istream& in, std::string& line, size_t max_bytes, const std::string& what,
+               int64_t line_number) {
+  line.clear();
+  std::istream::sentry ok(in, /*noskipws=*/true);
+  if (!ok) return false;
+  std::streambuf& buf = *in.rdbuf();
+  for (;;) {
+    const int c = buf.sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(std::ios::eofbit);
+      return !line.empty();
+    }
+    if (c == '\n') return true;
+    LLMK_CHECK(line.size() < max_bytes, "{} line {} is longer than {} bytes", what, line_number,
+               max_bytes);
+    line.push_back(static_cast<char>(c));
+  }
+}
+
+void check_stdout() {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0) return;
+  LLMK_FAIL("stdout: cannot write: {}",
+            errno != 0 ? formats::errno_message(errno) : std::string("an earlier write failed"));
+}
+
+void write_file(const std::string& path, std::string_view bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  LLMK_CHECK(f != nullptr, "{}: cannot write: {}", path, formats::errno_message(errno));
+  const size_t wrote = std::fwrite(bytes.data(), 1, bytes.size(), f);
+  const int write_errno = errno;
+  if (std::fclose(f) != 0 || wrote != bytes.size()) {
+    LLMK_FAIL("{}: cannot write: {}", path,
+              formats::errno_message(wrote != bytes.size() ? write_errno : errno));
+  }
 }
 
 void add_sampler_options(CLI::App& cmd, SamplerOptions& s) {
   SamplerConfig& c = s.config;
   cmd.add_option("--temp", c.temperature, "Sampling temperature; 0 = greedy")->default_val(0.8);
-  cmd.add_option("--top-k", c.top_k, "Keep the k most likely tokens; 0 = off")->default_val(40);
+  cmd.add_option("--top-k", c.top_k, "Keep the k most likely tokens; 0 = off")
+      ->default_val(40)
+      ->check(at_least(0));
   cmd.add_option("--top-p", c.top_p, "Keep the most likely tokens up to this mass; 1 = off")
       ->default_val(0.95);
   cmd.add_option("--min-p", c.min_p, "Drop tokens below min-p x p(top token); 0 = off")
@@ -53,8 +131,10 @@ void add_sampler_options(CLI::App& cmd, SamplerOptions& s) {
                  "Penalise tokens of the last --repeat-last-n; 1 = off")
       ->default_val(1.0);
   cmd.add_option("--repeat-last-n", c.repeat_last_n, "Window of the repeat penalty")
-      ->default_val(64);
-  cmd.add_option("--seed", s.seed, "Random seed (default: random, printed with the stats)");
+      ->default_val(64)
+      ->check(at_least(0));
+  cmd.add_option("--seed", s.seed, "Random seed; -1 (the default): random, printed with the stats")
+      ->check(at_least<int64_t>(-1));
 }
 
 SamplerConfig SamplerOptions::resolve() const {

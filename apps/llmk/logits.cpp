@@ -4,16 +4,44 @@
 // row-major to --out: row i holds the logits after token i.
 #include <fmt/format.h>
 
-#include <fstream>
-#include <iterator>
+#include <cctype>
+#include <charconv>
+#include <limits>
+#include <string_view>
 
 #include "apps/llmk/commands.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "engine/generator.h"
+#include "formats/mapped_file.h"
 #include "model/model.h"
 #include "ops/ops.h"
 
 namespace llmk::cli {
+
+namespace {
+// The whitespace-separated token ids of `text`, each a decimal integer from 0 to INT32_MAX;
+// `path` names the file in errors.
+std::vector<int32_t> parse_ids(std::string_view text, const std::string& path) {
+  const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  for (;;) {
+    while (i < text.size() && space(text[i])) ++i;
+    if (i == text.size()) return ids;
+    size_t j = i;
+    while (j < text.size() && !space(text[j])) ++j;
+    const std::string_view word = text.substr(i, j - i);
+    int32_t id = -1;
+    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+    LLMK_CHECK(ec == std::errc() && end == word.data() + word.size() && id >= 0,
+               "{}: element {} ('{}') is not a token id (an integer from 0 to {})", path,
+               ids.size() + 1, printable(word, 40), std::numeric_limits<int32_t>::max());
+    ids.push_back(id);
+    i = j;
+  }
+}
+}  // namespace
 
 Command add_logits(CLI::App& cmd) {
   struct Args {
@@ -26,7 +54,7 @@ Command add_logits(CLI::App& cmd) {
   cmd.add_option("--prefill", a->prefill,
                  "How many of the ids run as one prefill pass (default: all); the rest run one "
                  "decode step each")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd.add_option("--out", a->out,
                  "Output file: float32 logits [n_ids, vocab], row i predicting id i+1")
       ->required();
@@ -34,16 +62,21 @@ Command add_logits(CLI::App& cmd) {
   add_device_option(cmd, a->device);
   return [a] {
     prepare(a->model, a->threads);
-    std::ifstream in(a->ids_file);
-    LLMK_CHECK(in.good(), "{}: cannot read the token ids", a->ids_file);
-    std::vector<int32_t> ids{std::istream_iterator<int32_t>(in), std::istream_iterator<int32_t>()};
+    const std::vector<int32_t> ids =
+        parse_ids(formats::read_file(a->ids_file, kMaxTextBytes), a->ids_file);
     LLMK_CHECK(!ids.empty(), "{}: no token ids", a->ids_file);
     const auto n = static_cast<int64_t>(ids.size());
-    const int64_t prefill = a->prefill > 0 ? std::min<int64_t>(a->prefill, n) : n;
+    LLMK_CHECK(a->prefill <= n, "--prefill {} is more than the {} ids of {}", a->prefill, n,
+               a->ids_file);
+    const int64_t prefill = a->prefill > 0 ? a->prefill : n;
     auto model = Model::load(a->model, LoadOptions{.context = n,
                                                    .device = resolve_device(a->device),
                                                    .progress = load_progress()});
     const int64_t vocab = model->config().vocab_size;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      LLMK_CHECK(ids[i] < vocab, "{}: element {} ({}) is outside the model's vocabulary of {}",
+                 a->ids_file, i + 1, ids[i], vocab);
+    }
     Tensor host = Tensor::empty({n, vocab}, DType::F32);
     Tensor all = model->forward({ids.data(), static_cast<size_t>(prefill)}, 0, true);
     Tensor first = host.slice(0, 0, prefill);
@@ -56,9 +89,7 @@ Command add_logits(CLI::App& cmd) {
       Tensor row = host.slice(0, i, i + 1);
       ops::transfer(row, dec.last_logits());
     }
-    std::ofstream out(a->out, std::ios::binary);
-    LLMK_CHECK(out.good(), "{}: cannot write", a->out);
-    out.write(static_cast<const char*>(host.data()), host.nbytes());
+    write_file(a->out, {static_cast<const char*>(host.data()), static_cast<size_t>(host.nbytes())});
     fmt::print(stderr, "[llmk] wrote logits [{}, {}] ({} prefill + {} decode steps) to {}\n", n,
                vocab, prefill, n - prefill, a->out);
     return 0;

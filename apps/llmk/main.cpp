@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <system_error>
 
 #include "apps/llmk/commands.h"
 #include "core/error.h"
@@ -20,8 +22,9 @@ int main(int argc, char** argv) {
   });
   const llmk::cli::Command run = llmk::cli::add_run(
       *app.add_subcommand("run", "Generate text from a prompt, streamed to stdout"));
-  const llmk::cli::Command inspect = llmk::cli::add_inspect(
-      *app.add_subcommand("inspect", "Show a GGUF file's metadata and tensor table"));
+  const llmk::cli::Command inspect = llmk::cli::add_inspect(*app.add_subcommand(
+      "inspect",
+      "Show a GGUF file's metadata and tensors, or a Hugging Face folder's config and tensors"));
   const llmk::cli::Command chat = llmk::cli::add_chat(
       *app.add_subcommand("chat", "Talk with the model, one message per line on stdin"));
   const llmk::cli::Command bench = llmk::cli::add_bench(
@@ -33,15 +36,19 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every usage error exits 1, as every other error does.
+    return app.exit(e) == 0 ? 0 : 1;
   }
   try {
-    if (app.got_subcommand("run")) return run();
-    if (app.got_subcommand("inspect")) return inspect();
-    if (app.got_subcommand("tokenize")) return tokenize();
-    if (app.got_subcommand("bench")) return bench();
-    if (app.got_subcommand("chat")) return chat();
-    if (app.got_subcommand("logits")) return logits();
+    int code = 0;
+    if (app.got_subcommand("run")) code = run();
+    if (app.got_subcommand("inspect")) code = inspect();
+    if (app.got_subcommand("tokenize")) code = tokenize();
+    if (app.got_subcommand("bench")) code = bench();
+    if (app.got_subcommand("chat")) code = chat();
+    if (app.got_subcommand("logits")) code = logits();
+    llmk::cli::check_stdout();
+    return code;
   } catch (const llmk::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "llmk: error: {}\n", e.what());
@@ -50,6 +57,14 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     fmt::print(stderr, "llmk: error: out of memory\n");
     return 1;
+  } catch (const std::system_error& e) {
+    // fmt::print throws this when stdout cannot take the text.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+      fmt::print(stderr, "llmk: error: stdout: cannot write: {}\n", e.code().message());
+      return 1;
+    }
+    fmt::print(stderr, "llmk: internal error: {}\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "llmk: internal error: {}\n", e.what());

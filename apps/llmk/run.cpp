@@ -2,32 +2,19 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "apps/llmk/commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
+#include "formats/mapped_file.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace llmk::cli {
-
-namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  LLMK_CHECK(in.good(), "{}: cannot read the prompt file", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 
 Command add_run(CLI::App& cmd) {
   struct Args {
@@ -41,15 +28,16 @@ Command add_run(CLI::App& cmd) {
   auto a = std::make_shared<Args>();
   add_model_option(cmd, a->model);
   cmd.add_option("-p,--prompt", a->prompt, "The prompt text");
-  cmd.add_option("-f,--prompt-file", a->prompt_file, "Read the prompt from a file");
+  cmd.add_option("-f,--prompt-file", a->prompt_file,
+                 fmt::format("Read the prompt from a file (at most {} MiB)", kMaxTextBytes >> 20));
   cmd.add_option("-n,--n-predict", a->n_predict, "Tokens to generate at most")
       ->default_val(128)
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   add_sampler_options(cmd, a->s);
   cmd.add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
   cmd.add_option("--system", a->system, "System message for --chat");
   cmd.add_option("-c,--ctx", a->ctx, "Context length in tokens (default: min(model's, 4096))")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least<int64_t>(0));
   cmd.add_flag("--echo", a->echo, "Print the prompt before the generated text");
   cmd.add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-generation tokens");
   cmd.add_flag("--stats", a->stats,
@@ -61,11 +49,11 @@ Command add_run(CLI::App& cmd) {
       "Examples:\n"
       "  llmk run -p \"The capital of France is\" --temp 0\n"
       "  llmk run --chat -p \"Write a haiku about rain\" --temp 0.7 --seed 1\n"
-      "  llmk run -m model.gguf -f prompt.txt -n 256 --device cpu -t 8");
+      "  llmk run -m model.gguf -f prompt.txt -n 256 --device cpu -t 2");
 
   return [a] {
     LLMK_CHECK(a->prompt.empty() || a->prompt_file.empty(), "give -p or -f, not both");
-    if (!a->prompt_file.empty()) a->prompt = read_file(a->prompt_file);
+    if (!a->prompt_file.empty()) a->prompt = formats::read_file(a->prompt_file, kMaxTextBytes);
     LLMK_CHECK(!a->prompt.empty(), "no prompt: give -p TEXT or -f FILE");
     const SamplerConfig sampler = a->s.resolve();
     prepare(a->model, a->threads);
@@ -103,13 +91,13 @@ Command add_run(CLI::App& cmd) {
     const GenerateStats st = generate(*model, tok, ids, opts, [&](int32_t, const std::string& b) {
       const std::string ready = out.push(b);
       std::fwrite(ready.data(), 1, ready.size(), stdout);
-      std::fflush(stdout);
-      return true;
+      // Stop when stdout takes no more (a full disk): main() reports it.
+      return std::fflush(stdout) == 0 && std::ferror(stdout) == 0;
     });
     const std::string rest = out.flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
-    std::fflush(stdout);
+    check_stdout();
     fmt::print(stderr,
                "[llmk] load {:.2f} s | prompt {} tokens, {:.1f} tokens/s | generation {} tokens, "
                "{:.1f} tokens/s | stop: {} | seed {} | {}\n",

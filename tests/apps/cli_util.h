@@ -27,21 +27,30 @@ inline std::string slurp(const std::filesystem::path& p) {
   return ss.str();
 }
 
-// Runs `llmk <args>` (args are passed through the shell) with `input` on stdin; the captured
-// streams go through files in `scratch`.
-inline CliResult run_llmk(const std::string& args, const std::filesystem::path& scratch,
-                          const std::string& input = "") {
-  const std::filesystem::path out = scratch / "stdout", err = scratch / "stderr",
-                              in = scratch / "stdin";
-  std::ofstream(in, std::ios::binary) << input;
-  const std::string cmd = std::string(LLMK_BINARY_DIR) + "/llmk " + args + " >" + out.string() +
-                          " 2>" + err.string() + " <" + in.string();
+// Runs `llmk <args>` (args are passed through the shell) with stdin read from `stdin_path` and
+// stdout written to `stdout_path` (default: a file in `scratch`, returned in `out`); stderr is
+// captured through a file in `scratch`.
+inline CliResult run_llmk_io(const std::string& args, const std::filesystem::path& scratch,
+                             const std::string& stdin_path, const std::string& stdout_path = "") {
+  const std::filesystem::path out = scratch / "stdout", err = scratch / "stderr";
+  std::filesystem::remove(out);
+  const std::string cmd = std::string(LLMK_BINARY_DIR) + "/llmk " + args + " >" +
+                          (stdout_path.empty() ? out.string() : stdout_path) + " 2>" +
+                          err.string() + " <" + stdin_path;
   const int status = std::system(cmd.c_str());
   CliResult r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+// The same with `input` on stdin.
+inline CliResult run_llmk(const std::string& args, const std::filesystem::path& scratch,
+                          const std::string& input = "") {
+  const std::filesystem::path in = scratch / "stdin";
+  std::ofstream(in, std::ios::binary) << input;
+  return run_llmk_io(args, scratch, in.string());
 }
 
 // Exit code 1, nothing on stdout, and exactly one stderr line, "llmk: error: ...", holding every

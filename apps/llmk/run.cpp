@@ -53,6 +53,8 @@ Command add_run(CLI::App& cmd) {
 
   return [a] {
     LLMK_CHECK(a->prompt.empty() || a->prompt_file.empty(), "give -p or -f, not both");
+    LLMK_CHECK(a->system.empty() || a->chat,
+               "--system needs --chat (it goes into the chat template)");
     if (!a->prompt_file.empty()) a->prompt = formats::read_file(a->prompt_file, kMaxTextBytes);
     LLMK_CHECK(!a->prompt.empty(), "no prompt: give -p TEXT or -f FILE");
     const SamplerConfig sampler = a->s.resolve();

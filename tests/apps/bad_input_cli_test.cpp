@@ -74,6 +74,12 @@ TEST_F(BadInputCli, RangeErrorsAreShort) {
   }
 }
 
+// --system only has a place in the chat template: without --chat it used to be dropped silently.
+TEST_F(BadInputCli, SystemNeedsChat) {
+  expect_clean_error(llmk("run -m " + model_ + " -p hi --system 'Be brief'"),
+                     {"--system needs --chat"});
+}
+
 // --threads is capped at the machine's hardware threads: a pool's workers spin for work, so
 // 1,000 threads on 2 cores only take the cores from each other.
 TEST_F(BadInputCli, ThreadsBeyondTheHardwareAreRejected) {

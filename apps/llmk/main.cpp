@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <system_error>
 
@@ -37,7 +38,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; every usage error exits 1, as every other error does.
-    return app.exit(e) == 0 ? 0 : 1;
+    const int code = app.exit(e);
+    if (!std::cout.flush()) {
+      fmt::print(stderr, "llmk: error: stdout: cannot write the help\n");
+      return 1;
+    }
+    return code == 0 ? 0 : 1;
   }
   try {
     int code = 0;

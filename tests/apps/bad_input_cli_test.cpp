@@ -149,6 +149,8 @@ TEST_F(BadInputCli, FailedWritesAreErrors) {
   const Result run =
       llmk_io("run -t 1 -m " + model_ + " -p hi -n 4 --temp 0", "/dev/null", "/dev/full");
   expect_clean_error(run, {"stdout: cannot write: No space left on device"});
+  expect_clean_error(llmk_io("run --help", "/dev/null", "/dev/full"),
+                     {"stdout: cannot write the help"});
 }
 
 // The prompt and generation together must fit the model's context, computed without int

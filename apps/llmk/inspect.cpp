@@ -100,8 +100,13 @@ Command add_inspect(CLI::App& cmd) {
       "have control characters escaped; long ones are cut, ending in \"... (N bytes)\".");
   return [a] {
     prepare(a->model, 1);
-    if (std::filesystem::is_directory(a->model)) {
+    const std::filesystem::path path(a->model);
+    if (std::filesystem::is_directory(path)) {
       print_hf_folder(a->model, !a->no_tensors);
+    } else if (path.extension() == ".safetensors" || path.extension() == ".json") {
+      LLMK_FAIL(
+          "{}: inspect reads a GGUF file or a whole Hugging Face folder: give the folder ({})",
+          a->model, path.has_parent_path() ? path.parent_path().string() : ".");
     } else {
       print_gguf(a->model, !a->no_tensors);
     }

@@ -242,6 +242,9 @@ TEST_F(BadInputCli, InspectReadsHuggingFaceFolders) {
   ASSERT_EQ(meta.code, 0) << meta.err;
   EXPECT_EQ(meta.out.find("model.embed_tokens.weight"), std::string::npos);
   expect_clean_error(llmk("inspect " + dir_.path()), {dir_.path(), "config.json"});
+  // A file of the folder names the folder to give instead ("not a GGUF file" before).
+  expect_clean_error(llmk("inspect " + folder + "/model-00001-of-00002.safetensors"),
+                     {"give the folder (" + folder + ")"});
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Attention benchmark of issue 4: llmk beside torch SDPA (flash backend), one markdown table.
+"""Attention benchmark: llmk beside torch SDPA (flash backend), one markdown table.
 
 Runs on the device machine (torch is there):
     python3 bench/attention.py --bin .devbin-pre [--compare DIR,...] [--json FILE]

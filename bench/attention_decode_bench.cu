@@ -1,6 +1,7 @@
 // Benchmark of the split-KV decode kernel (cuda::attention_decode): one query token per sequence,
 // 32 query / 8 KV heads, head dim 128, bf16, over paged KV pools (and a contiguous cache), at the
-// issue's shapes (B1 L4096, B1 L32768, B8 L4096, B32 L4096) and a split sweep.
+// shapes of one and many sequences at short and long contexts (B1 L4096, B1 L32768, B8 L4096,
+// B32 L4096) and a split sweep.
 //
 // Each shape rotates over enough pools (each with its own shuffled page table) to span 4x the L2
 // (read from the device), so every call streams K and V from HBM. Per shape: a warm-up, then
@@ -49,14 +50,6 @@ struct Shape {
   int split = 0;  // 0: heuristic
   const char* kind = "decode";
 };
-
-template <class T>
-T* device_copy(const std::vector<T>& h) {
-  T* p = nullptr;
-  LLMK_CUDA_CHECK(cudaMalloc(&p, h.size() * sizeof(T)));
-  LLMK_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
 
 // As the model runner launches it (its kernel before, kv_append, writes only the new keys):
 // the indices and the older keys' first tiles are read before the wait for the previous kernel

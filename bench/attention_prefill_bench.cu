@@ -1,5 +1,6 @@
 // Benchmark of the prefill attention kernel (cuda::attention_prefill, varlen form: B equal
-// sequences through cu_q / cu_k) at the shapes of issue 4. One JSON line per shape:
+// sequences through cu_q / cu_k) at eight shapes (head dims 64, 128 and 256; 512 to 16k tokens
+// per sequence; causal and not; one GQA shape). One JSON line per shape:
 //   {"kind":"prefill","B":..,"Hq":..,"Hkv":..,"S":..,"D":..,"causal":..,"dtype":"bf16",
 //    "ms":..,"tflops":..}
 // TFLOP/s counts 4 * B * Hq * S^2 * D (QK^T and PV), halved when causal (FA2's convention).

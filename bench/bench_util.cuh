@@ -1,6 +1,6 @@
-// What the CUDA micro-benchmarks share: device-side random fill, CUDA-event timing, the median,
-// and the device-to-device copy rate every bandwidth figure is compared with. One .cu per bench
-// binary includes it.
+// What the CUDA micro-benchmarks share: device-side random fill, host-to-device copies,
+// CUDA-event timing, the median, and the device-to-device copy rate every bandwidth figure is
+// compared with. One .cu per bench binary includes it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,6 +36,15 @@ inline void fill(void* p, int64_t n, uint64_t seed, float scale) {
   fill_bf16<<<1024, 256, 0, cuda::current_stream()>>>(static_cast<__nv_bfloat16*>(p), n, seed,
                                                       scale);
   cuda::check_launch("fill_bf16");
+}
+
+// A device copy of h (cudaMalloc'd; the caller frees it).
+template <class T>
+T* device_copy(const std::vector<T>& h) {
+  T* p = nullptr;
+  LLMK_CUDA_CHECK(cudaMalloc(&p, h.size() * sizeof(T)));
+  LLMK_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
 }
 
 inline float median(std::vector<float> v) {

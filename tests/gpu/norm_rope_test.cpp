@@ -1,17 +1,15 @@
 // ops::rms_norm, ops::add_rms_norm and ops::rope on CUDA against the same ops on the CPU, fed
 // the same bf16-rounded inputs (tolerances in ops_gpu_util.h: kBf16Out, rel L2 <= 4.5e-3 and
 // max abs <= 2^-7 max |ref|, for bf16 outputs of fp32 math; RoPE's angle accuracy has its own
-// sharper test). Views start at column 0 (16-byte
-// aligned, the vector kernels) and at column 1 (odd offsets, the scalar kernels); outputs are
-// poisoned and their padding must stay so. CudaOpBench prints achieved bandwidth.
-#include <cuda_runtime.h>
+// sharper test). Views start at column 0 (16-byte aligned, the vector kernels) and at column 1
+// (odd offsets, the scalar kernels); outputs are poisoned and their padding must stay so. Their
+// bandwidth: bench/norm_rope_bench.cu.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
+#include <cstdlib>
+#include <random>
 #include <string>
-#include <vector>
 
 #include "ops_gpu_util.h"
 
@@ -255,74 +253,6 @@ TEST_F(CudaOpRope, AngleAccurateAtLongPositions) {
   }
   EXPECT_EQ(worse, 0) << "rotations off by more than one bf16 step";
   EXPECT_LE(off_by_one, T * half * 2 / 100) << "more than 1% one step off";
-}
-
-// Achieved bandwidth (bytes each kernel must move / median time), printed for docs/perf.md.
-// Several input sets rotate so that the prefill shapes are not served from L2.
-TEST(CudaOpBench, NormAndRopeBandwidth) {
-  cuda::init();
-  cudaEvent_t start, stop;
-  LLMK_CUDA_CHECK(cudaEventCreate(&start));
-  LLMK_CUDA_CHECK(cudaEventCreate(&stop));
-  auto time_us = [&](auto&& fn) {
-    for (int i = 0; i < 5; ++i) fn(i);
-    std::vector<float> ms;
-    for (int rep = 0; rep < 21; ++rep) {
-      LLMK_CUDA_CHECK(cudaEventRecord(start, cuda::current_stream()));
-      constexpr int kIters = 20;
-      for (int i = 0; i < kIters; ++i) fn(i);
-      LLMK_CUDA_CHECK(cudaEventRecord(stop, cuda::current_stream()));
-      LLMK_CUDA_CHECK(cudaEventSynchronize(stop));
-      float m = 0;
-      LLMK_CUDA_CHECK(cudaEventElapsedTime(&m, start, stop));
-      ms.push_back(m * 1000.0f / kIters);
-    }
-    std::sort(ms.begin(), ms.end());
-    return static_cast<double>(ms[ms.size() / 2]);
-  };
-  std::printf("%-34s %10s %10s %9s\n", "kernel (shape)", "MB moved", "us", "GB/s");
-  auto report = [](const std::string& name, double bytes, double us) {
-    std::printf("%-34s %10.3f %10.2f %9.1f\n", name.c_str(), bytes / 1e6, us, bytes / us / 1e3);
-  };
-  constexpr int kSets = 4;
-  for (int64_t T : {1, 4096}) {
-    const int64_t D = 4096;
-    std::vector<Tensor> xs, ds, outs;
-    for (int s = 0; s < kSets; ++s) {
-      xs.push_back(random_host({T, D}, DType::BF16, 900 + s, -2, 2).to(Device::CUDA));
-      ds.push_back(random_host({T, D}, DType::BF16, 950 + s, -0.01f, 0.01f).to(Device::CUDA));
-      outs.push_back(Tensor::empty({T, D}, DType::BF16, Device::CUDA));
-    }
-    const Tensor w = random_host({D}, DType::F32, 990).to(Device::CUDA);
-    const std::string shape = shape_str({T, D});
-    double us = time_us([&](int i) { ops::rms_norm(outs[i % kSets], xs[i % kSets], w, 1e-5f); });
-    report("rms_norm " + shape, 2.0 * T * D * 2, us);
-    us = time_us(
-        [&](int i) { ops::add_rms_norm(xs[i % kSets], ds[i % kSets], outs[i % kSets], w, 1e-5f); });
-    // The fewest bytes: read x and delta, write x and out (the norm re-reads x from cache).
-    report("add_rms_norm " + shape, 4.0 * T * D * 2, us);
-  }
-  for (int64_t T : {1, 4096}) {
-    const int64_t H = 32, D = 128;
-    std::vector<Tensor> xs;
-    for (int s = 0; s < kSets; ++s) {
-      xs.push_back(random_host({T, H, D}, DType::BF16, 800 + s).to(Device::CUDA));
-    }
-    Tensor pos_host = Tensor::empty({T}, DType::I32);
-    for (int64_t t = 0; t < T; ++t) pos_host.data<int32_t>()[t] = static_cast<int32_t>(1000 + t);
-    const Tensor pos = pos_host.to(Device::CUDA);
-    const std::string shape = shape_str({T, H, D});
-    for (auto layout : {ops::RopeLayout::HalfSplit, ops::RopeLayout::Adjacent}) {
-      ops::RopeParams p;
-      p.layout = layout;
-      const double us = time_us([&](int i) { ops::rope(xs[i % kSets], pos, p); });
-      report(
-          std::string("rope ") + (layout == ops::RopeLayout::HalfSplit ? "half " : "adj ") + shape,
-          2.0 * T * H * D * 2, us);
-    }
-  }
-  LLMK_CUDA_CHECK(cudaEventDestroy(start));
-  LLMK_CUDA_CHECK(cudaEventDestroy(stop));
 }
 
 }  // namespace

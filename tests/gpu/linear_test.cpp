@@ -3,8 +3,9 @@
 // Inputs are drawn fresh for every shape and rounded to bf16 first; the CPU computes in fp32 from
 // the same rounded values, so the comparison measures the GPU path, not the input rounding.
 // Outputs are poisoned (all bits set: NaN in bf16 and f32) before every call, so an element the
-// GPU never wrote fails. Tolerances, against the CPU result `ref`, with u = 2^-8 the unit
-// roundoff of bf16:
+// GPU never wrote fails. The comparison is ops_gpu_util.h's (gpu_test::compare, expect_within);
+// the tolerances are this op's, against the CPU result `ref`, with u = 2^-8 the unit roundoff of
+// bf16:
 //   bf16 out: ||out - ref|| / ||ref|| <= 5e-3 and max |out - ref| <= 4u * max |ref| (1.6e-2):
 //             one rounding to bf16 costs at most u of the value, and a bias of the other dtype
 //             (added by a kernel after the GEMM's own rounding) costs two;
@@ -32,6 +33,7 @@
 #include "core/half.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
+#include "ops_gpu_util.h"
 
 namespace llmk {
 namespace {
@@ -70,65 +72,15 @@ Tensor random_f32(const Shape& shape, Rng& rng, float scale) {
   return t;
 }
 
-// A contiguous f32 host copy of a 2-D or 1-D host tensor of bf16 or f32 (any row stride).
-Tensor to_f32(const Tensor& t) {
-  Tensor src = t.ndim() == 1 ? t.view({1, t.dim(0)}) : t;
-  Tensor out = Tensor::empty({src.dim(0), src.dim(1)}, DType::F32);
-  for (int64_t r = 0; r < src.dim(0); ++r) {
-    for (int64_t c = 0; c < src.dim(1); ++c) {
-      const int64_t off = r * src.stride(0) + c * src.stride(1);
-      out.data<float>()[r * src.dim(1) + c] = src.dtype() == DType::BF16
-                                                  ? bf16_to_float(src.data<uint16_t>()[off])
-                                                  : src.data<float>()[off];
-    }
-  }
-  return t.ndim() == 1 ? out.view({t.dim(0)}) : out;
-}
+using gpu_test::compare;
+using gpu_test::expect_within;
+using gpu_test::poisoned_cuda;
+using gpu_test::to_f32;
+using gpu_test::Tolerance;
 
-// A device tensor whose every byte is 0xFF: NaN as bf16 and as f32.
-Tensor poisoned_cuda(const Shape& shape, DType dtype) {
-  Tensor t = Tensor::empty(shape, dtype, Device::CUDA);
-  LLMK_CUDA_CHECK(
-      cudaMemsetAsync(t.data(), 0xFF, static_cast<size_t>(t.nbytes()), cuda::current_stream()));
-  return t;
-}
-
-struct Diff {
-  double rel_l2 = 0, max_abs = 0, max_ref = 0;
-  int64_t nonfinite = 0;
-};
-
-// out, ref: f32 host tensors of one shape.
-Diff compare(const Tensor& out, const Tensor& ref) {
-  Diff e;
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double o = out.data<float>()[i], r = ref.data<float>()[i];
-    if (!std::isfinite(o)) {
-      ++e.nonfinite;
-      continue;
-    }
-    num += (o - r) * (o - r);
-    den += r * r;
-    e.max_abs = std::max(e.max_abs, std::abs(o - r));
-    e.max_ref = std::max(e.max_ref, std::abs(r));
-  }
-  e.rel_l2 = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0);
-  return e;
-}
-
-struct Tolerance {
-  double rel_l2, max_abs_rel;
-};
-constexpr Tolerance kBf16Tol{5e-3, 4.0 / 256};
-constexpr Tolerance kF32Tol{2e-4, 2e-3};
-
-void expect_close(const Diff& e, DType out_dtype, const std::string& what) {
-  const Tolerance tol = out_dtype == DType::BF16 ? kBf16Tol : kF32Tol;
-  EXPECT_EQ(e.nonfinite, 0) << what << ": elements not written (or not finite)";
-  EXPECT_GT(e.max_ref, 0.0) << what << ": reference is all zeros";
-  EXPECT_LE(e.rel_l2, tol.rel_l2) << what;
-  EXPECT_LE(e.max_abs, tol.max_abs_rel * e.max_ref) << what;
+// The tolerances of the header comment, by output dtype.
+Tolerance tolerance_for(DType out_dtype) {
+  return out_dtype == DType::BF16 ? Tolerance{5e-3, 4.0 / 256} : Tolerance{2e-4, 2e-3};
 }
 
 std::string error_message(const std::function<void()>& fn) {
@@ -216,8 +168,8 @@ void check_problem(int64_t M, int64_t N, int64_t K, uint64_t seed) {
                                              dtype_name(out_dtype), l.name);
         Out out(M, N, l.out_pad, out_dtype);
         ops::linear(out.view, *l.x, w, b.dev);
-        const Diff e = compare(out.values(), ref);
-        expect_close(e, out_dtype, what);
+        const gpu_test::Diff e = compare(out.values(), ref);
+        expect_within(e, tolerance_for(out_dtype), what);
         double& wst = worst[out_dtype == DType::BF16 ? 0 : 1];
         wst = std::max(wst, e.rel_l2);
       }
@@ -392,13 +344,13 @@ TEST_F(Linear, TwoCallsCapturedInAGraphReplayOnNewInputs) {
 
     Tensor h_ref = Tensor::empty({M, H}, DType::F32);
     ops::linear(h_ref, to_f32(x_host), w1_32, &b1_32);
-    expect_close(compare(to_f32(h.to(Device::CPU)), h_ref), DType::BF16,
-                 fmt::format("replay {}: h", replay));
+    expect_within(compare(h.to(Device::CPU), h_ref), tolerance_for(DType::BF16),
+                  fmt::format("replay {}: h", replay));
     // The second product's reference starts from the GPU's own bf16 h, as the GPU did.
     Tensor logits_ref = Tensor::empty({M, V}, DType::F32);
     ops::linear(logits_ref, to_f32(h.to(Device::CPU)), w2_32);
-    expect_close(compare(logits.to(Device::CPU), logits_ref), DType::F32,
-                 fmt::format("replay {}: logits", replay));
+    expect_within(compare(logits.to(Device::CPU), logits_ref), tolerance_for(DType::F32),
+                  fmt::format("replay {}: logits", replay));
   }
   const cuda::AllocatorStats a1 = cuda::allocator().stats();
   EXPECT_EQ(a1.num_device_allocs, a0.num_device_allocs);

@@ -50,6 +50,8 @@ TEST(BatchDecode, EachSequenceGetsItsOwnGreedyContinuation) {
 
 TEST(BatchDecode, RejectsStepsBeyondTheSequencesLoaded) {
   auto model = Model::load(test::smollm2_path(), {.context = 16, .sequences = 2});
+  // Token ids of no particular text: any ids below the vocabulary do; what is refused is the
+  // number of sequences (3 of 2) and a position past the context (16 of 16).
   const std::vector<int32_t> three = {1, 2, 3};
   const std::vector<int64_t> pos = {0, 0, 0};
   EXPECT_THROW(model->stage_step(three, pos), Error);

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -31,12 +30,12 @@ constexpr double kMaxLogitDiff = 5e-4;
 
 struct Case {
   const char* name;
-  const char* model;    // under models/
+  test::TestModel model;
   const char* fixture;  // under tests/fixtures/
 };
 const Case kCases[] = {
-    {"SmolLM2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2_reference.json"},
-    {"Gemma3", "gemma-3-270m-q4_k_m.gguf", "gemma3_reference.json"},
+    {"SmolLM2", test::kSmolLM2, "smollm2_reference.json"},
+    {"Gemma3", test::kGemma3, "gemma3_reference.json"},
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -48,10 +47,7 @@ class Reference : public ::testing::TestWithParam<Case> {
     std::ifstream in(test::source_path(std::string("tests/fixtures/") + c.fixture));
     ASSERT_TRUE(in.good()) << "missing fixture " << c.fixture;
     in >> data_;
-    const std::string path = test::source_path(std::string("models/") + c.model);
-    ASSERT_TRUE(std::filesystem::exists(path))
-        << path << " is missing: run scripts/fetch-models.sh all";
-    model_ = Model::load(path, LoadOptions{.context = 256});
+    model_ = Model::load(test::model_path(c.model), LoadOptions{.context = 256});
   }
   nlohmann::json data_;
   std::unique_ptr<Model> model_;

@@ -3,7 +3,12 @@
 // forward() = stage() + compute(). stage() copies the token ids and their positions into
 // device buffers (it checks them on the host); compute() runs the network on whatever is
 // staged, calling ops only, so on CUDA one compute(1, false) can be captured in a graph and
-// replayed after each stage(). The model never branches on the device.
+// replayed after each stage(). The device sets the layout (decoder.cpp, weights.cpp): matrices
+// keep the file's type on the CPU and become bf16 on CUDA; activations and the KV cache are f32
+// on the CPU and bf16 on CUDA; the KV pool has one page per sequence on the CPU and 64-key
+// pages on CUDA, where a prompt of more than 8 tokens also gathers its keys into contiguous
+// buffers for the prefill kernel. These branches read host state only (the device, the staged
+// token count), never device memory.
 #pragma once
 
 #include <cstdint>

@@ -21,8 +21,10 @@
 namespace llmk::cuda {
 
 struct AttentionArgs {
-  // Strides in elements; the last dimension (D) is contiguous. Pointers and strides must allow
-  // 16-byte loads: pointers 16-byte aligned, row and head strides multiples of 8.
+  // Defaults give one sequence over a contiguous cache, causal, bf16.
+
+  // Tensors. Strides in elements; the last dimension (D) is contiguous. Pointers and strides
+  // must allow 16-byte loads: pointers 16-byte aligned, row and head strides multiples of 8.
   __nv_bfloat16* out = nullptr;  // [T, Hq, D]
   int64_t out_t = 0, out_h = 0;
   const __nv_bfloat16* q = nullptr;  // [T, Hq, D]
@@ -31,51 +33,54 @@ struct AttentionArgs {
   int64_t k_t = 0, k_h = 0;
   const __nv_bfloat16* v = nullptr;  // [L, Hkv, D]
   int64_t v_t = 0, v_h = 0;
-  const int32_t* positions = nullptr;  // [T] on the device, consecutive
-  int T = 0, Hq = 0, Hkv = 0, D = 0;
-  int64_t L = 0;         // cache capacity (rows of k and v)
-  float scale = 0.0f;    // multiplies q.k (resolved: no 0 = default here)
-  int window = 0;        // > 0: query at p sees keys (p - window, p]
-  float softcap = 0.0f;  // > 0: logits = softcap * tanh(logits / softcap)
-
-  // ---- Extensions (issue 4). Defaults keep the single-sequence, contiguous-cache meaning
-  // above. Fields are only ever added here, never renamed or removed while others use them.
-  //
   // Element type of q, k, v and out: bf16 (default) or fp16 (the pointers above then hold
   // __half data).
   bool fp16 = false;
+  // Optional log-sum-exp of each query row's scaled logits (natural log), [Hq, T] fp32.
+  float* lse = nullptr;
+
+  // Sizes.
+  int T = 0, Hq = 0, Hkv = 0, D = 0;
+  int64_t L = 0;  // cache capacity (rows of k and v)
+
+  // Where the queries sit. One sequence (cu_q null): query t is at positions[t], consecutive.
   // Batches: `B` sequences. Query rows of sequence b are q rows [cu_q[b], cu_q[b+1]) (T is then
   // cu_q[B], the total); its keys are cu_k[b+1]-cu_k[b] rows (varlen prefill: rows cu_k[b].. of k
   // and v) or, with a page table, rows 0..len-1 of its pages. Causal masks are bottom-right
   // aligned: query i of a sequence with Tq queries and Tk keys sits at position Tk - Tq + i.
-  // Null cu_q: one sequence, positions[] as above.
+  // With cu_q and no cu_k (batched decode), positions[] (length T) gives each query row's
+  // position within its sequence (consecutive inside a sequence) and sequence b sees its keys
+  // 0..(position of its last query): one batched decode step reads the positions the model
+  // staged.
+  const int32_t* positions = nullptr;  // [T] on the device
   int B = 1;
   const int32_t* cu_q = nullptr;  // [B + 1] on the device
   const int32_t* cu_k = nullptr;  // [B + 1] on the device (key counts; see page_table)
+  // The most query rows of any one sequence (decode with cu_q: required, 1..kDecodeMaxQueries;
+  // the grid is sized by it, so it must be known on the host).
+  int max_q_per_seq = 0;
+
   // Paged KV cache: k and v are pools of pages [num_pages * page_size, Hkv, D] (row stride k_t);
   // row j of sequence b lives at pool row page_table[b * pages_per_seq + j / page_size] *
   // page_size + j % page_size. Null: contiguous as above.
   const int32_t* page_table = nullptr;  // [B, pages_per_seq] on the device
   int page_size = 0;
   int pages_per_seq = 0;
-  // Optional log-sum-exp of each query row's scaled logits (natural log), [Hq, T] fp32.
-  float* lse = nullptr;
+
+  // Scores and masks.
+  float scale = 0.0f;    // multiplies q.k (resolved: no 0 = default here)
+  int window = 0;        // > 0: query at p sees keys (p - window, p]
+  float softcap = 0.0f;  // > 0: logits = softcap * tanh(logits / softcap)
   // false: every query sees every key of its sequence (no causal mask; window must be 0).
   // Prefill only; the decode kernel is always causal.
   bool causal = true;
 
-  // ---- Decode additions (issue 4).
-  // With cu_q and no cu_k, positions[] (length T) gives each query row's position within its
-  // sequence (consecutive inside a sequence) and sequence b sees its keys 0..(position of its
-  // last query): one batched decode step reads the positions the model staged.
-  // The most query rows of any one sequence (decode with cu_q: required, 1..kDecodeMaxQueries;
-  // the grid is sized by it, so it must be known on the host).
-  int max_q_per_seq = 0;
-  // Decode: blocks the keys of one (sequence, KV head) are split over; 0 = the heuristic
-  // (benchmarks sweep it).
+  // How the decode kernel runs.
+  // Blocks the keys of one (sequence, KV head) are split over; 0 = the heuristic (benchmarks
+  // sweep it).
   int decode_split = 0;
-  // Decode, programmatic dependent launch (sm_90): read positions, cu_q, cu_k, the page table and
-  // the K/V rows of keys before each sequence's first query position *before* waiting for the
+  // Programmatic dependent launch (sm_90): read positions, cu_q, cu_k, the page table and the
+  // K/V rows of keys before each sequence's first query position *before* waiting for the
   // kernel launched just before this one on the stream, so that those loads overlap its tail.
   // Only when that kernel writes none of them (the model runner: it is kv_append, which writes
   // the new keys' rows). q, out and the split workspace are always touched after the wait.

@@ -31,7 +31,8 @@ struct DecodePlan {
   float* part_o = nullptr;
   float* part_ml = nullptr;
   int* counters = nullptr;
-  // K/V tiles by the bulk tensor copy engine (decode_tma_ok): one copy per tma_box_rows keys
+  // K/V tiles by the bulk tensor copy engine (decode_plan in attention.cpp sets it where
+  // decode_tma_possible allows and the loader asks for it): one copy per tma_box_rows keys
   // (the page size, or 64) and 64-dim panel; tma_head_outer: a cache laid out [Hkv][rows][D].
   bool tma = false;
   bool tma_head_outer = false;

@@ -1,4 +1,6 @@
-// Loading a model that does not fit the GPU fails before any copy, with the figures named.
+// Loading a model that does not fit the GPU fails before any copy, with the figures named,
+// against the device's real free memory. The boundary itself (a need equal to the free memory
+// fits, one byte more does not) is tested on the CPU: tests/model/memory_check_test.cpp.
 #include "model/memory_check.h"
 
 #include <gtest/gtest.h>

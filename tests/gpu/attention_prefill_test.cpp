@@ -35,6 +35,7 @@
 namespace llmk {
 namespace {
 
+using gpu_test::error_message;
 using gpu_test::poisoned_cuda;
 using gpu_test::random_host;
 using gpu_test::to_f32;
@@ -243,15 +244,6 @@ TEST_P(AttentionPrefillGpu, RepeatableBitForBit) {
   for (size_t i = 0; i < a.lse.size(); ++i) {
     ASSERT_EQ(float_to_bits(a.lse[i]), float_to_bits(b.lse[i])) << "lse element " << i;
   }
-}
-
-std::string error_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no llmk::Error thrown>";
 }
 
 TEST_P(AttentionPrefillGpu, ArgumentErrors) {

@@ -33,6 +33,8 @@ namespace {
 
 constexpr uint16_t kBf16NaN = 0x7fc0;
 
+using gpu_test::error_message;
+
 std::vector<float> random_bf16_values(size_t n, uint32_t seed, float lo, float hi) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
@@ -70,15 +72,6 @@ std::vector<float> download(const Tensor& bf16_device) {
   std::vector<float> v(static_cast<size_t>(h.numel()));
   for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_float(h.data<uint16_t>()[i]);
   return v;
-}
-
-std::string error_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no llmk::Error thrown>";
 }
 
 // Compares got (T * Hq rows of D values, row r at got[r * row_pitch]) with the reference.

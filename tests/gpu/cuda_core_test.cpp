@@ -21,6 +21,7 @@
 #include "core/cuda/stream.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "ops_gpu_util.h"
 
 namespace llmk::cuda {
 namespace {
@@ -29,14 +30,7 @@ constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kGiB = size_t{1} << 30;
 constexpr size_t kPiB = size_t{1} << 50;
 
-std::string error_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no llmk::Error thrown>";
-}
+using gpu_test::error_message;
 
 // ---------------------------------------------------------------------------------------------
 // Fake device memory: hands out addresses (never dereferenced) from a fixed capacity, and counts.

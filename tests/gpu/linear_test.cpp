@@ -73,6 +73,7 @@ Tensor random_f32(const Shape& shape, Rng& rng, float scale) {
 }
 
 using gpu_test::compare;
+using gpu_test::error_message;
 using gpu_test::expect_within;
 using gpu_test::poisoned_cuda;
 using gpu_test::to_f32;
@@ -81,15 +82,6 @@ using gpu_test::Tolerance;
 // The tolerances of the header comment, by output dtype.
 Tolerance tolerance_for(DType out_dtype) {
   return out_dtype == DType::BF16 ? Tolerance{5e-3, 4.0 / 256} : Tolerance{2e-4, 2e-3};
-}
-
-std::string error_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no llmk::Error thrown>";
 }
 
 class Linear : public ::testing::Test {

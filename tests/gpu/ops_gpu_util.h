@@ -1,5 +1,6 @@
 // Helpers for the GPU op tests: random bf16 host data, poisoned device tensors, host copies of
-// device views, and the comparison with a reference (error statistics and tolerances).
+// device views, the comparison with a reference (error statistics and tolerances), and the
+// message of an expected llmk::Error.
 //
 // Convention: every CUDA op is checked against the same op on the CPU, fed the bf16-rounded
 // inputs as f32, so the comparison measures the kernel and not the input rounding.
@@ -11,12 +12,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 
 #include "core/cuda/check.h"
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
+#include "core/error.h"
 #include "core/half.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
@@ -172,6 +175,16 @@ inline void expect_bf16_exact(const Tensor& out, const Tensor& ref, const std::s
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << r.numel() << " differ, first at flat index "
                     << first;
+}
+
+// The message of the llmk::Error fn throws, or "<no llmk::Error thrown>".
+inline std::string error_message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no llmk::Error thrown>";
 }
 
 class CudaOpTest : public ::testing::Test {

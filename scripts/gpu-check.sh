@@ -9,7 +9,8 @@
 #   scripts/gpu-check.sh attention       # bench/attention.py: llmk beside torch SDPA, one table
 #   scripts/gpu-check.sh long            # Llama-3-8B shapes: decode after an 8000-token prompt
 #   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e profile
-#                                        #   attention long
+#                                        #   attention long (sanitize = memcheck racecheck
+#                                        #   synccheck, each also a step of its own)
 #
 # GPU_TEST_FILTER, SANITIZE_FILTER (memcheck) and RACE_FILTER (racecheck, synccheck) narrow the
 # GPU tests by gtest filter.
@@ -88,11 +89,11 @@ sanitize() {  # tool, log name, gtest filter, extra options...
   note "compute-sanitizer $tool: rc=$rc, $(grep -E '^\[  (PASSED|FAILED) ' "$log" | head -1 | tr -s ' '),$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/^=*//')"
   [ $rc -ne 0 ] && { status=1; grep -E -m 20 "Invalid|ERROR|Error|hazard|FAILED|Race|Barrier" "$log"; }
 }
-if has sanitize; then
-  sanitize memcheck memcheck "${SANITIZE_FILTER:-}"
+if has sanitize || has memcheck; then sanitize memcheck memcheck "${SANITIZE_FILTER:-}"; fi
+if has sanitize || has racecheck; then
   sanitize racecheck racecheck "${RACE_FILTER:-$race_filter}" --racecheck-report all
-  sanitize synccheck synccheck "${RACE_FILTER:-$race_filter}"
 fi
+if has sanitize || has synccheck; then sanitize synccheck synccheck "${RACE_FILTER:-$race_filter}"; fi
 
 if has bench; then
   if [ -f "$model" ]; then

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <random>
 #include <set>
 
@@ -16,6 +15,7 @@
 #include "formats/gguf.h"
 #include "gguf_model_util.h"
 #include "gguf_test_util.h"
+#include "test_paths.h"
 
 namespace llmk::gguf {
 namespace {
@@ -26,9 +26,7 @@ using namespace testkit;  // NOLINT: the writer helpers
 class GgufFuzz : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string model = smollm2_path();
-    ASSERT_TRUE(std::filesystem::exists(model)) << missing_model_message(model);
-    const File f = File::open(model);
+    const File f = File::open(test::model_path(test::kSmolLM2));
     file_size_ = f.file_size();
     const Layout layout = rewrite_header(f);
     header_ = layout.bytes;  // equal to the file's own first bytes (gguf_model_test checks)

@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <map>
 
 #include "formats/gguf.h"
 #include "gguf_model_util.h"
 #include "gguf_test_util.h"
+#include "test_paths.h"
 
 namespace llmk::gguf {
 namespace {
@@ -29,8 +29,7 @@ std::vector<uint8_t> pread_bytes(int fd, uint64_t offset, uint64_t n) {
 }
 
 TEST(GgufModel, SmolLM2KnownFacts) {
-  const std::string path = smollm2_path();
-  ASSERT_TRUE(std::filesystem::exists(path)) << missing_model_message(path);
+  const std::string path = test::model_path(test::kSmolLM2);
   const File f = File::open(path);
 
   EXPECT_EQ(f.version(), 3u);
@@ -93,8 +92,7 @@ TEST(GgufModel, SmolLM2KnownFacts) {
 // The header written again from what the reader parsed is byte for byte the file's, so the
 // reader lost or changed nothing; its length is where the data section starts.
 TEST(GgufModel, SmolLM2HeaderRewritesToTheSameBytesAndViewsMatchTheFile) {
-  const std::string path = smollm2_path();
-  ASSERT_TRUE(std::filesystem::exists(path)) << missing_model_message(path);
+  const std::string path = test::model_path(test::kSmolLM2);
   const File f = File::open(path);
   const Layout header = rewrite_header(f);
   ASSERT_EQ(header.data_offset, 1785664u);  // as gguf-py reports it
@@ -121,12 +119,8 @@ TEST(GgufModel, SmolLM2HeaderRewritesToTheSameBytesAndViewsMatchTheFile) {
   EXPECT_NE(norm.data<float>()[0], 0.0f);
 }
 
-TEST(GgufModel, Gemma3HasKQuantsIfPresent) {
-  const std::string path = gemma3_path();
-  if (!std::filesystem::exists(path)) {
-    GTEST_SKIP() << "optional model " << path << " absent";
-  }
-  const File f = File::open(path);
+TEST(GgufModel, Gemma3HasKQuants) {
+  const File f = File::open(test::model_path(test::kGemma3));
   EXPECT_EQ(f.get_string("general.architecture"), "gemma3");
   EXPECT_EQ(f.get_int("gemma3.block_count"), 18);
   EXPECT_EQ(f.get_int("gemma3.embedding_length"), 640);

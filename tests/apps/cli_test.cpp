@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "apps/cli_util.h"
+#include "test_paths.h"
 
 namespace {
 
@@ -35,9 +37,7 @@ class Cli : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(tmp()); }
 
-  static std::string model() {
-    return std::string(LLMK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  }
+  static std::string model() { return llmk::test::model_path(llmk::test::kSmolLM2); }
 
   // Runs `llmk <args>` with stdout and stderr captured separately.
   static Result llmk(const std::string& args, const std::string& input = "") {
@@ -92,10 +92,21 @@ TEST_F(Cli, SameSeedSameTextOtherSeedOtherText) {
   EXPECT_NE(a.out, c.out);
 }
 
+// The expected ids are transformers' for the same prompt in the reference fixture.
 TEST_F(Cli, TokenizeAndInspect) {
-  const Result t = llmk("tokenize -m " + model() + " --ids-only 'The capital of France is'");
+  const std::string text = "The capital of France is";
+  const nlohmann::json reference = nlohmann::json::parse(
+      slurp(llmk::test::source_path("tests/fixtures/smollm2_reference.json")));
+  std::string ids;
+  for (const nlohmann::json& c : reference.at("cases")) {
+    if (c.at("text") != text) continue;
+    for (const nlohmann::json& id : c.at("ids")) ids += std::to_string(id.get<int>()) + " ";
+  }
+  ASSERT_FALSE(ids.empty()) << "no case '" << text << "' in smollm2_reference.json";
+  ids.back() = '\n';
+  const Result t = llmk("tokenize -m " + model() + " --ids-only '" + text + "'");
   ASSERT_EQ(t.code, 0) << t.err;
-  EXPECT_EQ(t.out, "504 3575 282 4649 314\n");
+  EXPECT_EQ(t.out, ids);
   const Result i = llmk("inspect " + model());
   ASSERT_EQ(i.code, 0) << i.err;
   EXPECT_NE(i.out.find("general.architecture"), std::string::npos);

@@ -7,20 +7,17 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "test_paths.h"
 #include "tokenizer/tokenizer.h"
 
 namespace llmk::test {
-
-inline std::string smollm2_path() {
-  return std::string(LLMK_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 inline nlohmann::json load_fixture(const std::string& name) {
   const std::string path = std::string(LLMK_SOURCE_DIR) + "/tests/fixtures/tokenizer/" + name;
@@ -31,25 +28,31 @@ inline nlohmann::json load_fixture(const std::string& name) {
   return nlohmann::json::parse(ss.str());
 }
 
-// SmolLM2's tokenizer, loaded once; nullptr (with `why` set) when the model file is missing or
-// does not load. Tests that need it fail with that message.
-inline const Tokenizer* smollm2(std::string* why) {
-  static std::string error;
-  static const std::optional<Tokenizer> tok = []() -> std::optional<Tokenizer> {
-    const std::string path = smollm2_path();
-    if (!std::ifstream(path).good()) {
-      error = "missing " + path + ": run scripts/fetch-models.sh";
-      return std::nullopt;
-    }
-    try {
-      return Tokenizer::from_gguf(gguf::File::open(path));
-    } catch (const std::exception& e) {
-      error = std::string("loading the tokenizer of ") + path + ": " + e.what();
-      return std::nullopt;
-    }
-  }();
-  *why = error;
-  return tok ? &*tok : nullptr;
+// SmolLM2's tokenizer, loaded once. A missing model throws test::MissingTestModel and a load
+// error llmk::Error: either fails the test that asked, with the message.
+inline const Tokenizer& smollm2() {
+  static const Tokenizer tok = Tokenizer::from_gguf(gguf::File::open(model_path(kSmolLM2)));
+  return tok;
+}
+
+// The ids a tokenizer fixture (smollm2.json, gemma3.json: Hugging Face's, its "source" says
+// which version) records for `text` among its "cases". A text the fixture lacks throws, failing
+// the test, so an id a test names always has the fixture as its source.
+inline std::vector<int32_t> fixture_ids(const nlohmann::json& fixture, const std::string& text) {
+  for (const nlohmann::json& c : fixture.at("cases")) {
+    if (c.at("text").get<std::string>() == text) return c.at("ids").get<std::vector<int32_t>>();
+  }
+  throw std::runtime_error("no case " + testing::PrintToString(text) + " in the fixture");
+}
+
+// The one id the fixture records for `text`, a single token.
+inline int32_t fixture_id(const nlohmann::json& fixture, const std::string& text) {
+  const std::vector<int32_t> ids = fixture_ids(fixture, text);
+  if (ids.size() != 1) {
+    throw std::runtime_error("the fixture's " + testing::PrintToString(text) + " is " +
+                             std::to_string(ids.size()) + " tokens, not one");
+  }
+  return ids[0];
 }
 
 // Checks every case of a cases file for one tokenizer: ids with and without special tokens
@@ -98,9 +101,6 @@ inline void expect_short_printable(const std::string& message) {
   EXPECT_NE(message.find("\\x1b"), std::string::npos) << message;
 }
 
-#define LLMK_REQUIRE_SMOLLM2(tok)                                        \
-  std::string smollm2_error_;                                            \
-  const ::llmk::Tokenizer* tok = ::llmk::test::smollm2(&smollm2_error_); \
-  ASSERT_NE(tok, nullptr) << smollm2_error_
+#define LLMK_REQUIRE_SMOLLM2(tok) const ::llmk::Tokenizer* tok = &::llmk::test::smollm2()
 
 }  // namespace llmk::test

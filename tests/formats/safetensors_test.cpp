@@ -656,7 +656,7 @@ TEST(SafetensorsFixture, SingleFileFromThePythonPackage) {
   EXPECT_EQ(f.names(), (std::vector<std::string>{"a.f32", "scalar.f32", "d.i32", "c.bf16",
                                                  "empty.bf16", "b.f16", "e.i8"}));
   EXPECT_EQ(f.metadata().at("format"), "pt");
-  EXPECT_EQ(f.metadata().at("producer"), "make-safetensors-fixtures.py");
+  EXPECT_EQ(f.metadata().at("producer"), "tests/fixtures/safetensors/make_safetensors.py");
   EXPECT_EQ(f.metadata().size(), want["metadata"].size());
   EXPECT_EQ(check_against(f, want["tensors"]), 7u);
   EXPECT_EQ(f.tensor("scalar.f32").ndim(), 0);

@@ -9,7 +9,7 @@ CUDA events, warm-up, median of samples.
   prefill: q, k, v laid out [B, S, H, D] (llmk's packed layout), handed to SDPA as [B, H, S, D]
     views; flash backend only; each sample is one call between events after a 256 MiB write that
     flushes the L2. TFLOP/s counts 4 * B * Hq * S^2 * D, halved when causal (FA2's convention).
-  decode: q [B, 32, 1, 128] over k, v [B, 8, L, 128] (enable_gqa), flash backend; calls are short,
+  decode: q [B, Hq, 1, D] over k, v [B, Hkv, L, D] (enable_gqa where Hq > Hkv), flash backend; calls are short,
     so a CUDA graph of N calls rotating over enough K/V sets to span > 2x the L2 is replayed and
     timed (events around the replay, median over samples). GB/s = K and V bytes read / time.
 llmk side: the bench binaries found in --bin (attention_prefill_bench, attention_decode_bench),
@@ -35,13 +35,19 @@ PREFILL = [  # B, Hq, Hkv, S, D, causal
     (1, 32, 32, 16384, 128, True),
     (2, 8, 8, 8192, 256, True),
     (1, 32, 8, 4096, 128, True),
+    (2, 32, 32, 4096, 96, True),  # Phi-3-mini's heads
+    (1, 32, 32, 8192, 96, True),
 ]
 MMA_SYNC = "mma.sync"  # the column of the portable prefill kernel (--kernel mma-sync)
-DECODE = [  # B, L (Hq 32, Hkv 8, D 128)
-    (1, 4096),
-    (1, 32768),
-    (8, 4096),
-    (32, 4096),
+DECODE = [  # B, L, Hq, Hkv, D: Llama-3-8B's heads, then Phi-3-mini's
+    (1, 4096, 32, 8, 128),
+    (1, 32768, 32, 8, 128),
+    (8, 4096, 32, 8, 128),
+    (32, 4096, 32, 8, 128),
+    (1, 4096, 32, 32, 96),
+    (1, 32768, 32, 32, 96),
+    (8, 4096, 32, 32, 96),
+    (32, 4096, 32, 32, 96),
 ]
 
 
@@ -76,8 +82,7 @@ def sdpa_prefill(B, Hq, Hkv, S, D, causal, samples, flush):
     return med, prefill_flops(B, Hq, S, D, causal) / (med * 1e-3) / 1e12
 
 
-def sdpa_decode(B, L, samples, l2_bytes):
-    Hq, Hkv, D = 32, 8, 128
+def sdpa_decode(B, L, Hq, Hkv, D, samples, l2_bytes):
     kv_bytes = 2 * B * Hkv * L * D * 2
     sets = max(1, -(-2 * l2_bytes // kv_bytes) + 1)
     calls = max(16, sets)
@@ -88,7 +93,7 @@ def sdpa_decode(B, L, samples, l2_bytes):
 
     def call(i):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q, ks[i % sets], vs[i % sets], enable_gqa=True)
+            return F.scaled_dot_product_attention(q, ks[i % sets], vs[i % sets], enable_gqa=Hq != Hkv)
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -165,9 +170,9 @@ def main():
     if note:
         notes.append(note)
     llmk_dec = {}
-    for r in dec_rows:
-        if r.get("kind") == "decode" and r.get("Hq") == 32 and r.get("Hkv") == 8 and r.get("D") == 128:
-            llmk_dec.setdefault((r["B"], r["L"]), r)
+    for r in dec_rows:  # the 16-key-page lines (the bench's first of each shape)
+        if r.get("kind") == "decode" and r.get("page_size") == 16:
+            llmk_dec.setdefault((r["B"], r["L"], r["Hq"], r["Hkv"], r["D"]), r)
 
     all_rows = []
     lines = []
@@ -196,18 +201,19 @@ def main():
                          "llmk": {v: llmk_pre.get((v, B, Hq, Hkv, S, D, causal)) for v in variants}})
         print(lines[-1], flush=True)
     pad = " | -" * (len(variants) - 1)
-    for (B, L) in DECODE:
+    for (B, L, Hq, Hkv, D) in DECODE:
         try:
-            us, gbps = sdpa_decode(B, L, args.samples, l2)
+            us, gbps = sdpa_decode(B, L, Hq, Hkv, D, args.samples, l2)
         except Exception as e:  # noqa: BLE001
             us, gbps = None, None
-            notes.append(f"SDPA decode B{B} L{L}: {type(e).__name__}: {str(e)[:200]}")
-        r = llmk_dec.get((B, L))
+            notes.append(f"SDPA decode B{B} L{L} H{Hq}/{Hkv} D{D}: {type(e).__name__}: {str(e)[:200]}")
+        r = llmk_dec.get((B, L, Hq, Hkv, D))
         cell = f"{r['gbps']:.0f} GB/s ({r['us']:.1f} us)" if r else "-"
         sd = f"{gbps:.0f} GB/s ({us:.1f} us)" if gbps else "-"
         ratio = f"{r['gbps'] / gbps:.2f}x" if r and gbps else "-"
-        lines.append(f"| decode bf16 | B{B} H32/8 L{L} D128 | {cell}{pad} | {sd} | {ratio} |")
-        all_rows.append({"kind": "decode", "B": B, "L": L, "sdpa_us": us, "sdpa_gbps": gbps, "llmk": r})
+        lines.append(f"| decode bf16 | B{B} H{Hq}/{Hkv} L{L} D{D} | {cell}{pad} | {sd} | {ratio} |")
+        all_rows.append({"kind": "decode", "B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D,
+                         "sdpa_us": us, "sdpa_gbps": gbps, "llmk": r})
         print(lines[-1], flush=True)
 
     print()

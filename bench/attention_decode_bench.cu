@@ -1,7 +1,8 @@
 // Benchmark of the split-KV decode kernel (cuda::attention_decode): one query token per sequence,
 // 32 query / 8 KV heads, head dim 128, bf16, over paged KV pools (and a contiguous cache), at the
 // shapes of one and many sequences at short and long contexts (B1 L4096, B1 L32768, B8 L4096,
-// B32 L4096) and a split sweep.
+// B32 L4096) and a split sweep; then the same four shapes with Phi-3-mini's heads (32 query and
+// 32 KV heads, head dim 96).
 //
 // Each shape rotates over enough pools (each with its own shuffled page table) to span 4x the L2
 // (read from the device), so every call streams K and V from HBM. Per shape: a warm-up, then
@@ -15,11 +16,12 @@
 //    "loader":"tma"|"cp.async","us":..,"host_us":..,"gbps":..,"copy_gbps":..}
 // (host_us: the host time to enqueue one call outside a graph).
 // ("kind":"decode_split" for the sweep lines). bench/attention.py merges them with SDPA's.
-//   attention_decode_bench [--samples N] [--shape B L PAGE SPLIT] [--no-early-reads]
-//                          [--loader auto|tma|cp-async]
+//   attention_decode_bench [--samples N] [--shape B L PAGE SPLIT [--heads HQ HKV D]]
+//                          [--no-early-reads] [--loader auto|tma|cp-async]
 // --loader: which build of the kernel reads K/V (cuda::DecodeLoader; default auto).
 // --shape: that one shape alone (page 0: contiguous; split 0: the heuristic), no copy rate and
-// no floor (for a profiler, e.g. ncu -k regex:decode_kernel).
+// no floor (for a profiler, e.g. ncu -k regex:decode_kernel); --heads: its query heads, KV heads
+// and head dim (default 32 8 128).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -49,6 +51,7 @@ struct Shape {
   int page_size;  // 0: contiguous cache per sequence (B = 1 only)
   int split = 0;  // 0: heuristic
   const char* kind = "decode";
+  int Hq = 32, Hkv = 8, D = 128;  // Llama-3-8B's heads; Phi-3-mini: 32, 32, 96
 };
 
 // As the model runner launches it (its kernel before, kv_append, writes only the new keys):
@@ -58,7 +61,7 @@ struct Shape {
 bool g_early_reads = true;
 
 void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
-  constexpr int Hq = 32, Hkv = 8, D = 128;
+  const int Hq = s.Hq, Hkv = s.Hkv, D = s.D;
   const int B = s.B;
   const int64_t L = s.L;
   const bool paged = s.page_size > 0;
@@ -198,6 +201,11 @@ int main_impl(int argc, char** argv) {
         return 2;
       }
     }
+    if (std::strcmp(argv[i], "--heads") == 0 && i + 3 < argc) {
+      one.Hq = std::atoi(argv[++i]);
+      one.Hkv = std::atoi(argv[++i]);
+      one.D = std::atoi(argv[++i]);
+    }
     if (std::strcmp(argv[i], "--shape") == 0 && i + 4 < argc) {
       one.B = std::atoi(argv[++i]);
       one.L = std::atoll(argv[++i]);
@@ -226,6 +234,8 @@ int main_impl(int argc, char** argv) {
     }
   }
   run({1, 8192, 16}, samples, copy, ev);  // the Llama-3-8B e2e context
+  // Phi-3-mini's heads (32 query and 32 KV heads of 96 dims), 16-key pages.
+  for (auto [B, L] : shapes) run({B, L, 16, 0, "decode", 32, 32, 96}, samples, copy, ev);
   return 0;
 }
 

@@ -95,9 +95,9 @@ void attention_cuda(Tensor& out, const Tensor& q, const Tensor& k, const Tensor&
              "ops::attention: positions ({}) must be contiguous on the GPU", positions.str());
   const bool fast = cuda::attention_head_dim_supported(static_cast<int>(d.D));
   LLMK_CHECK(fast || (d.D % 2 == 0 && d.D <= cuda::kGenericMaxD),
-             "ops::attention: head dim {} (q is {}) is not supported by the CUDA kernels (64, "
-             "128 or 256; the fallback kernel: even, at most {})",
-             d.D, q.str(), cuda::kGenericMaxD);
+             "ops::attention: head dim {} (q is {}) is not supported by the CUDA kernels ({}; "
+             "the fallback kernel: even, at most {})",
+             d.D, q.str(), cuda::attention_head_dims(), cuda::kGenericMaxD);
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   LLMK_CHECK(d.T <= kMaxInt && d.Hq <= 65535 && d.L <= kMaxInt,
              "ops::attention: q is {}, k is {}: too large for the CUDA kernels", q.str(), k.str());
@@ -365,8 +365,8 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
   const bool fast = cuda::attention_head_dim_supported(static_cast<int>(d.D));
   LLMK_CHECK(fast || (d.D % 2 == 0 && d.D <= cuda::kGenericMaxD),
              "ops::attention_paged: head dim {} (q is {}) is not supported by the CUDA kernels "
-             "(64, 128 or 256; the fallback kernel: even, at most {})",
-             d.D, q.str(), cuda::kGenericMaxD);
+             "({}; the fallback kernel: even, at most {})",
+             d.D, q.str(), cuda::attention_head_dims(), cuda::kGenericMaxD);
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   LLMK_CHECK(
       d.T <= kMaxInt && d.B <= 65535 && d.P * page_size <= kMaxInt && k_pool.dim(0) <= kMaxInt,

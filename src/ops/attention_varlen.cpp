@@ -203,8 +203,8 @@ void attention_varlen_cuda(Tensor& out, const Tensor& q, const Tensor& k, const 
              cu_q.str(), cu_k.str());
   LLMK_CHECK(cuda::attention_head_dim_supported(static_cast<int>(d.D)),
              "ops::attention_varlen: head dim {} (q is {}) is not supported by the CUDA kernel "
-             "(64, 128 or 256)",
-             d.D, q.str());
+             "({})",
+             d.D, q.str(), cuda::attention_head_dims());
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   LLMK_CHECK(d.Tq <= kMaxInt && d.Tk <= kMaxInt && d.B <= kMaxInt / 2 &&
                  (d.Tq / 64 + d.B) * d.Hq <= kMaxInt,

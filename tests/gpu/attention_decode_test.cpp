@@ -282,7 +282,7 @@ TEST_P(AttentionDecodeGpu, ContiguousCache) {
 
 TEST_P(AttentionDecodeGpu, HeadDimsAndGroupSizes) {
   uint32_t seed = 200;
-  for (int D : {64, 128, 256}) {
+  for (int D : {64, 96, 128, 256}) {
     for (auto [hq, hkv] : {std::pair{8, 8}, {14, 2}, {32, 8}, {64, 8}, {8, 1}}) {
       for (int tq : {1, 5}) {
         run_case({.seqs = {{1000, tq}}, .Hq = hq, .Hkv = hkv, .D = D}, seed++);
@@ -319,6 +319,17 @@ TEST_P(AttentionDecodeGpu, WindowSoftcapLse) {
             .split = 7,
             .lse = true},
            seed++);
+  // Head dim 96 (Phi-3: no GQA), paged and contiguous: the TMA build's second panel is half
+  // zero fill.
+  run_case({.seqs = seqs, .Hq = 4, .Hkv = 4, .D = 96, .window = 300, .softcap = 30.0f, .lse = true},
+           seed++);
+  run_case({.seqs = {{4099, 1}, {9000, 2}},
+            .Hq = 4,
+            .Hkv = 4,
+            .D = 96,
+            .page_size = 0,
+            .use_cu_k = true},
+           seed++);
 }
 
 TEST_P(AttentionDecodeGpu, ForcedSplits) {
@@ -332,6 +343,7 @@ TEST_P(AttentionDecodeGpu, ForcedSplits) {
   run_case({.seqs = {{4099, 3}, {2500, 8}, {300, 2}}, .window = 3000, .split = 3, .lse = true},
            seed++);
   run_case({.seqs = {{9000, 1}}, .softcap = 20.0f, .split = 4}, seed++);
+  run_case({.seqs = {{9000, 1}, {127, 4}}, .Hq = 8, .Hkv = 8, .D = 96, .split = 5}, seed++);
 }
 
 // Caches laid out head-major ([Hkv][rows][D]: the TMA build's [dim, row, head] tensor map),
@@ -351,6 +363,7 @@ TEST_P(AttentionDecodeGpu, HeadMajorCaches) {
             .use_cu_k = true,
             .head_major = true},
            seed++);
+  run_case({.seqs = seqs, .Hq = 4, .Hkv = 4, .D = 96, .page_size = 16, .head_major = true}, seed++);
 }
 
 TEST_P(AttentionDecodeGpu, RejectsBadArguments) {
@@ -368,15 +381,16 @@ TEST_P(AttentionDecodeGpu, RejectsBadArguments) {
   a.max_q_per_seq = 9;
   EXPECT_THROW(cuda::attention_decode(a), Error);
   a.max_q_per_seq = 1;
-  a.D = 96;
+  a.D = 80;  // a head dim the kernel is not built for
   EXPECT_THROW(cuda::attention_decode(a), Error);
 }
 
 // ops::attention_paged on CUDA (bf16) against the CPU op (f32, same bf16-rounded values): a batch
 // step over interleaved shuffled pages, then one captured launch replayed after the positions
 // move on (the page table and positions are read from fixed device memory), then a 40-query
-// prompt chunk of one sequence (the chunked path). Counters say which kernel ran: at head dim
-// 96 (Phi-3) every call is one launch of the fallback kernel, also under capture.
+// prompt chunk of one sequence (the chunked path). Counters say which kernel ran: at a head dim
+// the decode kernel is not built for (80) every call is one launch of the fallback kernel, also
+// under capture.
 void ops_paged_case(int64_t D, bool early_reads = false) {
   SCOPED_TRACE("head dim " + std::to_string(D) + (early_reads ? ", early reads" : ""));
   ops::AttentionParams gp;  // the GPU calls' parameters
@@ -470,14 +484,16 @@ void ops_paged_case(int64_t D, bool early_reads = false) {
 }
 
 TEST_P(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) { ops_paged_case(128); }
-TEST_P(AttentionDecodeGpu, OpsPagedFallbackHeadDimMatchesCpuAndReplays) { ops_paged_case(96); }
+TEST_P(AttentionDecodeGpu, OpsPagedHeadDim96MatchesCpuAndReplays) { ops_paged_case(96); }
+TEST_P(AttentionDecodeGpu, OpsPagedFallbackHeadDimMatchesCpuAndReplays) { ops_paged_case(80); }
 // The indices and the older keys read before the wait for the previous kernel (the memset and
 // copies before each call are not kernels that write them): same results.
 TEST_P(AttentionDecodeGpu, OpsPagedEarlyReadsMatchesCpuAndReplays) { ops_paged_case(128, true); }
 
 // Which build the cases above ran: TMA for the caches it takes on an sm_90 device under kTma,
 // never under kCpAsync (so a TMA path that silently fell back would show here); and kAuto's
-// choice, TMA only when the grid has more blocks than the device has SMs.
+// choice, TMA only when the grid has more blocks than the device has SMs and the head dim is a
+// multiple of 64.
 TEST_P(AttentionDecodeGpu, LoaderChoice) {
   cuda::AttentionArgs a;
   a.T = 1;
@@ -529,6 +545,17 @@ TEST_P(AttentionDecodeGpu, LoaderChoice) {
   if (hopper) {
     EXPECT_GT(auto_tma, 0) << "kAuto never chose TMA";
   }
+  // Head dim 96 (Phi-3, 32 KV heads): kTma takes it, kAuto never (its half-filled panels lose to
+  // cp.async), however many blocks the grid has.
+  a.Hkv = 32;
+  a.D = 96;
+  a.k_t = a.v_t = 32 * 96;
+  a.k_h = a.v_h = 96;
+  a.pages_per_seq = 32768 / 16;
+  cuda::set_decode_loader(cuda::DecodeLoader::kTma);
+  EXPECT_EQ(cuda::attention_decode_uses_tma(a), hopper);
+  cuda::set_decode_loader(cuda::DecodeLoader::kAuto);
+  EXPECT_FALSE(cuda::attention_decode_uses_tma(a));
   cuda::set_decode_loader(GetParam());
 }
 

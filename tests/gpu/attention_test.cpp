@@ -221,7 +221,7 @@ TEST_F(AttentionGpu, DecodeMatchesCpu) {
 }
 
 TEST_F(AttentionGpu, ArgumentErrors) {
-  // Head dims past the fallback kernel's 256 (96 runs there).
+  // Head dims past the fallback kernel's 256 (80 runs there).
   const Tensor q = device_bf16({1, 4, 264}, random_bf16_values(4 * 264, 1, -1, 1));
   const Tensor k = device_bf16({8, 2, 264}, random_bf16_values(8 * 2 * 264, 2, -1, 1));
   Tensor out = device_nan_bf16({1, 4, 264});

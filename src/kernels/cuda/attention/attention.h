@@ -89,12 +89,14 @@ struct AttentionArgs {
 
 // The fallback for what the kernels below are not built for: any even head dim up to
 // kGenericMaxD, every field of AttentionArgs, no tensor cores (generic.cu). Slow; for odd shapes
-// (Phi-3's head dim 96, test models) and as a second reference in the GPU tests.
+// (head dims the tensor-core kernels are not built for: 80, 112, test models) and as a second
+// reference in the GPU tests.
 constexpr int kGenericMaxD = 256;
 void attention_generic(const AttentionArgs& a);
 
-// Head dims the kernels are built for.
+// Head dims the kernels are built for, and their list for messages ("64, 96, 128 or 256").
 bool attention_head_dim_supported(int D);
+const char* attention_head_dims();
 
 // Any T >= 1; meant for T > 8. Throws llmk::Error for an unsupported head dim.
 void attention_prefill(const AttentionArgs& a);
@@ -116,10 +118,11 @@ int attention_decode_split(const AttentionArgs& a);
 // (TMA: one copy per page, or 64 keys, and 64-dim panel, landing on a shared-memory barrier;
 // sm_90+, and a cache it can describe: page size 8, 16, 32, 64 or a multiple of 64, or a
 // contiguous cache; nested row and head strides; at most 2^31 rows) and cp.async (16-byte copies
-// by every thread; any cache). kAuto: TMA where it can run and the grid has more blocks than the
-// device has SMs, else cp.async (measured on the H100: with one block or fewer per SM the
-// cp.async build is faster, B1 L4096 10.7 against 11.4 us; with two, TMA is, B1 L32768 49.3
-// against 51.4 us, B32 L4096 179 against 189). kTma: TMA wherever it can run; kCpAsync: cp.async
+// by every thread; any cache). kAuto: TMA where it can run, the grid has more blocks than the
+// device has SMs and the head dim is a multiple of 64, else cp.async (measured on the H100: with
+// one block or fewer per SM the cp.async build is faster, B1 L4096 10.7 against 11.4 us; with
+// two, TMA is, B1 L32768 49.3 against 51.4 us, B32 L4096 179 against 189; at head dim 96, whose
+// second 64-dim panel is half zero fill, cp.async is, B1 L32768 2,624 against 2,259 GB/s). kTma: TMA wherever it can run; kCpAsync: cp.async
 // everywhere. Process-wide; for the tests and benchmarks that compare the two.
 enum class DecodeLoader { kAuto, kTma, kCpAsync };
 void set_decode_loader(DecodeLoader l);

@@ -42,8 +42,10 @@ namespace {
 
 // kTma: K/V tiles by the bulk tensor copy engine (one copy per page, or per 64 keys, and 64-dim
 // panel), landing on an mbarrier per stage, in the 128-byte-swizzle panel layout (a [kBlockN][kD]
-// tile is kD / 64 panels of [kBlockN][64], 16-byte chunk c of row r at chunk c ^ (r % 8)); else
-// cp.async 16-byte copies by every thread into rows padded to kD + 8 elements.
+// tile is ceil(kD / 64) panels of [kBlockN][64], 16-byte chunk c of row r at chunk c ^ (r % 8);
+// where kD is not a multiple of 64, the last panel's columns past kD are the copy engine's zero
+// fill of a box that reaches past the row); else cp.async 16-byte copies by every thread into
+// rows padded to kD + 8 elements. kD: any multiple of 16 up to 256.
 template <int kD, bool kTma>
 struct DecodeConfig {
   static constexpr int kRows = 16;    // query rows per block: one m16n8k16 m-tile
@@ -52,11 +54,11 @@ struct DecodeConfig {
   static constexpr int kThreads = kWarps * kWarp;
   static constexpr int kKeysPerWarp = kBlockN / kWarps;
   static constexpr int kPitch = kD + 8;  // smem row pitch (elements) of q and cp.async tiles
-  static constexpr int kPanels = kD / 64;
+  static constexpr int kPanels = (kD + 63) / 64;
   static constexpr int kStages = kD <= 128 ? 3 : 2;
   static constexpr bool kQRegs = kD <= 128;  // q fragments kept in registers (else ldmatrix)
   static constexpr size_t kTensorBytes =     // one K or V tile
-      static_cast<size_t>(kBlockN) * (kTma ? kD : kPitch) * sizeof(bf16);
+      static_cast<size_t>(kBlockN) * (kTma ? kPanels * 64 : kPitch) * sizeof(bf16);
   static constexpr size_t kStageBytes = 2 * kTensorBytes;
   static constexpr size_t kTileBytes = kStages * kStageBytes;
   // (TMA: 1024 bytes to re-align the dynamic window to the swizzle period.) Tiles, then q (bf16)
@@ -69,7 +71,7 @@ struct DecodeConfig {
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kRows * kMergePitch;
   static_assert(kKeysPerWarp == 16, "one k16 step of P V per warp and tile");
   static_assert(kMergeBytes <= kTileBytes, "merge area must fit in the tiles");
-  static_assert(kD % 64 == 0, "64-dim panels");
+  static_assert(kD % 16 == 0 && kD <= 256, "k16 steps of the products; 8 warps' accumulators");
 };
 
 // The K and V tensor maps of the TMA loader (unused by the cp.async one): 3-d views of the cache
@@ -221,13 +223,15 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
   };
 
   // ---- cp.async loader. Chunk c = threadIdx.x + i * kThreads (16 bytes) of a tile is row
-  // c / kChunks, column (c % kChunks) * 8. As kThreads and kWarp are multiples of kChunks, warp w
+  // c / kChunks, column (c % kChunks) * 8, where kChunks is the row's kD / 8 chunks rounded up to a
+  // power of two (the lanes of columns past kD copy nothing: at head dim 96 a quarter of them, an
+  // idle issue slot, not memory traffic). As kThreads and kWarp are multiples of kChunks, warp w
   // copies rows w * kRowsPW + lane / kChunks + i * kWarps * kRowsPW: 16 distinct rows per tile.
   // Their pool rows are looked up once per tile and warp, lane k % 16 taking the warp's k-th row
   // (k = i * kRowsPW + a), and reach the copying lanes by shuffle. One page-table load per lane
   // instead of one per chunk, and it is issued a tile ahead, so its latency is not in front of
   // every tile's copies.
-  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  constexpr int kChunks = pow2_ceil(kD / 8);  // 16-byte chunk columns per row, padded
   constexpr int kIters = kBN * kChunks / kThreads;
   constexpr int kRowsPW = kWarp / kChunks;  // rows one warp covers per copy round
   static_assert(kThreads % kChunks == 0 && kWarp % kChunks == 0, "whole rows per warp");
@@ -248,13 +252,16 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
     bf16* sK = tiles + (it % kS) * 2 * kBN * kP;
     bf16* sV = sK + kBN * kP;
     const int col = (threadIdx.x % kChunks) * 8;
+    const bool copies = kChunks * 8 == kD || col < kD;  // false: a padding column
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int r = (threadIdx.x + i * kThreads) / kChunks;
       const int64_t src = __shfl_sync(0xffffffffu, row, i * kRowsPW + lane / kChunks);
       const bool valid = n0 + r <= my_hi;
-      cp_async_16_policy(sK + r * kP + col, k_head + src * a.k_t + col, valid, kv_policy);
-      cp_async_16_policy(sV + r * kP + col, v_head + src * a.v_t + col, valid, kv_policy);
+      if (copies) {
+        cp_async_16_policy(sK + r * kP + col, k_head + src * a.k_t + col, valid, kv_policy);
+        cp_async_16_policy(sV + r * kP + col, v_head + src * a.v_t + col, valid, kv_policy);
+      }
     }
   };
 
@@ -771,6 +778,7 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   template int decode_blocks_per_sm<D>(bool); \
   template bool launch_decode<D>(const AttentionArgs&, const DecodePlan&);
 LLMK_INSTANTIATE_DECODE(64)
+LLMK_INSTANTIATE_DECODE(96)
 LLMK_INSTANTIATE_DECODE(128)
 LLMK_INSTANTIATE_DECODE(256)
 #undef LLMK_INSTANTIATE_DECODE

@@ -1,6 +1,6 @@
 // The per-head-dim launchers behind attention.h, instantiated in prefill_d*.cu and decode.cu for
-// kD in {64, 128, 256}; attention.cpp checks the arguments and picks the instantiation. Internal
-// to this folder.
+// kD in {64, 96, 128, 256} (attention.cpp's HeadDims); attention.cpp checks the arguments and picks
+// the instantiation. Internal to this folder.
 #pragma once
 
 #include <cstddef>
@@ -9,12 +9,14 @@
 
 namespace llmk::cuda::attn {
 
-// Prefill: specialised (one tiling per head dim and kernel) in prefill_d64.cu, prefill_d128.cu
-// and prefill_d256.cu; `wgmma` picks the Hopper kernel (the caller checked the device).
+// Prefill: specialised (one tiling per head dim and kernel) in prefill_d<kD>.cu; `wgmma` picks the
+// Hopper kernel (the caller checked the device).
 template <int kD>
 void launch_prefill(const AttentionArgs& a, bool wgmma);
 template <>
 void launch_prefill<64>(const AttentionArgs& a, bool wgmma);
+template <>
+void launch_prefill<96>(const AttentionArgs& a, bool wgmma);
 template <>
 void launch_prefill<128>(const AttentionArgs& a, bool wgmma);
 template <>

@@ -59,15 +59,18 @@ namespace prefill_detail {
 // 16-byte chunks of a [kRows, kD] tile of 16-bit elements, global -> shared (row pitch kP,
 // dst a shared-space byte address); rows >= valid are zero-filled and not read. Thread t copies
 // the chunk column t % kChunks of rows t / kChunks + j * kStep: one 64-bit source pointer that
-// steps by kStep rows, so no per-chunk addresses stay live across the main loop.
+// steps by kStep rows, so no per-chunk addresses stay live across the main loop. kChunks is the
+// row's kD / 8 chunks rounded up to a power of two; the threads of columns past kD (head dims
+// such as 96) copy nothing.
 template <int kRows, int kD, int kP, int kThreads>
 __device__ __forceinline__ void load_rows(uint32_t dst, const uint16_t* src, int64_t stride,
                                           int valid) {
-  constexpr int kChunks = kD / 8;
+  constexpr int kChunks = pow2_ceil(kD / 8);
   static_assert(kThreads % kChunks == 0, "whole rows per pass");
   constexpr int kStep = kThreads / kChunks;
   static_assert(kRows % kStep == 0, "whole passes");
   const int r0 = static_cast<int>(threadIdx.x) / kChunks, col = (threadIdx.x % kChunks) * 8;
+  if (kChunks * 8 != kD && col >= kD) return;
   const uint16_t* g = src + r0 * stride + col;
   const int64_t step = kStep * stride;
   dst += (r0 * kP + col) * 2;

@@ -11,8 +11,8 @@
 // A block is kWG warpgroups; warpgroup g owns query rows [64 g, 64 g + 64), warp w of the block
 // rows [16 w, 16 w + 16) (the mma.sync kernel's row_base with one m-tile per warp). Q, K and V
 // tiles live in shared memory in the 128-byte-swizzle canonical layout: a [rows][kD] tile is
-// kD / 64 panels of [rows][64] (128-byte rows), and the 16-byte chunk c of row r sits at chunk
-// c ^ (r % 8). cp.async writes that layout directly; K/V have kStages buffers (2: tile i + 1
+// ceil(kD / 64) panels of [rows][64] (128-byte rows), and the 16-byte chunk c of row r sits at
+// chunk c ^ (r % 8). cp.async writes that layout directly; K/V have kStages buffers (2: tile i + 1
 // lands during tile i's work). No warp specialisation: the warpgroups of a block (and the
 // blocks of an SM, where two fit) drift apart, so one's softmax runs while another's products
 // are on the tensor cores.
@@ -32,30 +32,36 @@ struct WgmmaCfg {
   static constexpr int kStages = 2;
   static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kThreads = kWG * 128;
-  static constexpr int kQBytes = kBM * kD * 2;
-  static constexpr int kKVBytes = kBN * kD * 2;  // one K or V tile
+  // Tiles are ceil(kD / 64) whole panels of 64 columns (head dim 96: the second panel's last 32
+  // columns are never written nor read).
+  static constexpr int kPanelCols = (kD + 63) / 64 * 64;
+  static constexpr int kQBytes = kBM * kPanelCols * 2;
+  static constexpr int kKVBytes = kBN * kPanelCols * 2;  // one K or V tile
   // +1024: the dynamic shared window is re-aligned to the swizzle period.
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 1024;
-  static_assert(kD % 64 == 0 && kBN % 16 == 0, "64-column panels, 16-key steps");
+  static_assert(kD % 16 == 0 && kBN % 16 == 0, "16-column k steps, 16-key steps");
   static_assert(kBN == 64 || kBN == 128, "S products are built for 64 or 128 keys per tile");
-  static_assert(kD == 64 || kD == 128 || kD == 256, "O products are built for these head dims");
+  static_assert(kD == 64 || kD == 96 || kD == 128 || kD == 256,
+                "O products are built for these head dims (wgmma.cuh)");
 };
 
 namespace wgmma_detail {
 
 // A [kRows][kD] tile of 16-bit elements, global -> shared in the swizzled panel layout (dst a
 // 1024-aligned shared-space byte address); rows >= valid are zero-filled and not read. Thread t
-// copies chunk column t % (kD / 8) of rows t / (kD / 8) + j * kStep (one 64-bit source pointer
-// stepping by kStep rows).
+// copies chunk column t % kChunks of rows t / kChunks + j * kStep (one 64-bit source pointer
+// stepping by kStep rows), kChunks being kD / 8 rounded up to a power of two: the threads of
+// columns past kD (the unused half of head dim 96's second panel) copy nothing.
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_swizzled(uint32_t dst, const uint16_t* src, int64_t stride,
                                               int valid) {
-  constexpr int kChunks = kD / 8;
+  constexpr int kChunks = pow2_ceil(kD / 8);
   static_assert(kThreads % kChunks == 0, "whole rows per pass");
   constexpr int kStep = kThreads / kChunks;
   static_assert(kRows % kStep == 0, "whole passes");
   const int c = static_cast<int>(threadIdx.x) % kChunks;
   const int r0 = static_cast<int>(threadIdx.x) / kChunks;
+  if (kChunks * 8 != kD && c * 8 >= kD) return;
   const uint16_t* g = src + r0 * stride + c * 8;
   const int64_t step = kStep * stride;
   dst += (c / 8) * (kRows * 128) + r0 * 128;
@@ -83,8 +89,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   constexpr int kD = C::kD, kBM = C::kBM, kBN = C::kBN;
   constexpr int kNT = kBN / 8, kDT = kD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // Shared-space byte addresses, 1024-aligned: Q [kD/64][kBM][64], K and V [kStages][kD/64]
-  // [kBN][64] each.
+  // Shared-space byte addresses, 1024-aligned: Q [P][kBM][64], K and V [kStages][P][kBN][64]
+  // each, P = ceil(kD / 64) panels.
   const uint32_t sQa = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sKa = sQa + C::kQBytes, sVa = sKa + C::kStages * C::kKVBytes;
 

@@ -6,6 +6,7 @@
 #   scripts/gpu-check.sh                 # build test sanitize bench
 #   scripts/gpu-check.sh e2e             # bench/e2e_vs_hf.py (needs torch + transformers)
 #   scripts/gpu-check.sh profile         # Nsight Compute: per-kernel time of a decode step
+#                                        #   (PROFILE_CONFIG: an e2e_vs_hf.py config)
 #   scripts/gpu-check.sh attention       # bench/attention.py: llmk beside torch SDPA, one table
 #   scripts/gpu-check.sh long            # Llama-3-8B shapes: decode after an 8000-token prompt
 #   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e profile
@@ -139,16 +140,18 @@ if has long; then
 fi
 
 if has profile; then
-  # One-token forward passes of the Qwen2.5-0.5B configuration, without graphs so each kernel
-  # is timed alone; clocks are left as they are (--clock-control none). bench with
-  # --prompt-tokens 1 --gen-tokens 2 --reps 1 runs 4 identical one-token passes.
-  qwen=/tmp/llmk-e2e/qwen2.5-0.5b
-  [ -d "$qwen" ] || python3 bench/e2e_vs_hf.py --configs qwen2.5-0.5b --save-only >/dev/null 2>&1
-  ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu_qwen_decode.csv" \
-    $bin/llmk bench -m "$qwen" --prompt-tokens 1 --gen-tokens 2 --reps 1 --no-graph --device cuda \
+  # One-token forward passes of a random-weight model (PROFILE_CONFIG, an e2e_vs_hf.py config;
+  # default qwen2.5-0.5b), without graphs so each kernel is timed alone; clocks are left as they
+  # are (--clock-control none). bench with --prompt-tokens 1 --gen-tokens 2 --reps 1 runs 4
+  # identical one-token passes.
+  pc=${PROFILE_CONFIG:-qwen2.5-0.5b}
+  pm=/tmp/llmk-e2e/$pc
+  [ -d "$pm" ] || python3 bench/e2e_vs_hf.py --configs "$pc" --save-only >/dev/null 2>&1
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu_${pc}_decode.csv" \
+    $bin/llmk bench -m "$pm" --prompt-tokens 1 --gen-tokens 2 --reps 1 --no-graph --device cuda \
     >"$out/ncu_run.log" 2>&1
-  note "profile: rc=$?"
-  python3 bench/profile_summary.py "$out/ncu_qwen_decode.csv" --passes 4 | tee -a "$summary"
+  note "profile $pc: rc=$?"
+  python3 bench/profile_summary.py "$out/ncu_${pc}_decode.csv" --passes 4 | tee -a "$summary"
 fi
 
 echo "---- summary"; cat "$summary"

@@ -1,5 +1,6 @@
-// Benchmark of the cuBLASLt linear layer (cuda::linear) at the decode (M = 1) and prefill
-// (M = 512) shapes of Qwen2.5-0.5B and Llama-3-8B, against the device's copy rate.
+// Benchmark of the linear layer (cuda::linear) at the decode (M = 1) and prefill (M = 512)
+// shapes of Qwen2.5-0.5B, Llama-3-8B and Phi-3-mini, against the device's copy rate. M = 1 runs
+// twice: llmk's one-row kernel (gemv.h), then cuBLASLt (cuda::set_linear_gemv(false)).
 //
 // Each shape rotates over enough weight buffers to span 4x the L2 (read from the device), so
 // every call streams its weights from HBM as in a real decode step. Per shape: one warm-up pass,
@@ -24,11 +25,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "core/cuda/check.h"
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/gemm/linear.h"
-#include "bench_util.cuh"
 
 namespace llmk::bench {
 namespace {
@@ -43,6 +44,7 @@ struct Result {
   Layer layer;
   int64_t M;
   DType out_dtype;
+  const char* kernel;  // "gemv" (llmk's one-row kernel) or "cublasLt"
   int buffers, batch;
   double us_graph, us_stream;  // per call
   double weight_gbs, tflops;   // from the graph time
@@ -102,11 +104,14 @@ Result run(const Layer& layer, int64_t M, DType out_dtype, int samples, Events& 
   }
   LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
   LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
+  const uint64_t gemv_before = cuda::linear_stats().gemv;
+  calls();
+  LLMK_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
+  const char* kernel = cuda::linear_stats().gemv > gemv_before ? "gemv" : "cublasLt";
   LLMK_CUDA_CHECK(cudaFree(w));
   LLMK_CUDA_CHECK(cudaFree(x));
   LLMK_CUDA_CHECK(cudaFree(out));
-
-  Result r{layer, M, out_dtype, buffers, batch, 0, 0, 0, 0};
+  Result r{layer, M, out_dtype, kernel, buffers, batch, 0, 0, 0, 0};
   r.us_graph = median(graph_ms) * 1e3 / batch;
   r.us_stream = median(stream_ms) * 1e3 / batch;
   r.weight_gbs = static_cast<double>(wbytes) / (r.us_graph * 1e-6) / 1e9;
@@ -140,22 +145,30 @@ int main_impl(int argc, char** argv) {
       {"qwen2.5-0.5b", "lm_head", 151936, 896}, {"llama-3-8b", "q/o", 4096, 4096},
       {"llama-3-8b", "k/v", 1024, 4096},        {"llama-3-8b", "gate/up", 14336, 4096},
       {"llama-3-8b", "down", 4096, 14336},      {"llama-3-8b", "lm_head", 128256, 4096},
+      {"phi-3-mini", "qkv", 9216, 3072},        {"phi-3-mini", "o", 3072, 3072},
+      {"phi-3-mini", "gate|up", 16384, 3072},   {"phi-3-mini", "down", 3072, 8192},
   };
   std::vector<Result> results;
+  // M = 1: llmk's one-row kernel, then cuBLASLt on the same shape.
   for (const Layer& l : layers) {
-    results.push_back(run(l, 1, DType::BF16, samples, ev));
-    if (std::strcmp(l.name, "lm_head") == 0) results.push_back(run(l, 1, DType::F32, samples, ev));
+    for (bool gemv : {true, false}) {
+      cuda::set_linear_gemv(gemv);
+      results.push_back(run(l, 1, DType::BF16, samples, ev));
+      if (std::strcmp(l.name, "lm_head") == 0)
+        results.push_back(run(l, 1, DType::F32, samples, ev));
+    }
   }
+  cuda::set_linear_gemv(true);
   for (const Layer& l : layers) results.push_back(run(l, 512, DType::BF16, samples, ev));
 
-  std::printf("\n%-13s %-8s %4s %15s %4s %9s %5s %10s %10s %9s %6s %8s\n", "model", "layer", "M",
-              "N x K", "out", "weight MB", "bufs", "us (graph)", "us (strm)", "GB/s", "%copy",
-              "TFLOP/s");
+  std::printf("\n%-13s %-8s %4s %15s %4s %-8s %9s %5s %10s %10s %9s %6s %8s\n", "model", "layer",
+              "M", "N x K", "out", "kernel", "weight MB", "bufs", "us (graph)", "us (strm)", "GB/s",
+              "%copy", "TFLOP/s");
   for (const Result& r : results) {
     const std::string nk = std::to_string(r.layer.N) + " x " + std::to_string(r.layer.K);
-    std::printf("%-13s %-8s %4lld %15s %4s %9.2f %5d %10.2f %10.2f %9.0f %5.0f%% %8.1f\n",
+    std::printf("%-13s %-8s %4lld %15s %4s %-8s %9.2f %5d %10.2f %10.2f %9.0f %5.0f%% %8.1f\n",
                 r.layer.model, r.layer.name, static_cast<long long>(r.M), nk.c_str(),
-                r.out_dtype == DType::F32 ? "f32" : "bf16",
+                r.out_dtype == DType::F32 ? "f32" : "bf16", r.kernel,
                 static_cast<double>(r.layer.N * r.layer.K * 2) / 1e6, r.buffers, r.us_graph,
                 r.us_stream, r.weight_gbs, 100.0 * r.weight_gbs / copy_gbs, r.tflops);
   }
@@ -175,12 +188,14 @@ int main_impl(int argc, char** argv) {
       const Result& r = results[i];
       std::fprintf(f,
                    "  {\"model\": \"%s\", \"layer\": \"%s\", \"M\": %lld, \"N\": %lld, \"K\": "
-                   "%lld, \"out\": \"%s\", \"buffers\": %d, \"batch\": %d, \"us_graph\": %.3f, "
+                   "%lld, \"out\": \"%s\", \"kernel\": \"%s\", \"buffers\": %d, \"batch\": %d, "
+                   "\"us_graph\": %.3f, "
                    "\"us_stream\": %.3f, \"weight_gbs\": %.1f, \"tflops\": %.2f}%s\n",
                    r.layer.model, r.layer.name, static_cast<long long>(r.M),
                    static_cast<long long>(r.layer.N), static_cast<long long>(r.layer.K),
-                   r.out_dtype == DType::F32 ? "f32" : "bf16", r.buffers, r.batch, r.us_graph,
-                   r.us_stream, r.weight_gbs, r.tflops, i + 1 < results.size() ? "," : "");
+                   r.out_dtype == DType::F32 ? "f32" : "bf16", r.kernel, r.buffers, r.batch,
+                   r.us_graph, r.us_stream, r.weight_gbs, r.tflops,
+                   i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);

@@ -197,6 +197,29 @@ TEST_F(Linear, MatchesTheCpuOverShapesBiasesDtypesAndStrides) {
   EXPECT_GT(s.bias_epilogue, 0u) << "the epilogue bias path never ran";
 }
 
+// One row (a batch-1 decode step) runs llmk's own kernel (gemv.h) where x and w are 16-byte
+// aligned and K a multiple of 8 (check_problem's dense layouts), cuBLASLt elsewhere (its strided
+// x starts 2 bytes in): both against the CPU at shapes that fill no tile evenly, and Phi-3-mini's.
+TEST_F(Linear, OneRowKernelMatchesTheCpuAtAwkwardShapes) {
+  // N of 7 and 9: the last warp's second row is missing. No N below 7: check_problem's bf16-out,
+  // f32-bias case on cuBLASLt (the strided x) rounds twice, which one output can show above the
+  // bound (N = 1, K = 8 did on an H100: rel-L2 0.035).
+  const std::pair<int64_t, int64_t> shapes[] = {
+      {16, 8}, {7, 24}, {9, 1032}, {130, 4096}, {4097, 3080}, {3072, 3072}, {3072, 8192}};
+  uint64_t seed = 100;
+  for (auto [N, K] : shapes) {
+    const uint64_t before = cuda::linear_stats().gemv;
+    check_problem(1, N, K, seed++);
+    EXPECT_GT(cuda::linear_stats().gemv, before) << "N=" << N << " K=" << K << ": gemv never ran";
+  }
+  // Off: the same problem goes to cuBLASLt.
+  cuda::set_linear_gemv(false);
+  const uint64_t before = cuda::linear_stats().gemv;
+  check_problem(1, 130, 4096, seed++);
+  EXPECT_EQ(cuda::linear_stats().gemv, before);
+  cuda::set_linear_gemv(true);
+}
+
 // Which path each (out, bias) dtype pair takes; both are checked against the CPU above. A bias
 // of the output's dtype must fuse into the cuBLASLt epilogue; the other pairing takes the kernel.
 TEST_F(Linear, BiasOfTheOutputDtypeFusesIntoTheEpilogue) {

@@ -16,6 +16,7 @@
 #include "core/cuda/stream.h"
 #include "core/error.h"
 #include "kernels/cuda/gemm/bias.h"
+#include "kernels/cuda/gemm/gemv.h"
 
 namespace llmk::cuda {
 
@@ -79,8 +80,9 @@ using Preference = std::unique_ptr<
     LtDeleter<std::remove_pointer_t<cublasLtMatmulPreference_t>, cublasLtMatmulPreferenceDestroy>>;
 
 struct Counters {
-  std::atomic<uint64_t> calls{0}, plans{0}, bias_epilogue{0}, bias_kernel{0};
+  std::atomic<uint64_t> calls{0}, plans{0}, bias_epilogue{0}, bias_kernel{0}, gemv{0};
 };
+std::atomic<bool> g_gemv{true};
 Counters& counters() {
   static Counters c;
   return c;
@@ -306,12 +308,32 @@ void linear(const LinearArgs& args) {
     }
     return;
   }
+  if (a.M == 1 && g_gemv.load(std::memory_order_relaxed)) {
+    const GemvArgs g{.out = a.out,
+                     .out_dtype = a.out_dtype,
+                     .x = a.x,
+                     .w = a.w,
+                     .ldw = a.ldw,
+                     .bias = a.bias,
+                     .bias_dtype = a.bias_dtype,
+                     .N = a.N,
+                     .K = a.K};
+    if (gemv_applies(g)) {
+      LLMK_CHECK(gemv(g, current_stream()), "cuda::linear: no one-row kernel for {}", describe(a));
+      ++counters().calls;
+      ++counters().gemv;
+      return;
+    }
+  }
   Lt::get().run(a);
 }
 
+void set_linear_gemv(bool on) { g_gemv.store(on, std::memory_order_relaxed); }
+
 LinearStats linear_stats() {
   const Counters& c = counters();
-  return {c.calls.load(), c.plans.load(), c.bias_epilogue.load(), c.bias_kernel.load()};
+  return {c.calls.load(), c.plans.load(), c.bias_epilogue.load(), c.bias_kernel.load(),
+          c.gemv.load()};
 }
 
 }  // namespace llmk::cuda

@@ -1,5 +1,6 @@
 // Linear layer on the GPU through cuBLASLt: out = x @ w^T (+ bias), bf16 operands, fp32
-// accumulation, bf16 or f32 output.
+// accumulation, bf16 or f32 output. A single row (M = 1) runs llmk's own kernel instead
+// (gemv.h, set_linear_gemv below): one launch, no split-K reduce, the bias fused.
 //
 // Bias: cuBLASLt's bias epilogue takes a bias of the output's dtype only (a bf16 bias for a bf16
 // out, f32 for f32; the other pairing is rejected by its heuristic). Such a bias is fused. A bias
@@ -52,11 +53,17 @@ void linear(const LinearArgs& a);
 
 // Counters since process start, for tests and benchmarks.
 struct LinearStats {
-  uint64_t calls = 0;          // linear() calls that ran a GEMM
+  uint64_t calls = 0;          // linear() calls that ran a GEMM (cuBLASLt or the one-row kernel)
   uint64_t plans = 0;          // plans created (one heuristic search each)
   uint64_t bias_epilogue = 0;  // calls whose bias was added in cuBLASLt's epilogue
   uint64_t bias_kernel = 0;    // calls whose bias was added by a separate kernel (see linear.cpp)
+  uint64_t gemv = 0;           // calls the one-row kernel ran (gemv.h), bias included
 };
 LinearStats linear_stats();
+
+// One row (M = 1, a batch-1 decode step) runs llmk's own kernel (gemv.h) where its operands
+// allow (K a multiple of 8, 16-byte aligned rows), else cuBLASLt. Off: cuBLASLt always.
+// Process-wide; for the tests and benchmarks that compare the two.
+void set_linear_gemv(bool on);
 
 }  // namespace llmk::cuda

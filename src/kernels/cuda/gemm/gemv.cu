@@ -1,0 +1,171 @@
+// out[N] = w[N, K] . x[K] (+ bias) for one row: see gemv.h.
+//
+// Block of 4 warps; warp w of block b owns rows (4 b + w) * kRows .. + kRows - 1 (kRows = 2). Lane
+// l takes the 16-byte chunks l, l + 32, ... of every row it owns (and of x), four chunks per row
+// at a time with all their loads issued before any product, so each lane has 4 x kRows 16-byte
+// weight loads in flight; then the warp sums its lanes by shuffles and lane 0 writes the row
+// (+ bias). Weights are read once: loaded with no L1 allocation. x (at most a few KB) stays in L1.
+//
+// Programmatic dependent launch (sm_90): the grid may start while the previous kernel finishes.
+// Weights do not depend on it, so each warp issues its first group of weight loads, then waits
+// for the previous kernel (griddepcontrol.wait) before reading x or writing out.
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm/gemv.h"
+
+namespace llmk::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarp;
+constexpr int kRows = 2;   // rows per warp
+constexpr int kGroup = 4;  // chunks per lane and row in flight
+
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Sum of the 8 products of two chunks of 8 bf16.
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc) {
+  const auto* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const auto* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
+    acc = fmaf(fa.x, fb.x, acc);
+    acc = fmaf(fa.y, fb.y, acc);
+  }
+  return acc;
+}
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+template <typename TOut, typename TBias>
+__global__ void __launch_bounds__(kThreads)
+    gemv_kernel(TOut* __restrict__ out, const uint16_t* __restrict__ x,
+                const uint16_t* __restrict__ w, int64_t ldw, const TBias* __restrict__ bias, int N,
+                int chunks) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int row0 = (blockIdx.x * kWarps + warp) * kRows;
+  if (row0 >= N) {
+    grid_dependency_wait();
+    return;
+  }
+  const uint4* wr[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int row = min(row0 + r, N - 1);  // a missing last row re-reads row N - 1, unused
+    wr[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * ldw);
+  }
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  float acc[kRows] = {};
+  uint4 wc[kGroup][kRows];
+  // The first group's weights, before the wait: they do not depend on the previous kernel.
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    const int c = lane + g * kWarp;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) wc[g][r] = c < chunks ? load_stream(wr[r] + c) : zero;
+  }
+  grid_dependency_wait();
+  for (int base = 0; base < chunks; base += kGroup * kWarp) {
+    uint4 xc[kGroup];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const int c = base + lane + g * kWarp;
+      xc[g] = c < chunks ? __ldg(xv + c) : zero;
+    }
+    if (base > 0) {
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const int c = base + lane + g * kWarp;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) wc[g][r] = c < chunks ? load_stream(wr[r] + c) : zero;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r] = dot8(wc[g][r], xc[g], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = row0 + r;
+      if (row < N) out[row] = from_float<TOut>(acc[r] + (bias ? to_float(bias[row]) : 0.0f));
+    }
+  }
+}
+
+template <typename TOut, typename TBias>
+void launch(const GemvArgs& a, cudaStream_t stream) {
+  const int N = static_cast<int>(a.N);
+  const unsigned blocks = static_cast<unsigned>(ceil_div(N, kWarps * kRows));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  static const bool pdl = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           major >= 9;
+  }();
+  cfg.numAttrs = pdl ? 1 : 0;
+  LLMK_CUDA_CHECK(
+      cudaLaunchKernelEx(&cfg, gemv_kernel<TOut, TBias>, static_cast<TOut*>(a.out),
+                         static_cast<const uint16_t*>(a.x), static_cast<const uint16_t*>(a.w),
+                         a.ldw, static_cast<const TBias*>(a.bias), N, static_cast<int>(a.K / 8)));
+  check_launch("cuda::gemv");
+}
+
+template <typename TOut>
+bool launch_out(const GemvArgs& a, cudaStream_t stream) {
+  if (a.bias == nullptr || a.bias_dtype == DType::BF16) {
+    launch<TOut, __nv_bfloat16>(a, stream);
+  } else if (a.bias_dtype == DType::F32) {
+    launch<TOut, float>(a, stream);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool gemv_applies(const GemvArgs& a) {
+  return a.K > 0 && a.K % 8 == 0 && a.ldw % 8 == 0 && a.N > 0 && a.N < (int64_t{1} << 31) &&
+         a.K / 8 < (int64_t{1} << 31) && aligned16(a.x) && aligned16(a.w);
+}
+
+bool gemv(const GemvArgs& a, cudaStream_t stream) {
+  if (a.out_dtype == DType::BF16) return launch_out<__nv_bfloat16>(a, stream);
+  if (a.out_dtype == DType::F32) return launch_out<float>(a, stream);
+  return false;
+}
+
+}  // namespace llmk::cuda

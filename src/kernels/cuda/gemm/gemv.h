@@ -1,0 +1,34 @@
+// The linear layer of one row (a batch-1 decode step): out[N] = w[N, K] . x[K] (+ bias), bf16
+// operands, fp32 accumulation, bf16 or f32 out, any bias dtype fused. Memory-bound: every weight
+// byte is read once, so the kernel is built to keep HBM busy (16-byte loads, several in flight
+// per lane) and to need no second launch (no split-K reduce, no bias kernel). cuda::linear takes
+// it for M = 1 when gemv_applies() (linear.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace llmk::cuda {
+
+struct GemvArgs {
+  void* out = nullptr;  // [N] out_dtype (BF16 or F32)
+  DType out_dtype = DType::BF16;
+  const void* x = nullptr;  // [K] bf16, 16-byte aligned
+  const void* w = nullptr;  // [N, K] bf16, rows ldw elements apart, 16-byte aligned rows
+  int64_t ldw = 0;
+  const void* bias = nullptr;  // [N] bias_dtype (BF16 or F32), or null
+  DType bias_dtype = DType::BF16;
+  int64_t N = 0, K = 0;
+};
+
+// Whether gemv() takes these operands: K and ldw multiples of 8 (16-byte chunks), x and w
+// 16-byte aligned, N below 2^31.
+bool gemv_applies(const GemvArgs& a);
+// Enqueues the product on `stream`. Returns false (nothing enqueued) for dtypes it lacks; nvcc
+// compiles this file and cannot parse fmt, so errors are the caller's to raise.
+bool gemv(const GemvArgs& a, cudaStream_t stream);
+
+}  // namespace llmk::cuda

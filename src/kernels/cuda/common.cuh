@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "core/cuda/check.h"
 #include "core/cuda/stream.h"
@@ -23,6 +24,42 @@ __host__ __device__ constexpr int pow2_ceil(int n) {
   int p = 1;
   while (p < n) p *= 2;
   return p;
+}
+
+// Programmatic dependent launch (sm_90+). A kernel launched by launch_dependent() may start while
+// the kernel before it in the stream finishes; it must call grid_dependency_wait() before it
+// reads anything that kernel writes, or writes anything it reads (at its start, unless it has
+// independent work to issue first, such as weights). The next kernel's blocks may be released
+// early with grid_dependents_launch() (else at this grid's end). Both are no-ops without the
+// launch attribute, and compiled out for older architectures. In a decode step of a dozen small
+// kernels per layer this hides each one's launch behind the previous one's tail.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+bool dependent_launch_supported();  // an sm_90+ device (common.cu)
+// kernel<<<grid, block, smem, current_stream()>>>(args...) with programmatic stream
+// serialisation where the device has it; kept in graph capture as a programmatic edge.
+template <class... KArgs, class... Args>
+void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                      Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = current_stream();
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent_launch_supported() ? 1 : 0;
+  LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 __device__ __forceinline__ float to_float(float x) { return x; }

@@ -22,6 +22,7 @@ __device__ __forceinline__ void load(const bf16* p, float (&f)[N]) {
 
 template <class TS, int kVec>
 __global__ void kv_append_kernel(const KvAppendArgs a) {
+  grid_dependency_wait();
   const int64_t t = blockIdx.x;
   const bool is_v = blockIdx.y == 1;
   const int64_t pos = a.positions[t * a.pos_stride];
@@ -44,10 +45,10 @@ template <class TS>
 void launch(const KvAppendArgs& a, bool vec) {
   const dim3 grid(static_cast<unsigned>(a.T), 2);
   if (vec) {
-    kv_append_kernel<TS, 8>
-        <<<grid, block_threads_for(a.H * a.D / 8, 256), 0, current_stream()>>>(a);
+    launch_dependent(kv_append_kernel<TS, 8>, grid, dim3(block_threads_for(a.H * a.D / 8, 256)), 0,
+                     a);
   } else {
-    kv_append_kernel<TS, 1><<<grid, block_threads_for(a.H * a.D, 256), 0, current_stream()>>>(a);
+    launch_dependent(kv_append_kernel<TS, 1>, grid, dim3(block_threads_for(a.H * a.D, 256)), 0, a);
   }
 }
 

@@ -23,6 +23,7 @@ struct MapRows {
 // and D is a multiple of 8, else 1.
 template <int N, int kVec, class F>
 __global__ void map_rows_kernel(const MapRows<N> a, F f) {
+  grid_dependency_wait();
   const int64_t chunks = a.D / kVec;
   for (int64_t r = blockIdx.y; r < a.rows; r += gridDim.y) {
     for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks;
@@ -57,9 +58,9 @@ void map_rows(const char* op, const MapRows<N>& a, F f) {
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(chunks, kThreads), 1024)),
                   static_cast<unsigned>(std::min(a.rows, kMaxGridY)));
   if (vec) {
-    map_rows_kernel<N, 8><<<grid, kThreads, 0, current_stream()>>>(a, f);
+    launch_dependent(map_rows_kernel<N, 8, F>, grid, dim3(kThreads), 0, a, f);
   } else {
-    map_rows_kernel<N, 1><<<grid, kThreads, 0, current_stream()>>>(a, f);
+    launch_dependent(map_rows_kernel<N, 1, F>, grid, dim3(kThreads), 0, a, f);
   }
   check_launch(op);
 }

@@ -45,6 +45,7 @@ __device__ __forceinline__ float weight(const NormRows& a, float w) {
 
 template <bool kAdd>
 __global__ void rms_norm_vec_kernel(NormRows a) {
+  grid_dependency_wait();
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
   bf16* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
@@ -90,6 +91,7 @@ __global__ void rms_norm_vec_kernel(NormRows a) {
 // be updated in place (add) or aliased by out (rms_norm) without further barriers.
 template <bool kAdd>
 __global__ void rms_norm_scalar_kernel(NormRows a) {
+  grid_dependency_wait();
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
   bf16* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
@@ -124,10 +126,12 @@ void launch(const NormRows& a, int64_t rows, const char* op) {
   if (vec) {
     // Two vectors a thread while the row allows it (more loads in flight per row), up to 4.
     const int threads = block_threads_for(ceil_div(nvec, 2), 1024);
-    rms_norm_vec_kernel<kAdd><<<static_cast<unsigned>(rows), threads, 0, current_stream()>>>(a);
+    launch_dependent(rms_norm_vec_kernel<kAdd>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0,
+                     a);
   } else {
     const int threads = block_threads_for(a.D, 256);
-    rms_norm_scalar_kernel<kAdd><<<static_cast<unsigned>(rows), threads, 0, current_stream()>>>(a);
+    launch_dependent(rms_norm_scalar_kernel<kAdd>, dim3(static_cast<unsigned>(rows)), dim3(threads),
+                     0, a);
   }
   check_launch(op);
 }

@@ -39,6 +39,7 @@ __device__ __forceinline__ void rotate(float& a, float& b, float c, float s) {
 // Adjacent loads 2 * kPairs interleaved elements.
 template <bool kHalfSplit, int kPairs>
 __global__ void rope_kernel(const __grid_constant__ RopeKernelArgs a) {
+  grid_dependency_wait();
   __shared__ float2 cs[kMaxRopePairs];  // (cos, sin) per pair
   const int64_t t = blockIdx.x;
   const double pos = a.positions[t * a.pos_stride];
@@ -90,8 +91,8 @@ void launch(const RopeKernelArgs& k, int64_t T) {
   const int64_t chunks = k.half / kPairs;
   const auto groups = static_cast<unsigned>(ceil_div(k.H, k.heads_per_block));
   const int threads = block_threads_for(k.heads_per_block * chunks, 256);
-  rope_kernel<kHalfSplit, kPairs>
-      <<<dim3(static_cast<unsigned>(T), groups), threads, 0, current_stream()>>>(k);
+  launch_dependent(rope_kernel<kHalfSplit, kPairs>, dim3(static_cast<unsigned>(T), groups),
+                   dim3(threads), 0, k);
 }
 
 }  // namespace

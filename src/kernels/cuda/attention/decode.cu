@@ -117,20 +117,6 @@ __device__ __forceinline__ SeqView seq_view(const AttentionArgs& a, int b, int64
   return s;
 }
 
-// Programmatic dependent launch (sm_90): wait for the preceding kernel's grid to complete and
-// its writes to be visible; let the following kernel's blocks launch. No-ops without the launch
-// attribute, and compiled out for older architectures.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 // Stores with an L2 cache policy (l2_evict_*_policy, tiles.cuh).
 __device__ __forceinline__ void store_policy(float* p, float4 v, uint64_t policy) {
   asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(p), "f"(v.x),
@@ -749,7 +735,6 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   // Programmatic stream serialisation (sm_90+): the grid may be launched before the previous
   // kernel in the stream has finished; the kernel waits for it (grid_dependency_wait) before any
   // global memory access. Kept in stream capture as a programmatic graph edge.
-  static const bool pdl = device_info().cc_major >= 9;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -758,7 +743,7 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   cfg.blockDim = dim3(DecodeConfig<kD, false>::kThreads);
   cfg.stream = current_stream();
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = dependent_launch_supported() ? 1 : 0;
   if (plan.tma) {
     set_smem_limit_once<kD, true>();
     cfg.dynamicSmemBytes = DecodeConfig<kD, true>::kSmemBytes;

@@ -44,12 +44,6 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc)
   return acc;
 }
 
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 template <typename TOut, typename TBias>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(TOut* __restrict__ out, const uint16_t* __restrict__ x,
@@ -116,37 +110,22 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename TOut, typename TBias>
-void launch(const GemvArgs& a, cudaStream_t stream) {
+void launch(const GemvArgs& a) {
   const int N = static_cast<int>(a.N);
   const unsigned blocks = static_cast<unsigned>(ceil_div(N, kWarps * kRows));
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  static const bool pdl = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-           major >= 9;
-  }();
-  cfg.numAttrs = pdl ? 1 : 0;
-  LLMK_CUDA_CHECK(
-      cudaLaunchKernelEx(&cfg, gemv_kernel<TOut, TBias>, static_cast<TOut*>(a.out),
-                         static_cast<const uint16_t*>(a.x), static_cast<const uint16_t*>(a.w),
-                         a.ldw, static_cast<const TBias*>(a.bias), N, static_cast<int>(a.K / 8)));
+  launch_dependent(gemv_kernel<TOut, TBias>, dim3(blocks), dim3(kThreads), 0,
+                   static_cast<TOut*>(a.out), static_cast<const uint16_t*>(a.x),
+                   static_cast<const uint16_t*>(a.w), a.ldw, static_cast<const TBias*>(a.bias), N,
+                   static_cast<int>(a.K / 8));
   check_launch("cuda::gemv");
 }
 
 template <typename TOut>
-bool launch_out(const GemvArgs& a, cudaStream_t stream) {
+bool launch_out(const GemvArgs& a) {
   if (a.bias == nullptr || a.bias_dtype == DType::BF16) {
-    launch<TOut, __nv_bfloat16>(a, stream);
+    launch<TOut, __nv_bfloat16>(a);
   } else if (a.bias_dtype == DType::F32) {
-    launch<TOut, float>(a, stream);
+    launch<TOut, float>(a);
   } else {
     return false;
   }
@@ -162,9 +141,9 @@ bool gemv_applies(const GemvArgs& a) {
          a.K / 8 < (int64_t{1} << 31) && aligned16(a.x) && aligned16(a.w);
 }
 
-bool gemv(const GemvArgs& a, cudaStream_t stream) {
-  if (a.out_dtype == DType::BF16) return launch_out<__nv_bfloat16>(a, stream);
-  if (a.out_dtype == DType::F32) return launch_out<float>(a, stream);
+bool gemv(const GemvArgs& a) {
+  if (a.out_dtype == DType::BF16) return launch_out<__nv_bfloat16>(a);
+  if (a.out_dtype == DType::F32) return launch_out<float>(a);
   return false;
 }
 

@@ -5,8 +5,6 @@
 // it for M = 1 when gemv_applies() (linear.h).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -27,8 +25,8 @@ struct GemvArgs {
 // Whether gemv() takes these operands: K and ldw multiples of 8 (16-byte chunks), x and w
 // 16-byte aligned, N below 2^31.
 bool gemv_applies(const GemvArgs& a);
-// Enqueues the product on `stream`. Returns false (nothing enqueued) for dtypes it lacks; nvcc
+// Enqueues the product on cuda::current_stream(). Returns false (nothing enqueued) for dtypes it lacks; nvcc
 // compiles this file and cannot parse fmt, so errors are the caller's to raise.
-bool gemv(const GemvArgs& a, cudaStream_t stream);
+bool gemv(const GemvArgs& a);
 
 }  // namespace llmk::cuda

@@ -319,7 +319,7 @@ void linear(const LinearArgs& args) {
                      .N = a.N,
                      .K = a.K};
     if (gemv_applies(g)) {
-      LLMK_CHECK(gemv(g, current_stream()), "cuda::linear: no one-row kernel for {}", describe(a));
+      LLMK_CHECK(gemv(g), "cuda::linear: no one-row kernel for {}", describe(a));
       ++counters().calls;
       ++counters().gemv;
       return;

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "formats/gguf.h"
 #include "formats/hf_config.h"
 #include "model/family.h"
@@ -38,7 +39,7 @@ void read_gguf_rope_scaling(ModelConfig& c, const gguf::File& f, const std::stri
     LLMK_CHECK(type == "none",
                "{}: {}rope.scaling.type '{}' is not supported (supported: none, "
                "linear)",
-               f.path(), p, type);
+               f.path(), p, printable(type));
   }
 }
 
@@ -102,7 +103,7 @@ HfRope read_hf_rope(const HfConfig& r, const std::string& key, double theta, int
     LLMK_CHECK(type == "default",
                "{}: {}.{} '{}' is not supported (supported: default, "
                "linear, llama3)",
-               r.path(), key, type_key, type);
+               r.path(), key, type_key, printable(type));
   }
   return out;
 }
@@ -111,7 +112,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   ModelConfig c;
   c.arch = f.get_string("general.architecture");
   LLMK_CHECK(one_of(c.arch, {"llama", "qwen2", "phi3", "gemma3"}),
-             "{}: unsupported architecture '{}' (supported: {})", f.path(), c.arch,
+             "{}: unsupported architecture '{}' (supported: {})", f.path(), printable(c.arch),
              kSupportedArchs);
   const std::string p = c.arch + ".";
   c.name = f.get_string("general.name", "");
@@ -147,7 +148,7 @@ ModelConfig ModelConfig::from_hf(const HfConfig& h) {
   ModelConfig c;
   const std::string model_type = h.get_string("model_type");
   LLMK_CHECK(one_of(model_type, {"llama", "qwen2", "phi3", "gemma3_text"}),
-             "{}: unsupported model_type '{}' (supported: {})", h.path(), model_type,
+             "{}: unsupported model_type '{}' (supported: {})", h.path(), printable(model_type),
              kSupportedModelTypes);
   c.arch = model_type == "gemma3_text" ? "gemma3" : model_type;
   c.name = h.get_string("_name_or_path", "");
@@ -186,7 +187,7 @@ ModelConfig ModelConfig::from_hf(const HfConfig& h) {
     c.rope_freq_factors = std::move(rope.freq_factors);
     const std::string act = h.get_string("hidden_act", "silu");
     LLMK_CHECK(act == "silu", "{}: hidden_act '{}' is not supported for {} (supported: silu)",
-               h.path(), act, model_type);
+               h.path(), printable(act), model_type);
   }
   if (c.arch == "llama") {
     for (const char* key : {"attention_bias", "mlp_bias"}) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "formats/gguf.h"
 #include "formats/hf_config.h"
 #include "model/family.h"
@@ -47,7 +48,7 @@ void apply_gemma3_hf(ModelConfig& c, const HfConfig& h) {
   LLMK_CHECK(act == "gelu_pytorch_tanh",
              "{}: hidden_activation '{}' is not supported for gemma3 (supported: "
              "gelu_pytorch_tanh)",
-             h.path(), act);
+             h.path(), printable(act));
   const double scalar = h.get_float("query_pre_attn_scalar", static_cast<double>(c.head_dim));
   LLMK_CHECK(scalar > 0, "{}: query_pre_attn_scalar {} must be positive", h.path(), scalar);
   c.attn_scale = static_cast<float>(1.0 / std::sqrt(scalar));

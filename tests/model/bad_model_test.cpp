@@ -8,6 +8,8 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "formats/gguf_writer.h"
+#include "model/config.h"
 #include "model/family_fixtures.h"
 #include "model/model.h"
 
@@ -218,6 +220,45 @@ TEST(BadModel, UnsupportedModelTypeNamesIt) {
   const std::string folder = dir.copy_family("llama3", "llama3");
   test::edit_config(folder, [](auto& j) { j["model_type"] = "mamba"; });
   expect_load_error(folder, {"config.json: unsupported model_type 'mamba'"});
+}
+
+// Names read from the file reach the message escaped (found by fuzz/gguf.cpp: a GGUF
+// general.architecture holding a newline; tests/fixtures/bad/fuzz/gguf-architecture-newline).
+TEST(BadModel, NamesFromTheFileAreQuotedEscaped) {
+  const std::string bad = "x\n\x1b[2J";
+  const std::string quoted = "'x\\n\\x1b[2J'";
+  struct Case {
+    const char* family;
+    void (*edit)(nlohmann::ordered_json&, const std::string&);
+    const char* key;
+  };
+  const Case cases[] = {
+      {"llama3", [](auto& j, const std::string& v) { j["model_type"] = v; }, "model_type "},
+      {"llama3", [](auto& j, const std::string& v) { j["hidden_act"] = v; }, "hidden_act "},
+      {"llama3", [](auto& j, const std::string& v) { j["rope_parameters"]["rope_type"] = v; },
+       "rope_type "},
+      {"gemma3", [](auto& j, const std::string& v) { j["hidden_activation"] = v; },
+       "hidden_activation "},
+  };
+  for (const Case& c : cases) {
+    ScratchDir dir;
+    const std::string folder = dir.copy_family(c.family, c.family);
+    test::edit_config(folder, [&](auto& j) { c.edit(j, bad); });
+    expect_load_error(folder, {c.key, quoted});
+  }
+  ScratchDir dir;
+  const std::string path = dir.path() + "/arch.gguf";
+  gguf::testkit::GgufBuilder b;
+  b.kv("general.architecture", gguf::testkit::string_value(bad));
+  const std::vector<uint8_t> bytes = b.build().bytes;
+  test::write_text(path, std::string(bytes.begin(), bytes.end()));
+  try {
+    ModelConfig::from_gguf(gguf::File::open(path));
+    ADD_FAILURE() << "no error for an unknown architecture";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported architecture " + quoted), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

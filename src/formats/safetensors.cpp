@@ -382,9 +382,11 @@ struct FolderContents {
 
 namespace fs = std::filesystem;
 
+// No control characters either: the name becomes part of paths that error messages quote.
 bool is_plain_file_name(std::string_view s) {
+  const auto is_control = [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; };
   return !s.empty() && s != "." && s != ".." && s.find('/') == std::string_view::npos &&
-         s.find('\0') == std::string_view::npos;
+         std::none_of(s.begin(), s.end(), is_control);
 }
 
 // weight_map from the index: tensor name -> shard file name, in file order.

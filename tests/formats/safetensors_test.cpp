@@ -590,6 +590,14 @@ TEST_F(SafetensorsFolder, BadIndex) {
     index = index_with(std::string(R"({"x": ")") + bad + "\"}");
     expect_error([&] { Folder::open(root_); }, index, {"weight_map entry 'x' names shard"});
   }
+  // Control characters would reach messages through the shard's path (found by
+  // fuzz/safetensors_index.cpp; tests/fixtures/bad/fuzz/safetensors_index-shard-newline).
+  for (const char* bad : {R"(a\nb.safetensors)", R"(a\u001b[2J.safetensors)"}) {
+    index = index_with(std::string(R"({"x": ")") + bad + "\"}");
+    const std::string msg =
+        expect_error([&] { Folder::open(root_); }, index, {"weight_map entry 'x' names shard"});
+    EXPECT_EQ(msg.find_first_of("\n\x1b"), std::string::npos) << msg;
+  }
 }
 
 TEST_F(SafetensorsFolder, CorruptShardNamesTheShard) {

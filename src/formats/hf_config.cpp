@@ -26,12 +26,22 @@ namespace {
 
 // What nlohmann says after its "[json.exception.parse_error.101] parse error at line 1,
 // column 2: " prefix; the position is recomputed by the caller.
-std::string_view parse_error_reason(std::string_view what) {
+// nlohmann's reason without its "[json.exception.parse_error.101] parse error at ...: " prefix.
+// The token it quotes after "last read: " is as long as the file makes it (a whole string): it is
+// cut and escaped.
+std::string parse_error_reason(std::string_view what) {
   const size_t at = what.find("parse error");
-  if (at == std::string_view::npos) return what;
-  const size_t colon = what.find(": ", at);
-  if (colon == std::string_view::npos) return what;
-  return what.substr(colon + 2);
+  const size_t colon = at == std::string_view::npos ? at : what.find(": ", at);
+  const std::string_view reason = colon == std::string_view::npos ? what : what.substr(colon + 2);
+  constexpr std::string_view kLastRead = "; last read: '";
+  const size_t token = reason.find(kLastRead);
+  if (token == std::string_view::npos) return std::string(reason);
+  const size_t begin = token + kLastRead.size();
+  size_t end = reason.rfind("'; expected ");
+  if (end == std::string_view::npos || end < begin) end = reason.size() - 1;
+  if (end < begin || reason[end] != '\'') return std::string(reason);
+  return fmt::format("{}{}{}", reason.substr(0, begin),
+                     printable(reason.substr(begin, end - begin)), reason.substr(end));
 }
 
 // Tracks the keys of every open object so that a key seen twice in one object is reported

@@ -175,6 +175,18 @@ TEST(HfConfig, MalformedJsonNamesLineAndColumn) {
   EXPECT_NE(empty.find("unexpected end of input"), std::string::npos) << empty;
 }
 
+// The parser quotes the token it gave up in ("last read: '...'"), as long as the file makes it;
+// the message quotes it cut (found by fuzz/hf_config.cpp; a 4,197-byte message, reproducer
+// tests/fixtures/bad/fuzz/hf_config-long-bad-string).
+TEST(HfConfig, MalformedJsonQuotesTheBadTokenCut) {
+  const std::string msg =
+      message_of([] { config("{\"a\": \"" + std::string(100000, 'x') + "\\u\"}"); });
+  EXPECT_EQ(msg.rfind(kPath + ": malformed JSON at line 1, column ", 0), 0u) << msg;
+  EXPECT_NE(msg.find(R"(must be followed by 4 hex digits; last read: '\"xxx)"), std::string::npos)
+      << msg;
+  EXPECT_LT(msg.size(), 400u) << msg;
+}
+
 TEST(HfConfig, TopLevelMustBeAnObjectWithUniqueKeys) {
   EXPECT_EQ(message_of([] { config("[1]"); }),
             kPath + ": expected a JSON object at the top level, found an array of 1 items");

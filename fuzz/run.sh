@@ -35,14 +35,15 @@ for t in "${targets[@]}"; do
   [ -x "$build/fuzz/fuzz_$t" ] || { echo "fuzz/run.sh: $build/fuzz/fuzz_$t missing" >&2; exit 2; }
 done
 
-python3 fuzz/make-corpus.py --out "$build/seeds" >/dev/null
 mkdir -p "$build/logs" "$build/findings"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
+seeds=$scratch/seeds  # this run's own, so that runs side by side do not race
+python3 fuzz/make-corpus.py --out "$seeds" >/dev/null
 
 run_one() {
   local t=$1 corpus dict=()
-  if ((keep)); then corpus=$build/corpus/$t; else corpus=$scratch/$t; fi
+  if ((keep)); then corpus=$build/corpus/$t; else corpus=$scratch/corpus/$t; fi
   mkdir -p "$corpus"
   case $t in  # one dictionary per format
     gguf | tokenizer_gguf) dict=(-dict=fuzz/dict/gguf.dict) ;;
@@ -60,10 +61,12 @@ run_one() {
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$build/fuzz/fuzz_$t" "${dict[@]}" -max_total_time="$seconds" -runs="$runs" -timeout=1 \
     -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1 \
-    -artifact_prefix="$build/findings/$t-" "$corpus" "$build/seeds/$t" \
+    -artifact_prefix="$build/findings/$t-" "$corpus" "$seeds/$t" \
     >>"$build/logs/$t.log" 2>&1 || rc=$?
-  local execs corp
+  local execs corp slowest rss
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$build/logs/$t.log")
+  slowest=$(sed -n 's/^stat::slowest_unit_time_sec: *//p' "$build/logs/$t.log")
+  rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$build/logs/$t.log")
   corp=$(grep -o 'corp: [0-9]*/[0-9a-zA-Z]*' "$build/logs/$t.log" | tail -1 | cut -d' ' -f2)
   if ((rc)); then
     echo "FAIL $t: exit $rc after $((SECONDS - start)) s; see $build/logs/$t.log:"
@@ -71,10 +74,11 @@ run_one() {
       "$build/logs/$t.log" | head -5 | sed 's/^/  /'
     return 1
   fi
-  echo "ok   $t: ${execs:-?} executions in $((SECONDS - start)) s, corpus ${corp:-?} (inputs/bytes)"
+  echo "ok   $t: ${execs:-?} executions in $((SECONDS - start)) s, corpus ${corp:-?}" \
+    "(inputs/bytes), slowest input ${slowest:-?} s, peak RSS ${rss:-?} MB"
 }
 export -f run_one
-export build seconds runs keep scratch
+export build seconds runs keep scratch seeds
 
 printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'run_one {}' && exit 0
 echo "fuzz/run.sh: findings above (reproducers in $build/findings)" >&2

@@ -23,10 +23,8 @@ void print_gguf(const std::string& path, bool tensors) {
   fmt::print("file: {}\nGGUF version {}, {} bytes, alignment {}\n\nmetadata ({} keys):\n",
              printable(f.path()), f.version(), f.file_size(), f.alignment(), f.metadata().size());
   for (const auto& [key, value] : f.metadata()) {
-    // Strings are raw from the file; an array's text shows its first items, strings escaped.
-    const std::string text =
-        value.type() == gguf::ValueType::STRING ? printable(value.as_string()) : value.to_string();
-    fmt::print("  {:<44} {:<8} {}\n", printable(key), gguf::value_type_name(value.type()), text);
+    fmt::print("  {:<44} {:<8} {}\n", printable(key), gguf::value_type_name(value.type()),
+               value.to_string());
   }
   if (!tensors) return;
   uint64_t total = 0;

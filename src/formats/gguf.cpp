@@ -421,8 +421,8 @@ const Value::Array& Value::as_array() const {
 
 std::string Value::to_string(size_t max_array_items) const {
   switch (type_) {
-    case ValueType::STRING:
-      return as_string();
+    case ValueType::STRING:  // from the file: escaped and cut, as the strings of an array
+      return printable(as_string());
     case ValueType::BOOL:
       return as_bool() ? "true" : "false";
     case ValueType::F32:
@@ -508,11 +508,8 @@ void check_magic_and_version(Reader& r, const std::string& path, uint32_t* versi
   std::array<uint8_t, 4> magic{};
   for (auto& b : magic) b = r.read<uint8_t>("magic");
   if (std::memcmp(magic.data(), "GGUF", 4) != 0) {
-    std::string shown;
-    for (uint8_t b : magic) {
-      shown += (b >= 0x20 && b < 0x7f) ? std::string(1, static_cast<char>(b))
-                                       : fmt::format("\\x{:02x}", b);
-    }
+    const std::string shown =
+        printable(std::string_view(reinterpret_cast<const char*>(magic.data()), magic.size()));
     std::string hint;
     if (std::memcmp(magic.data(), "vers", 4) == 0) hint = "; this looks like a Git LFS pointer";
     if (magic[0] == '<') hint = "; this looks like an HTML page, not a model";

@@ -67,7 +67,9 @@ class Value {
   const std::string& as_string() const;
   const Array& as_array() const;
 
-  std::string to_string(size_t max_array_items = 8) const;  // for `llmk inspect`
+  // For `llmk inspect`: strings (alone or in an array) through llmk::printable, arrays as their
+  // first items and a count.
+  std::string to_string(size_t max_array_items = 8) const;
 
  private:
   ValueType type_ = ValueType::U8;

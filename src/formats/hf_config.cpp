@@ -96,8 +96,8 @@ class DuplicateKeyCheck {
     }
     if (on_duplicate_) on_duplicate_(parents, key);
     std::string full;
-    for (const std::string& p : parents) full += escape(p) + ".";
-    LLMK_FAIL("{}: duplicate key '{}'", path_, full + escape(key));
+    for (const std::string& p : parents) full += printable(p) + ".";
+    LLMK_FAIL("{}: duplicate key '{}'", path_, full + printable(key));
   }
 
   const std::string& path_;
@@ -200,9 +200,7 @@ HfConfig HfConfig::parse(std::string_view text, const std::string& path) {
 const std::string& HfConfig::path() const { return path_; }
 const HfConfig::Json& HfConfig::json() const { return *node_; }
 
-std::string HfConfig::key_name(std::string_view key) const {
-  return prefix_ + json_io::escape(key);
-}
+std::string HfConfig::key_name(std::string_view key) const { return prefix_ + printable(key); }
 
 void HfConfig::type_error(std::string_view key, const Json& v, std::string_view expected) const {
   LLMK_FAIL("{}: key '{}' is {}, expected {}", path_, key_name(key), json_io::describe(v),

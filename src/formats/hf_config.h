@@ -15,7 +15,6 @@
 #include <string_view>
 #include <vector>
 
-#include "core/text.h"
 
 namespace llmk {
 
@@ -54,9 +53,6 @@ TextPosition text_position(std::string_view text, size_t offset);
 // "an integer (3)", "a string (\"16\")", "null", "an array", ...: what a value is, for errors.
 std::string describe(const Json& v);
 
-// Printable form of a name from a file (control characters escaped, long names cut), for error
-// messages: llmk::printable.
-inline std::string escape(std::string_view s) { return printable(s); }
 
 }  // namespace json_io
 

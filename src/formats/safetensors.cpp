@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "formats/hf_config.h"
 #include "formats/mapped_file.h"
 
@@ -26,7 +27,6 @@ namespace llmk::safetensors {
 namespace {
 
 using json_io::describe;
-using json_io::escape;
 using json_io::Json;
 
 constexpr uint64_t kSizeFieldBytes = 8;  // the u64 header size
@@ -103,7 +103,7 @@ struct Contents {
 class EntryReader {
  public:
   EntryReader(const std::string& path, const std::string& name, const Json& entry)
-      : path_(path), name_(escape(name)), entry_(entry) {}
+      : path_(path), name_(printable(name)), entry_(entry) {}
 
   [[noreturn]] void fail(std::string_view msg) const {
     LLMK_FAIL("{}: tensor '{}': {}", path_, name_, msg);
@@ -138,7 +138,7 @@ class EntryReader {
     const auto& name = v.get_ref<const std::string&>();
     const StDType* t = find_dtype(name);
     if (t == nullptr) {
-      LLMK_FAIL("{}: unknown dtype '{}' for tensor '{}' ({})", path_, escape(name), name_,
+      LLMK_FAIL("{}: unknown dtype '{}' for tensor '{}' ({})", path_, printable(name), name_,
                 kReadable);
     }
     if (!t->dtype) {
@@ -212,7 +212,7 @@ TensorInfo read_entry(const Contents& s, const std::string& name, const Json& en
     LLMK_FAIL(
         "{}: tensor '{}' data extends past the end of the file (truncated download?): "
         "data_offsets [{}, {}] in a data section of {} bytes starting at {} (file size {})",
-        s.path, escape(name), begin, end, data_bytes, s.data_offset, s.file_size);
+        s.path, printable(name), begin, end, data_bytes, s.data_offset, s.file_size);
   }
   t.offset = begin;
   t.nbytes = end - begin;
@@ -225,7 +225,7 @@ void read_metadata(Contents& s, const Json& v) {
   }
   for (const auto& [key, value] : v.items()) {
     if (!value.is_string()) {
-      LLMK_FAIL("{}: '__metadata__' key '{}' is {}, expected a string", s.path, escape(key),
+      LLMK_FAIL("{}: '__metadata__' key '{}' is {}, expected a string", s.path, printable(key),
                 describe(value));
     }
     s.metadata.emplace(key, value.get<std::string>());
@@ -246,8 +246,8 @@ void check_overlaps(const Contents& s) {
     const TensorInfo& b = *by_offset[i];
     LLMK_CHECK(a.offset + a.nbytes <= b.offset,
                "{}: overlapping tensors: '{}' at data_offsets [{}, {}] and '{}' at [{}, {}]",
-               s.path, escape(a.name), a.offset, a.offset + a.nbytes, escape(b.name), b.offset,
-               b.offset + b.nbytes);
+               s.path, printable(a.name), a.offset, a.offset + a.nbytes, printable(b.name),
+               b.offset, b.offset + b.nbytes);
   }
 }
 
@@ -282,7 +282,7 @@ void parse(const std::string& path, Contents* s) {
       text, path,
       [&path](const std::vector<std::string>& parents, const std::string& key) {
         if (parents.empty()) {
-          LLMK_FAIL("{}: duplicate tensor name '{}' in the header", path, escape(key));
+          LLMK_FAIL("{}: duplicate tensor name '{}' in the header", path, printable(key));
         }
       },
       &order);
@@ -307,7 +307,7 @@ void parse(const std::string& path, Contents* s) {
 
 DType dtype_from_name(std::string_view name) {
   const StDType* t = find_dtype(name);
-  LLMK_CHECK(t != nullptr, "unknown dtype '{}' ({})", escape(name), kReadable);
+  LLMK_CHECK(t != nullptr, "unknown dtype '{}' ({})", printable(name), kReadable);
   LLMK_CHECK(t->dtype.has_value(), "unsupported dtype {} ({})", name, kReadable);
   return *t->dtype;
 }
@@ -343,7 +343,7 @@ const TensorInfo* File::find(std::string_view name) const {
 
 const TensorInfo& File::tensor_info(std::string_view name) const {
   const TensorInfo* t = find(name);
-  LLMK_CHECK(t != nullptr, "{}: missing tensor '{}'", s_->path, escape(name));
+  LLMK_CHECK(t != nullptr, "{}: missing tensor '{}'", s_->path, printable(name));
   return *t;
 }
 
@@ -395,7 +395,7 @@ std::vector<std::pair<std::string, std::string>> read_weight_map(const std::stri
   const Json j = json_io::parse(
       text, index, [&index](const std::vector<std::string>& parents, const std::string& key) {
         if (parents.size() == 1 && parents[0] == "weight_map") {
-          LLMK_FAIL("{}: tensor '{}' is listed twice in weight_map", index, escape(key));
+          LLMK_FAIL("{}: tensor '{}' is listed twice in weight_map", index, printable(key));
         }
       });
   LLMK_CHECK(j.is_object(), "{}: the index is {}, expected a JSON object", index, describe(j));
@@ -407,12 +407,12 @@ std::vector<std::pair<std::string, std::string>> read_weight_map(const std::stri
   map.reserve(it->size());
   for (const auto& [name, shard] : it->items()) {
     LLMK_CHECK(shard.is_string(), "{}: weight_map entry '{}' is {}, expected a shard file name",
-               index, escape(name), describe(shard));
+               index, printable(name), describe(shard));
     const auto& file = shard.get_ref<const std::string&>();
     LLMK_CHECK(is_plain_file_name(file),
                "{}: weight_map entry '{}' names shard '{}', which is not a file name in the "
                "index's folder",
-               index, escape(name), escape(file));
+               index, printable(name), printable(file));
     map.emplace_back(name, file);
   }
   return map;
@@ -437,7 +437,7 @@ void open_sharded(const std::string& index, FolderContents* s) {
     const File& f = s->shards[shard_ids.at(shard)];
     const TensorInfo* t = f.find(name);
     LLMK_CHECK(t != nullptr, "{}: tensor '{}' is mapped to {}, but that shard has no such tensor",
-               index, escape(name), shard);
+               index, printable(name), shard);
     s->entries.emplace(name, FolderContents::Entry{shard_ids.at(shard), t});
     shard_of.emplace(name, shard);
   }
@@ -448,7 +448,7 @@ void open_sharded(const std::string& index, FolderContents* s) {
       if (it == shard_of.end()) continue;  // not in the index: not exposed
       LLMK_CHECK(it->second == shard,
                  "{}: tensor '{}' is in two shards, {} and {} (weight_map names {})", index,
-                 escape(t.name), it->second, shard, it->second);
+                 printable(t.name), it->second, shard, it->second);
       s->names.push_back(t.name);
     }
   }
@@ -518,7 +518,7 @@ const TensorInfo* Folder::find(std::string_view name) const {
 const File& Folder::shard_of(std::string_view name) const {
   const auto it = s_->entries.find(name);
   LLMK_CHECK(it != s_->entries.end(), "{}: missing tensor '{}'",
-             s_->index_path.empty() ? s_->shards[0].path() : s_->index_path, escape(name));
+             s_->index_path.empty() ? s_->shards[0].path() : s_->index_path, printable(name));
   return s_->shards[it->second.shard];
 }
 

@@ -90,11 +90,10 @@ void apply_gemma3_hf(ModelConfig& c, const HfConfig& h) {
     local = read_hf_rope(r.object("sliding_attention"), "rope_parameters.sliding_attention", 1e4,
                          c.rope_dim);
   } else {  // transformers 4: rope_theta + rope_scaling for the global layers
-    global.theta = h.get_float("rope_theta", 1e6);
+    global.theta = checked_theta(h.get_float("rope_theta", 1e6), h.path(), "rope_theta");
     for (const char* key : {"rope_parameters", "rope_scaling"}) {
       if (h.has(key)) global = read_hf_rope(h.object(key), key, global.theta, c.rope_dim);
     }
-    global.theta = checked_theta(global.theta, h.path(), "rope_theta");
     local.theta =
         checked_theta(h.get_float("rope_local_base_freq", 1e4), h.path(), "rope_local_base_freq");
   }

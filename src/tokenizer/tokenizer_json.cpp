@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "formats/hf_config.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
@@ -166,12 +167,12 @@ std::string signature_of(const Reader& r, const Json& pre, const std::string& ke
     const std::string behavior = r.get_string(pre, key, "behavior");
     if (behavior != "Isolated") {
       r.fail(key + ".behavior",
-             fmt::format("'{}' is not supported (only Isolated)", json_io::escape(behavior)));
+             fmt::format("'{}' is not supported (only Isolated)", printable(behavior)));
     }
     if (r.get_bool(pre, key, "invert", false)) r.fail(key + ".invert", "true is not supported");
     return fmt::format("Split(isolated, {})", *regex);
   }
-  r.fail(key + ".type", fmt::format("unsupported pre-tokenizer type '{}'", json_io::escape(type)));
+  r.fail(key + ".type", fmt::format("unsupported pre-tokenizer type '{}'", printable(type)));
 }
 
 // The PreTokenizer table entry for the file's "pre_tokenizer".
@@ -186,7 +187,7 @@ std::string_view pre_tokenizer_name(const Reader& r, const Json& root) {
   }
   r.fail("pre_tokenizer", fmt::format("unsupported pre-tokenizer {} (llmk supports the shapes of: "
                                       "{})",
-                                      json_io::escape(signature), supported));
+                                      printable(signature), supported));
 }
 
 // One normalizer (a Sequence is flattened) into `n`.
@@ -210,7 +211,7 @@ void read_normalizer(const Reader& r, const Json& v, const std::string& key, int
     const std::string prepend = r.get_string(v, key, "prepend");
     if (prepend != kSpaceMark) {
       r.fail(key + ".prepend",
-             fmt::format("'{}' is not supported (only \"\u2581\")", json_io::escape(prepend)));
+             fmt::format("'{}' is not supported (only \"\u2581\")", printable(prepend)));
     }
     set_once(n.prepend_space);
   } else if (type == "Replace") {
@@ -224,7 +225,7 @@ void read_normalizer(const Reader& r, const Json& v, const std::string& key, int
   } else {
     r.fail(key + ".type", fmt::format("unsupported normalizer '{}' (supported: NFC, Prepend, "
                                       "Replace, Sequence of them)",
-                                      json_io::escape(type)));
+                                      printable(type)));
   }
 }
 
@@ -241,7 +242,7 @@ bool check_fallback_decoder(const Reader& r, const Json& root) {
   if (type != "Sequence") {
     r.fail("decoder.type", fmt::format("unsupported decoder '{}' for byte_fallback (expected a "
                                        "Sequence of Replace, ByteFallback, Fuse[, Strip])",
-                                       json_io::escape(type)));
+                                       printable(type)));
   }
   const Json& list = r.get(decoder, "decoder", "decoders");
   if (!list.is_array()) r.expected(list, "decoder.decoders", "an array");
@@ -253,8 +254,8 @@ bool check_fallback_decoder(const Reader& r, const Json& root) {
     const std::string key = Reader::index("decoder.decoders", i);
     const std::string t = r.get_string(list[i], key, "type");
     if (t != expected[i]) {
-      r.fail(key + ".type", fmt::format("'{}' is not supported here (expected {})",
-                                        json_io::escape(t), expected[i]));
+      r.fail(key + ".type",
+             fmt::format("'{}' is not supported here (expected {})", printable(t), expected[i]));
     }
   }
   const Json& replace = list[0];
@@ -308,19 +309,19 @@ TokenizerData::Metaspace fallback_pre_tokenizer(const Reader& r, const Json& roo
     if (*scheme == "always") return Metaspace::Always;
     if (*scheme == "never") return Metaspace::Never;
     r.fail("pre_tokenizer.prepend_scheme",
-           fmt::format("unknown value '{}' (first, always, never)", json_io::escape(*scheme)));
+           fmt::format("unknown value '{}' (first, always, never)", printable(*scheme)));
   }
   r.fail("pre_tokenizer", fmt::format("unsupported pre-tokenizer '{}' with byte_fallback (llmk "
                                       "supports none, Metaspace without split, or a Split on "
                                       "\" \" after the normalizer replaced spaces)",
-                                      json_io::escape(type)));
+                                      printable(type)));
 }
 
 void check_byte_level_decoder(const Reader& r, const Json& root) {
   const std::string type = r.get_string(r.get(root, "", "decoder"), "decoder", "type");
   if (type != "ByteLevel") {
     r.fail("decoder.type",
-           fmt::format("unsupported decoder '{}' (only ByteLevel)", json_io::escape(type)));
+           fmt::format("unsupported decoder '{}' (only ByteLevel)", printable(type)));
   }
 }
 
@@ -335,7 +336,7 @@ BpeOptions check_bpe_options(const Reader& r, const Json& model) {
   const std::optional<std::string> type = r.find_string(model, "model", "type");
   if (type ? *type != "BPE" : r.find(model, "model", "merges") == nullptr) {
     r.fail("model.type", fmt::format("unsupported model type '{}' (only BPE)",
-                                     json_io::escape(type.value_or("<none>"))));
+                                     printable(type.value_or("<none>"))));
   }
   if (r.find(model, "model", "dropout") != nullptr) r.fail("model.dropout", "must be null");
   for (std::string_view affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
@@ -375,14 +376,14 @@ void read_vocabulary(const Reader& r, const Json& root, const Json& model, bool 
       types.resize(static_cast<size_t>(id) + 1, static_cast<int32_t>(TokenType::Normal));
     }
     if (tokens[id] && *tokens[id] != text) {
-      r.fail(key, fmt::format("id {} is already '{}'", id, json_io::escape(*tokens[id])));
+      r.fail(key, fmt::format("id {} is already '{}'", id, printable(*tokens[id])));
     }
     tokens[id] = text;
     types[id] = static_cast<int32_t>(type);
   };
   std::array<bool, 256> have_byte{};
   for (const auto& [text, id] : vocab.items()) {
-    const std::string key = fmt::format("model.vocab['{}']", json_io::escape(text));
+    const std::string key = fmt::format("model.vocab['{}']", printable(text));
     const int byte = byte_fallback ? SpmModel::byte_token_value(text) : -1;
     place(id_of(id, key), text, byte >= 0 ? TokenType::Byte : TokenType::Normal, key);
     if (byte >= 0) have_byte[byte] = true;
@@ -499,7 +500,7 @@ void read_config(const Reader& file, const Json& root, const Json& model, Tokeni
           v->is_object() ? r.get_string(*v, key, "content") : r.as_string(*v, key);
       const auto it = by_text.find(text);
       if (it == by_text.end()) {
-        r.fail(key, fmt::format("token '{}' is not in the vocabulary", json_io::escape(text)));
+        r.fail(key, fmt::format("token '{}' is not in the vocabulary", printable(text)));
       }
       return it->second;
     };

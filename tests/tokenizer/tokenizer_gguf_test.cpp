@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "formats/gguf.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer.h"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer_test_util.h"

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "formats/gguf.h"
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"

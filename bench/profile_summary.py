@@ -3,7 +3,7 @@
 where the time of one forward pass goes, by kernel, with the share of the total.
 
     python3 bench/profile_summary.py ncu.csv --passes N
-The CSV holds N identical forward passes (one token each); the table is their average.
+The CSV holds N identical forward passes; the table is their average.
 """
 import argparse
 import collections

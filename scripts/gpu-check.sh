@@ -6,7 +6,8 @@
 #   scripts/gpu-check.sh                 # build test sanitize bench
 #   scripts/gpu-check.sh e2e             # bench/e2e_vs_hf.py (needs torch + transformers)
 #   scripts/gpu-check.sh profile         # Nsight Compute: per-kernel time of a decode step
-#                                        #   (PROFILE_CONFIG: an e2e_vs_hf.py config)
+#                                        #   (PROFILE_CONFIG: an e2e_vs_hf.py config;
+#                                        #   PROFILE_PROMPT=N: a prefill of N tokens instead)
 #   scripts/gpu-check.sh attention       # bench/attention.py: llmk beside torch SDPA, one table
 #   scripts/gpu-check.sh long            # Llama-3-8B shapes: decode after an 8000-token prompt
 #   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e profile
@@ -140,18 +141,21 @@ if has long; then
 fi
 
 if has profile; then
-  # One-token forward passes of a random-weight model (PROFILE_CONFIG, an e2e_vs_hf.py config;
-  # default qwen2.5-0.5b), without graphs so each kernel is timed alone; clocks are left as they
-  # are (--clock-control none). bench with --prompt-tokens 1 --gen-tokens 2 --reps 1 runs 4
-  # identical one-token passes.
+  # Forward passes of a random-weight model (PROFILE_CONFIG, an e2e_vs_hf.py config; default
+  # qwen2.5-0.5b), without graphs so each kernel is timed alone; clocks are left as they are
+  # (--clock-control none). PROFILE_PROMPT unset or 1: a decode step (bench --prompt-tokens 1
+  # --gen-tokens 2 --reps 1 runs 4 identical one-token passes); N > 1: a prefill of N tokens
+  # (--gen-tokens 1: 2 passes, no decode).
   pc=${PROFILE_CONFIG:-qwen2.5-0.5b}
+  pp=${PROFILE_PROMPT:-1}
   pm=/tmp/llmk-e2e/$pc
   [ -d "$pm" ] || python3 bench/e2e_vs_hf.py --configs "$pc" --save-only >/dev/null 2>&1
-  ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu_${pc}_decode.csv" \
-    $bin/llmk bench -m "$pm" --prompt-tokens 1 --gen-tokens 2 --reps 1 --no-graph --device cuda \
+  if [ "$pp" -gt 1 ]; then what=prefill$pp gen=1 passes=2; else what=decode gen=2 passes=4; fi
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu_${pc}_$what.csv" \
+    $bin/llmk bench -m "$pm" --prompt-tokens "$pp" --gen-tokens $gen --reps 1 --no-graph --device cuda \
     >"$out/ncu_run.log" 2>&1
-  note "profile $pc: rc=$?"
-  python3 bench/profile_summary.py "$out/ncu_${pc}_decode.csv" --passes 4 | tee -a "$summary"
+  note "profile $pc $what: rc=$?"
+  python3 bench/profile_summary.py "$out/ncu_${pc}_$what.csv" --passes $passes | tee -a "$summary"
 fi
 
 echo "---- summary"; cat "$summary"

@@ -46,9 +46,9 @@ Command add_bench(CLI::App& cmd) {
       ->check(at_least(1));
   cmd.add_option("--gen-tokens", a->gen_tokens,
                  "Tokens to generate after the prompt: the first comes from the prefill, each "
-                 "other from one timed decode step")
+                 "other from one timed decode step (1: prefill only)")
       ->default_val(128)
-      ->check(at_least(2));
+      ->check(at_least(1));
   cmd.add_option("--batch", a->batch,
                  "Sequences decoded together (each its own prompt and KV cache); decode "
                  "tokens/s counts all of them")
@@ -121,8 +121,9 @@ Command add_bench(CLI::App& cmd) {
         {"prefill_ms_median", p_med},
         {"batch", a->batch},
         {"prefill_tokens_per_s", prompt_tps},
-        {"decode_ms_per_step_median", s_med},
-        {"decode_tokens_per_s", a->batch * 1000 / s_med},
+        {"decode_ms_per_step_median", step_ms.empty() ? nlohmann::json() : nlohmann::json(s_med)},
+        {"decode_tokens_per_s",
+         step_ms.empty() ? nlohmann::json() : nlohmann::json(a->batch * 1000 / s_med)},
         {"cuda_graph", device == Device::CUDA && !a->no_graph},
     };
     const ops::AttentionStats att = ops::attention_stats();
@@ -143,11 +144,14 @@ Command add_bench(CLI::App& cmd) {
     if (!a->json.empty()) {
       write_file(a->json, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     }
-    fmt::print(
-        "model: {}\n{}\nprefill: {} x {} tokens in {:.2f} ms = {:.0f} tokens/s\n"
-        "decode:  batch {}: {:.3f} ms/step = {:.1f} tokens/s (median of {} steps)\n",
-        c.summary(), where, a->batch, a->prompt_tokens, p_med, prompt_tps, a->batch, s_med,
-        a->batch * 1000 / s_med, step_ms.size());
+    fmt::print("model: {}\n{}\nprefill: {} x {} tokens in {:.2f} ms = {:.0f} tokens/s\n",
+               c.summary(), where, a->batch, a->prompt_tokens, p_med, prompt_tps);
+    if (step_ms.empty()) {
+      fmt::print("decode:  none (--gen-tokens 1)\n");
+    } else {
+      fmt::print("decode:  batch {}: {:.3f} ms/step = {:.1f} tokens/s (median of {} steps)\n",
+                 a->batch, s_med, a->batch * 1000 / s_med, step_ms.size());
+    }
     fmt::print("{}\n", attention_stats_line());
     return 0;
   };

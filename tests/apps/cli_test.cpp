@@ -82,6 +82,25 @@ TEST_F(Cli, StatsCountAttentionCalls) {
   EXPECT_GT(std::stoll(r.err.substr(at + key.size())), 0) << r.err;
 }
 
+// bench: the JSON holds both phases; --gen-tokens 1 times the prefill alone.
+TEST_F(Cli, BenchPrefillAndDecode) {
+  const fs::path json = tmp() / "bench.json";
+  for (const int gen : {3, 1}) {
+    const Result r = llmk("bench -m " + model() + " --prompt-tokens 8 --gen-tokens " +
+                          std::to_string(gen) + " --reps 1 -t 2 --json " + json.string());
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(slurp(json.string()));
+    EXPECT_GT(j.at("prefill_tokens_per_s").get<double>(), 0);
+    if (gen == 1) {
+      EXPECT_TRUE(j.at("decode_tokens_per_s").is_null()) << j.dump();
+      EXPECT_NE(r.out.find("decode:  none"), std::string::npos) << r.out;
+    } else {
+      EXPECT_GT(j.at("decode_tokens_per_s").get<double>(), 0);
+      EXPECT_NE(r.out.find("median of 2 steps"), std::string::npos) << r.out;
+    }
+  }
+}
+
 TEST_F(Cli, SameSeedSameTextOtherSeedOtherText) {
   const std::string args =
       "run -m " + model() +

@@ -27,20 +27,33 @@ __host__ __device__ constexpr int pow2_ceil(int n) {
 }
 
 // Programmatic dependent launch (sm_90+). A kernel launched by launch_dependent() may start while
-// the kernel before it in the stream finishes; it must call grid_dependency_wait() before it
-// reads anything that kernel writes, or writes anything it reads (at its start, unless it has
-// independent work to issue first, such as weights). The next kernel's blocks may be released
-// early with grid_dependents_launch() (else at this grid's end). Both are no-ops without the
-// launch attribute, and compiled out for older architectures. In a decode step of a dozen small
-// kernels per layer this hides each one's launch behind the previous one's tail.
+// the kernel before it in the stream is still running; it must call grid_dependency_wait() before
+// it reads anything that kernel writes, or writes anything it reads (at its start, unless it has
+// independent work to issue first, such as weights). grid_dependency_wait() returns once the
+// previous kernel has finished and its writes are visible, and then releases the next kernel's
+// blocks at once (griddepcontrol.launch_dependents), so that the next kernel's independent work
+// (a linear's first weight loads) overlaps this one's; the next kernel in turn waits for all of
+// this one. So at most two kernels of a chain run at a time. Both are no-ops without the launch
+// attribute, and compiled out for older architectures. In a decode step of a few small kernels
+// per layer between the linears this keeps HBM busy across kernel boundaries.
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// Releases the next kernel's blocks now (they still wait for all of this grid before touching its
+// results).
 __device__ __forceinline__ void grid_dependents_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// The wait alone, for a kernel that releases the next one itself, later
+// (grid_dependents_launch(); else at its end): the split-KV decode kernel.
+__device__ __forceinline__ void grid_dependency_wait_holding() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 bool dependent_launch_supported();  // an sm_90+ device (common.cu)

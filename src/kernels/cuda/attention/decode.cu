@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
   // with decode_early_reads, after reading the indices and issuing the first tiles when all
   // their keys precede the sequence's first query (see attention.h).
   const bool early = a.decode_early_reads;
-  if (!early) grid_dependency_wait();
+  if (!early) grid_dependency_wait_holding();
 
   const int G = a.Hq / a.Hkv;
   const int split = blockIdx.x, n_split = plan.split;
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
   if (first_tiles_early) load_first_tiles();
   if (early) {
     if (pc) fill_page_cache();  // indices: readable before the wait with early reads
-    grid_dependency_wait();
+    grid_dependency_wait_holding();
   }
   if (!first_tiles_early) load_first_tiles();
   int64_t next_row = first_rows[kS - 1];  // this thread's lookup for tile it + kS - 1

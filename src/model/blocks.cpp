@@ -47,4 +47,15 @@ void Projection::apply(Tensor& out, const Tensor& x) const {
   }
 }
 
+void Projection::apply_gated(Tensor& out, const Tensor& x, ops::Activation act,
+                             Tensor& scratch) const {
+  if (ws.empty()) {
+    ops::linear_gated(out, x, w, act, scratch, b.defined() ? &b : nullptr);
+    return;
+  }
+  apply(scratch, x);
+  const int64_t F = rows / 2;
+  ops::gated_act(out, scratch.slice(1, 0, F), scratch.slice(1, F, 2 * F), act);
+}
+
 }  // namespace llmk

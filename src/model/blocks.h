@@ -6,6 +6,7 @@
 
 #include "core/tensor.h"
 #include "model/weights.h"
+#include "ops/ops.h"
 
 namespace llmk {
 
@@ -25,6 +26,9 @@ struct Projection {
             const std::vector<Shape>& shapes, const std::vector<std::string>& bias_names = {});
   // out: [T, rows] (row stride free); x: [T, cols].
   void apply(Tensor& out, const Tensor& x) const;
+  // A gate|up projection's gated activation: out [T, rows / 2] = act(gate) * up, through
+  // scratch [T, rows] (which a stacked projection may leave alone: ops::linear_gated).
+  void apply_gated(Tensor& out, const Tensor& x, ops::Activation act, Tensor& scratch) const;
 };
 
 }  // namespace llmk

@@ -6,8 +6,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-
 #include "core/error.h"
 #include "model/blocks.h"
 #include "model/memory_check.h"
@@ -195,7 +193,9 @@ int32_t DecoderModel::cache_row(int64_t seq, int64_t pos) {
 }
 
 void DecoderModel::on_staged() {
-  if (gathers(staged_.tokens)) {  // the prompt's sequence, keys 0 .. pos + T - 1
+  // The prompt's sequence, keys 0 .. pos + T - 1 (none to gather from position 0: compute()
+  // reads the new keys from the projection).
+  if (gathers(staged_.tokens) && staged_.pos > 0) {
     const int64_t n = staged_.pos + staged_.tokens;
     host_gather_.resize(static_cast<size_t>(n));
     for (int64_t j = 0; j < n; ++j)
@@ -248,7 +248,7 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
              staged_.tokens);
   reserve(t, all_logits);
   const int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
-  const int64_t qd = H * D, kvd = Hkv * D, F = c.d_ff;
+  const int64_t qd = H * D, kvd = Hkv * D;
   const Tensor ids = ids_.slice(0, 0, t), positions = positions_.slice(0, 0, t);
   const Tensor cache_rows = cache_rows_.slice(0, 0, t);
   Tensor x = s_.x.slice(0, 0, t), h = s_.h.slice(0, 0, t), o = s_.o.slice(0, 0, t);
@@ -260,7 +260,6 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   Tensor qk = qkv.slice(1, 0, qd + kvd).unflatten(1, {H + Hkv, D});  // RoPE for both at once
   Tensor attn = s_.attn.slice(0, 0, t), attn2 = attn.view({t, qd});
   Tensor gate_up = s_.gate_up.slice(0, 0, t), act = s_.act.slice(0, 0, t);
-  const Tensor gate = gate_up.slice(1, 0, F), up = gate_up.slice(1, F, 2 * F);
 
   const bool one = c.norm_add_one;
   const ops::RopeParams rope_global{.rot_dim = static_cast<int>(c.rope_dim),
@@ -291,12 +290,15 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
       ops::rms_norm(q, q, l.q_norm, c.rms_eps, one);
       ops::rms_norm(k, k, l.k_norm, c.rms_eps, one);
     }
-    ops::rope(qk, positions, local ? rope_local : rope_global);
-    ops::kv_append(k_cache_[i], v_cache_[i], k, v, cache_rows);
+    ops::rope_kv_append(qk, positions, local ? rope_local : rope_global, k_cache_[i], v_cache_[i],
+                        v, cache_rows);
     const ops::AttentionParams& ap = local ? attn_local : attn_global;
-    if (gathers(t)) {
-      // A prompt: its sequence's keys gathered from the pages into one contiguous block for
-      // the prefill kernel.
+    if (gathers(t) && staged_.pos == 0) {
+      // A prompt from position 0: its keys are exactly the projection's (rotated) K and V.
+      ops::attention(attn, q, k, v, positions, ap);
+    } else if (gathers(t)) {
+      // A prompt after earlier keys: its sequence's keys gathered from the pages into one
+      // contiguous block for the prefill kernel.
       const int64_t n = staged_.pos + t;
       Tensor kg = k_gather_.slice(0, 0, n), vg = v_gather_.slice(0, 0, n);
       ops::embedding(kg, k_cache_[i].view({pool_rows(), kvd}), gather_rows_.slice(0, 0, n));
@@ -315,8 +317,7 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
     if (c.sandwich_norms) ops::rms_norm(o, o, l.post_attn_norm, c.rms_eps, one);
     ops::add_rms_norm(x, o, h, l.ffn_norm, c.rms_eps, one);
 
-    l.gate_up.apply(gate_up, h);
-    ops::gated_act(act, gate, up, c.activation);
+    l.gate_up.apply_gated(act, h, c.activation, gate_up);
     ops::linear(o, act, l.w_down);
     if (c.sandwich_norms) ops::rms_norm(o, o, l.post_ffw_norm, c.rms_eps, one);
     const Tensor& next_norm = i + 1 < layers_.size() ? layers_[i + 1].attn_norm : output_norm_;

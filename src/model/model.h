@@ -6,9 +6,10 @@
 // replayed after each stage(). The device sets the layout (decoder.cpp, weights.cpp): matrices
 // keep the file's type on the CPU and become bf16 on CUDA; activations and the KV cache are f32
 // on the CPU and bf16 on CUDA; the KV pool has one page per sequence on the CPU and 64-key
-// pages on CUDA, where a prompt of more than 8 tokens also gathers its keys into contiguous
-// buffers for the prefill kernel. These branches read host state only (the device, the staged
-// token count), never device memory.
+// pages on CUDA, where a prompt of more than 8 tokens runs the prefill kernel over contiguous
+// keys: the projection's own from position 0, else its keys gathered from the pages. These
+// branches read host state only (the device, the staged tokens and position), never device
+// memory.
 #pragma once
 
 #include <cstdint>

@@ -18,14 +18,18 @@ struct Dims {
   int64_t M, N, K;
 };
 
-// Shapes, layouts and aliasing, common to both devices; dtypes are checked per device.
-Dims check_shapes(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
+// Shapes, layouts and aliasing, common to both devices; dtypes are checked per device. A gated
+// out (one-row fusions) holds half the columns: act(gate) * up of a stacked gate|up w.
+Dims check_shapes(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias,
+                  bool gated_out = false) {
   require_ndim(kOp, "x", x, 2);
   require_ndim(kOp, "w", w, 2);
   const Dims d{x.dim(0), w.dim(0), x.dim(1)};
   LLMK_CHECK(w.dim(1) == d.K, "ops::linear: x is {} but w is {}: inner dims differ", x.str(),
              w.str());
-  require_shape(kOp, "out", out, {d.M, d.N});
+  LLMK_CHECK(!gated_out || d.N % 2 == 0,
+             "ops::linear: w is {}: a stacked gate|up needs an even number of rows", w.str());
+  require_shape(kOp, "out", out, {d.M, gated_out ? d.N / 2 : d.N});
   require_last_dim_contiguous(kOp, "x", x);
   require_last_dim_contiguous(kOp, "w", w);
   require_last_dim_contiguous(kOp, "out", out);
@@ -52,7 +56,9 @@ void require_rows_apart(std::string_view name, const Tensor& t) {
              t.str(), t.stride(0), t.dim(1));
 }
 
-void linear_cuda(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
+// Checks the CUDA operands and returns the launcher's arguments.
+cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w,
+                                  const Tensor* bias, bool gated_out = false) {
   LLMK_CHECK(!is_quantized(w.dtype()),
              "ops::linear: w is {} on the GPU, but the CUDA linear takes bf16 weights only; "
              "convert block-quantised weights to bf16 at load",
@@ -60,7 +66,7 @@ void linear_cuda(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bi
   require_dtype(kOp, "x", x, DType::BF16);
   require_dtype(kOp, "w", w, DType::BF16);
   require_bf16_or_f32("out", out);
-  const Dims d = check_shapes(out, x, w, bias);
+  const Dims d = check_shapes(out, x, w, bias, gated_out);
   require_rows_apart("x", x);
   require_rows_apart("w", w);
   require_rows_apart("out", out);
@@ -80,7 +86,11 @@ void linear_cuda(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bi
   a.M = d.M;
   a.N = d.N;
   a.K = d.K;
-  cuda::linear(a);
+  return a;
+}
+
+cuda::Activation cuda_activation(Activation act) {
+  return act == Activation::SiLU ? cuda::Activation::SiLU : cuda::Activation::GeluTanh;
 }
 #endif
 
@@ -91,7 +101,7 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
                          : on_cuda(kOp, {{"out", &out}, {"x", &x}, {"w", &w}});
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
-    linear_cuda(out, x, w, bias);
+    cuda::linear(linear_cuda_args(out, x, w, bias));
 #endif
     return;
   }
@@ -120,6 +130,27 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
   a.N = d.N;
   a.K = d.K;
   cpu::linear(a);
+}
+
+void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act,
+                  Tensor& scratch, const Tensor* bias) {
+  constexpr std::string_view op = "linear_gated";
+  require_ndim(op, "w", w, 2);
+  require_ndim(op, "out", out, 2);
+  LLMK_CHECK(w.dim(0) % 2 == 0, "ops::linear_gated: w is {}: a stacked gate|up needs even rows",
+             w.str());
+  const int64_t F = w.dim(0) / 2;
+  require_shape(op, "out", out, {x.dim(0), F});
+#ifdef LLMK_HAS_CUDA
+  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1) {
+    const bool cuda = on_cuda(op, {{"out", &out}, {"x", &x}, {"w", &w}, {"scratch", &scratch}});
+    require_dtype(op, "out", out, DType::BF16);
+    const cuda::LinearArgs a = linear_cuda_args(out, x, w, bias, true);
+    if (cuda && cuda::linear_gated_row(a, cuda_activation(act))) return;
+  }
+#endif
+  linear(scratch, x, w, bias);
+  gated_act(out, scratch.slice(1, 0, F), scratch.slice(1, F, 2 * F), act);
 }
 
 }  // namespace llmk::ops

@@ -127,9 +127,24 @@ void reset_attention_stats();
 void kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
                const Tensor& positions);
 
+// RoPE on the queries and keys of one projection, then the rotated keys and the values written
+// to the caches: rope(qk, positions, p), then kv_append(k_cache, v_cache, keys, v, cache_rows)
+// where keys are the last k_cache.dim(1) heads of qk: [T, Hq + Hkv, D]. One launch on CUDA
+// (v bf16 there). positions give the rotation angles, cache_rows the rows written.
+void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Tensor& k_cache,
+                    Tensor& v_cache, const Tensor& v, const Tensor& cache_rows);
+
 enum class Activation { SiLU, GeluTanh };
 // out, gate, up: [T, F] (out may alias either); out = act(gate) * up. CPU f32, CUDA bf16.
 void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act);
+
+// The first half of a gated MLP: out = act(x Wg^T + bg) * (x Wu^T + bu) with w = [Wg; Wu]
+// ([2F, K], the stacked gate|up weight) and bias likewise [2F] (optional). out: [T, F]. Runs
+// linear(scratch, x, w, bias) then gated_act(out, scratch's halves); scratch: [T, 2F]. On CUDA a
+// single row (a decode step) takes one launch that leaves scratch alone: the one-row linear
+// kernel applies the activation as it writes, with the same roundings.
+void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act, Tensor& scratch,
+                  const Tensor* bias = nullptr);
 
 // out, a, b: same shape (out may alias a or b). out = a + b. CPU f32, CUDA bf16.
 void add(Tensor& out, const Tensor& a, const Tensor& b);

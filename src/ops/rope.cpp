@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ops/check.h"
+#include "ops/kv_append.h"
 #include "ops/ops.h"
 
 #ifdef LLMK_HAS_CUDA
@@ -13,8 +14,11 @@ namespace llmk::ops {
 
 using namespace detail;
 
-void rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
-  constexpr std::string_view op = "rope";
+namespace {
+
+// Checks rope's operands as ops.h states them (errors name `op`); true when they are on CUDA.
+bool check_rope(std::string_view op, const Tensor& x, const Tensor& positions,
+                const RopeParams& p) {
   const bool cuda =
       p.freq_factors
           ? on_cuda(op, {{"x", &x}, {"positions", &positions}, {"freq_factors", p.freq_factors}})
@@ -23,16 +27,16 @@ void rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
   require_ndim(op, "x", x, 3);
   require_last_dim_contiguous(op, "x", x);
   require_dtype(op, "positions", positions, DType::I32);
-  const int64_t T = x.dim(0), H = x.dim(1), D = x.dim(2);
+  const int64_t T = x.dim(0), D = x.dim(2);
   require_shape(op, "positions", positions, {T});
   const int64_t rot = p.rot_dim == 0 ? D : p.rot_dim;
   LLMK_CHECK(rot > 0 && rot % 2 == 0 && rot <= D,
-             "ops::rope: rot_dim = {} must be even and in (0, head dim {}] (x is {})", p.rot_dim, D,
-             x.str());
-  LLMK_CHECK(p.theta > 0.0f && std::isfinite(p.theta), "ops::rope: theta = {} must be positive",
+             "ops::{}: rot_dim = {} must be even and in (0, head dim {}] (x is {})", op, p.rot_dim,
+             D, x.str());
+  LLMK_CHECK(p.theta > 0.0f && std::isfinite(p.theta), "ops::{}: theta = {} must be positive", op,
              p.theta);
   LLMK_CHECK(std::isfinite(p.freq_scale) && p.freq_scale > 0.0f,
-             "ops::rope: freq_scale = {} must be positive", p.freq_scale);
+             "ops::{}: freq_scale = {} must be positive", op, p.freq_scale);
   if (p.freq_factors) {
     const Tensor& f = *p.freq_factors;
     require_dtype(op, "freq_factors", f, DType::F32);
@@ -41,44 +45,68 @@ void rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
     require_disjoint(op, "x", x, "freq_factors", f);
   }
   require_disjoint(op, "x", x, "positions", positions);
-  if (cuda) {
 #ifdef LLMK_HAS_CUDA
-    LLMK_CHECK(rot <= 2 * cuda::kMaxRopePairs,
-               "ops::rope: rot_dim {} is over the {} the CUDA kernel takes (x is {})", rot,
-               2 * cuda::kMaxRopePairs, x.str());
-    cuda::RopeArgs a;
-    a.x = x.data();
-    a.T = T;
-    a.H = H;
-    a.D = D;
-    a.ld_t = x.stride(0);
-    a.ld_h = x.stride(1);
-    a.positions = positions.data<const int32_t>();
-    a.pos_stride = positions.stride(0);
-    a.rot_dim = static_cast<int>(rot);
-    a.theta = p.theta;
-    a.half_split = p.layout == RopeLayout::HalfSplit;
-    a.freq_scale = p.freq_scale;
-    a.freq_factors = p.freq_factors ? p.freq_factors->data<const float>() : nullptr;
-    cuda::rope(a);
+  LLMK_CHECK(!cuda || rot <= 2 * cuda::kMaxRopePairs,
+             "ops::{}: rot_dim {} is over the {} the CUDA kernel takes (x is {})", op, rot,
+             2 * cuda::kMaxRopePairs, x.str());
 #endif
-    return;
-  }
-  cpu::RopeArgs a;
-  if (p.freq_factors) a.freq_factors = p.freq_factors->data<const float>();
-  a.x = x.data<float>();
-  a.T = T;
-  a.H = H;
-  a.D = D;
+  return cuda;
+}
+
+// The launcher's arguments (cpu::RopeArgs or cuda::RopeArgs: the same fields) for x.
+template <class Args, class Elem>
+Args rope_args(Tensor& x, const Tensor& positions, const RopeParams& p) {
+  Args a;
+  a.x = x.data<Elem>();
+  a.T = x.dim(0);
+  a.H = x.dim(1);
+  a.D = x.dim(2);
   a.ld_t = x.stride(0);
   a.ld_h = x.stride(1);
   a.positions = positions.data<const int32_t>();
   a.pos_stride = positions.stride(0);
-  a.rot_dim = static_cast<int>(rot);
+  a.rot_dim = static_cast<int>(p.rot_dim == 0 ? x.dim(2) : p.rot_dim);
   a.theta = p.theta;
   a.half_split = p.layout == RopeLayout::HalfSplit;
   a.freq_scale = p.freq_scale;
-  cpu::rope(a);
+  a.freq_factors = p.freq_factors ? p.freq_factors->data<const float>() : nullptr;
+  return a;
+}
+
+}  // namespace
+
+void rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
+  if (check_rope("rope", x, positions, p)) {
+#ifdef LLMK_HAS_CUDA
+    cuda::rope(rope_args<cuda::RopeArgs, void>(x, positions, p));
+#endif
+    return;
+  }
+  cpu::rope(rope_args<cpu::RopeArgs, float>(x, positions, p));
+}
+
+void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Tensor& k_cache,
+                    Tensor& v_cache, const Tensor& v, const Tensor& cache_rows) {
+  constexpr std::string_view op = "rope_kv_append";
+  const bool cuda = check_rope(op, qk, positions, p);
+  require_ndim(op, "k_cache", k_cache, 3);
+  const int64_t H = qk.dim(1), Hkv = k_cache.dim(1);
+  LLMK_CHECK(Hkv <= H, "ops::{}: k_cache has {} heads but qk only {} (qk is {})", op, Hkv, H,
+             qk.str());
+  const Tensor k = qk.slice(1, H - Hkv, H);
+  check_kv_append(op, k_cache, v_cache, k, v, cache_rows);
+  if (!cuda) {
+    rope(qk, positions, p);
+    kv_append(k_cache, v_cache, k, v, cache_rows);
+    return;
+  }
+#ifdef LLMK_HAS_CUDA
+  require_dtype(op, "v", v, DType::BF16);
+  const cuda::KvAppendArgs append = cuda_kv_append_args(k_cache, v_cache, k, v, cache_rows);
+  cuda::RopeArgs a = rope_args<cuda::RopeArgs, void>(qk, positions, p);
+  a.append = &append;
+  cuda::rope(a);
+#endif
 }
 
 }  // namespace llmk::ops

@@ -36,6 +36,7 @@ namespace llmk {
 namespace {
 
 using gpu_test::error_message;
+using gpu_test::i32_host;
 using gpu_test::poisoned_cuda;
 using gpu_test::random_host;
 using gpu_test::to_f32;
@@ -76,12 +77,6 @@ std::string describe(const VarlenCase& c) {
                 static_cast<double>(c.softcap), c.dtype == DType::F16 ? "f16" : "bf16");
   s.append(buf);
   return s;
-}
-
-Tensor i32_host(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::I32);
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
 }
 
 // Host tensor of dtype whose rows [from, rows) hold NaN.

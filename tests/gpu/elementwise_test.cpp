@@ -30,12 +30,6 @@ std::string label(const char* op, int64_t rows, int64_t D, int64_t offset) {
          " offset=" + std::to_string(offset);
 }
 
-Tensor i32_host(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::I32);
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
-
 using CudaOpEmbedding = CudaOpTest;
 
 TEST_F(CudaOpEmbedding, GathersRowsAndZeroesBadIds) {

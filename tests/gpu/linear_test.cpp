@@ -23,6 +23,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/cuda/allocator.h"
@@ -218,6 +219,59 @@ TEST_F(Linear, OneRowKernelMatchesTheCpuAtAwkwardShapes) {
   check_problem(1, 130, 4096, seed++);
   EXPECT_EQ(cuda::linear_stats().gemv, before);
   cuda::set_linear_gemv(true);
+}
+
+// linear_gated: one row runs the gate|up product and the activation in one launch of the one-row
+// kernel (scratch keeps its poison); more rows, or the kernel off, run linear into scratch and
+// then gated_act. Both against the CPU's linear, rounded to bf16 as the GPU's linear output is,
+// then gated_act; with and without a bias of each dtype, at shapes that leave blocks part-full.
+// The fused kernel must meet the bf16 bound of a single linear (one rounding before the
+// activation, one after). The composed path (cuBLASLt, then gated_act) is two ops, each held to
+// its own bound: the linear's 5e-3 (its bf16 output, rounded once more where an f32 bias is added
+// after the GEMM) passed through the activation plus gated_act's own rounding, 1e-2 together.
+TEST_F(Linear, GatedProjectionMatchesTheCpu) {
+  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {
+      {1, 3, 24}, {1, 9, 1032}, {1, 8192, 3072}, {1, 130, 4096}, {3, 130, 4096}};
+  uint64_t seed = 200;
+  for (auto [M, F, K] : shapes) {
+    for (ops::Activation act : {ops::Activation::SiLU, ops::Activation::GeluTanh}) {
+      for (int bias_kind : {0, 1, 2}) {  // none, bf16, f32
+        for (bool gemv_on : {true, false}) {
+          const std::string what = fmt::format(
+              "linear_gated M={} F={} K={} {} bias {}{}", M, F, K,
+              act == ops::Activation::SiLU ? "silu" : "gelu",
+              bias_kind == 0 ? "none" : bias_kind == 1 ? "bf16" : "f32", gemv_on ? "" : " gemv off");
+          Rng rng(seed++);
+          const Tensor x_host = random_bf16({M, K}, rng, 1.0f);
+          const Tensor w_host = random_bf16({2 * F, K}, rng, 3.0f / std::sqrt(static_cast<float>(K)));
+          const Tensor b_host =
+              bias_kind == 2 ? random_f32({2 * F}, rng, 0.5f) : random_bf16({2 * F}, rng, 0.5f);
+          const Tensor x = x_host.to(Device::CUDA), w = w_host.to(Device::CUDA);
+          const Tensor b = b_host.to(Device::CUDA);
+          Tensor scratch = poisoned_cuda({M, 2 * F}, DType::BF16);
+          Out out(M, F, 3, DType::BF16);
+          cuda::set_linear_gemv(gemv_on);
+          const uint64_t before = cuda::linear_stats().gemv;
+          ops::linear_gated(out.view, x, w, act, scratch, bias_kind ? &b : nullptr);
+          const bool fused = cuda::linear_stats().gemv > before;
+          cuda::set_linear_gemv(true);
+          Tensor lin = Tensor::empty({M, 2 * F}, DType::F32);
+          const Tensor b32 = to_f32(b_host);
+          ops::linear(lin, to_f32(x_host), to_f32(w_host), bias_kind ? &b32 : nullptr);
+          Tensor lin16 = Tensor::empty({M, 2 * F}, DType::BF16);
+          ops::copy(lin16, lin);
+          const Tensor lin_r = to_f32(lin16);
+          Tensor ref = Tensor::empty({M, F}, DType::F32);
+          ops::gated_act(ref, lin_r.slice(1, 0, F), lin_r.slice(1, F, 2 * F), act);
+          EXPECT_EQ(fused, M == 1 && gemv_on) << what;
+          expect_within(compare(out.values(), ref),
+                        fused ? tolerance_for(DType::BF16) : Tolerance{1e-2, 4.0 / 256}, what);
+          const int64_t written = gpu_test::unpoisoned(scratch.to(Device::CPU));
+          EXPECT_EQ(written, fused ? 0 : M * 2 * F) << what;
+        }
+      }
+    }
+  }
 }
 
 // Which path each (out, bias) dtype pair takes; both are checked against the CPU above. A bias

@@ -6,6 +6,7 @@
 // bandwidth: bench/norm_rope_bench.cu.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -153,22 +154,23 @@ struct RopeCase {
   bool unaligned;  // odd strides and start: the element-by-element kernels
 };
 
+using L = ops::RopeLayout;
+const RopeCase kRopeCases[] = {
+    {1, 32, 128, 0, L::HalfSplit, 1.0f, false, false},    // Llama decode
+    {17, 9, 64, 0, L::Adjacent, 1.0f, false, false},      // SmolLM2 from GGUF
+    {300, 14, 64, 0, L::HalfSplit, 1.0f, true, false},    // llama3 factors
+    {33, 4, 128, 64, L::HalfSplit, 0.25f, false, false},  // partial, scaled
+    {5, 3, 80, 40, L::Adjacent, 1.0f, true, false},       // rot/2 = 20: not a multiple of 8
+    {7, 5, 96, 48, L::HalfSplit, 1.0f, false, false},     // half 24: vectors of 8
+    {9, 3, 18, 0, L::HalfSplit, 1.0f, false, false},      // half 9: element by element
+    {9, 3, 18, 10, L::Adjacent, 0.5f, true, true},
+    {64, 8, 128, 0, L::HalfSplit, 1.0f, true, true},
+    {3, 2, 256, 0, L::Adjacent, 1.0f, false, false},  // Gemma-sized head
+};
+
 TEST_F(CudaOpRope, MatchesCpu) {
-  using L = ops::RopeLayout;
-  const RopeCase cases[] = {
-      {1, 32, 128, 0, L::HalfSplit, 1.0f, false, false},    // Llama decode
-      {17, 9, 64, 0, L::Adjacent, 1.0f, false, false},      // SmolLM2 from GGUF
-      {300, 14, 64, 0, L::HalfSplit, 1.0f, true, false},    // llama3 factors
-      {33, 4, 128, 64, L::HalfSplit, 0.25f, false, false},  // partial, scaled
-      {5, 3, 80, 40, L::Adjacent, 1.0f, true, false},       // rot/2 = 20: not a multiple of 8
-      {7, 5, 96, 48, L::HalfSplit, 1.0f, false, false},     // half 24: vectors of 8
-      {9, 3, 18, 0, L::HalfSplit, 1.0f, false, false},      // half 9: element by element
-      {9, 3, 18, 10, L::Adjacent, 0.5f, true, true},
-      {64, 8, 128, 0, L::HalfSplit, 1.0f, true, true},
-      {3, 2, 256, 0, L::Adjacent, 1.0f, false, false},  // Gemma-sized head
-  };
   uint32_t seed = 500;
-  for (const RopeCase& c : cases) {
+  for (const RopeCase& c : kRopeCases) {
     const int rot = c.rot_dim == 0 ? static_cast<int>(c.D) : c.rot_dim;
     const std::string what = "rope T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
                              " D=" + std::to_string(c.D) + " rot=" + std::to_string(rot) +
@@ -213,6 +215,93 @@ TEST_F(CudaOpRope, MatchesCpu) {
     EXPECT_EQ(compare(got.slice(1, c.H, c.H + 2), buf_host.slice(1, c.H, c.H + 2)).max_abs, 0.0)
         << what;
   }
+}
+
+// rope_kv_append: the same cases with the last Hkv heads of x as keys and a value projection
+// beside them, appended in one launch. x must match the CPU's rope then kv_append; the cache
+// rows written must hold exactly the GPU's rotated keys and the values (bit for bit), and every
+// other cache row must be untouched.
+TEST_F(CudaOpRope, FusedKvAppendMatchesCpu) {
+  uint32_t seed = 900;
+  for (const RopeCase& c : kRopeCases) {
+    const int rot = c.rot_dim == 0 ? static_cast<int>(c.D) : c.rot_dim;
+    const int64_t Hkv = std::max<int64_t>(1, c.H / 3), cache_len = c.T + 7, u = c.unaligned ? 1 : 0;
+    const std::string what = "rope_kv_append T=" + std::to_string(c.T) + " H=" +
+                             std::to_string(c.H) + " Hkv=" + std::to_string(Hkv) + " D=" +
+                             std::to_string(c.D) + " rot=" + std::to_string(rot) +
+                             (c.layout == L::HalfSplit ? " half-split" : " adjacent") +
+                             (c.unaligned ? " unaligned" : "");
+    // qk: heads [0, H) of [T, H + Hkv, D + u] (columns u..), v: heads [H, H + Hkv).
+    const Tensor buf_host = random_host({c.T, c.H + Hkv, c.D + u}, DType::BF16, seed++, -2, 2);
+    const Tensor cache_host = random_host({2, cache_len, Hkv, c.D + u}, DType::BF16, seed++);
+    std::mt19937 rng(seed++);
+    std::vector<int32_t> positions(static_cast<size_t>(c.T)), rows(static_cast<size_t>(cache_len));
+    for (int32_t& p : positions) p = static_cast<int32_t>(rng() % 135000);
+    for (size_t r = 0; r < rows.size(); ++r) rows[r] = static_cast<int32_t>(r);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    rows.resize(static_cast<size_t>(c.T));  // distinct cache rows, in no order
+    const Tensor ff_host = random_host({rot / 2}, DType::F32, seed++, 1, 8);
+
+    Tensor buf = buf_host.to(Device::CUDA), cache = cache_host.to(Device::CUDA);
+    Tensor qk = buf.slice(1, 0, c.H).slice(2, u, u + c.D);
+    const Tensor v = buf.slice(1, c.H, c.H + Hkv).slice(2, u, u + c.D);
+    Tensor kc = cache.select(0, 0).slice(2, u, u + c.D);
+    Tensor vc = cache.select(0, 1).slice(2, u, u + c.D);
+    const Tensor pos = i32_host(positions).to(Device::CUDA), ff = ff_host.to(Device::CUDA);
+    const Tensor row_dev = i32_host(rows).to(Device::CUDA);
+    ops::RopeParams p;
+    p.rot_dim = c.rot_dim;
+    p.theta = 500000.0f;
+    p.layout = c.layout;
+    p.freq_scale = c.freq_scale;
+    p.freq_factors = c.factors ? &ff : nullptr;
+    ops::rope_kv_append(qk, pos, p, kc, vc, v, row_dev);
+
+    Tensor qk_ref = to_f32(buf_host.slice(1, 0, c.H).slice(2, u, u + c.D));
+    Tensor kc_ref = to_f32(cache_host.select(0, 0).slice(2, u, u + c.D));
+    Tensor vc_ref = to_f32(cache_host.select(0, 1).slice(2, u, u + c.D));
+    ops::RopeParams pc = p;
+    pc.freq_factors = c.factors ? &ff_host : nullptr;
+    ops::rope_kv_append(qk_ref, i32_host(positions), pc, kc_ref, vc_ref,
+                        to_f32(buf_host.slice(1, c.H, c.H + Hkv).slice(2, u, u + c.D)),
+                        i32_host(rows));
+    const Tensor got = buf.to(Device::CPU), cache_got = cache.to(Device::CPU);
+    expect_close(got.slice(1, 0, c.H).slice(2, u, u + c.D), qk_ref, kBf16Out, what);
+    expect_close(cache_got.select(0, 0).slice(2, u, u + c.D), kc_ref, kBf16Out, what + " (k)");
+    expect_bf16_exact(cache_got.select(0, 1).slice(2, u, u + c.D), vc_ref, what + " (v)");
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int64_t r = rows[static_cast<size_t>(t)];
+      EXPECT_EQ(compare(cache_got.select(0, 0).select(0, r).slice(1, u, u + c.D),
+                        got.select(0, t).slice(0, c.H - Hkv, c.H).slice(1, u, u + c.D))
+                    .max_abs,
+                0.0)
+          << what << ": cache row " << r << " is not token " << t << "'s rotated key";
+    }
+    // Padding columns and unwritten rows are untouched.
+    if (u > 0) {
+      EXPECT_EQ(compare(cache_got.slice(3, 0, u), cache_host.slice(3, 0, u)).max_abs, 0.0) << what;
+    }
+    for (int64_t r = 0; r < cache_len; ++r) {
+      if (std::find(rows.begin(), rows.end(), r) != rows.end()) continue;
+      EXPECT_EQ(compare(cache_got.select(1, r), cache_host.select(1, r)).max_abs, 0.0)
+          << what << ": row " << r << " written";
+    }
+  }
+}
+
+// A cache row outside the cache is skipped (as kv_append skips it); the rotation still happens.
+TEST_F(CudaOpRope, FusedKvAppendSkipsRowsOutsideTheCache) {
+  const Tensor buf_host = random_host({2, 6, 64}, DType::BF16, 950, -2, 2);
+  const Tensor cache_host = random_host({8, 2, 64}, DType::BF16, 951);
+  Tensor buf = buf_host.to(Device::CUDA), ref = buf_host.to(Device::CUDA);
+  Tensor kc = cache_host.to(Device::CUDA), vc = cache_host.to(Device::CUDA);
+  Tensor qk = buf.slice(1, 0, 4), qk_ref = ref.slice(1, 0, 4);
+  const Tensor pos = i32_host({5, 6}).to(Device::CUDA);
+  ops::rope_kv_append(qk, pos, {}, kc, vc, buf.slice(1, 4, 6), i32_host({8, -1}).to(Device::CUDA));
+  ops::rope(qk_ref, pos, {});
+  EXPECT_EQ(compare(buf.to(Device::CPU), ref.to(Device::CPU)).max_abs, 0.0);
+  EXPECT_EQ(compare(kc.to(Device::CPU), cache_host).max_abs, 0.0);
+  EXPECT_EQ(compare(vc.to(Device::CPU), cache_host).max_abs, 0.0);
 }
 
 // Unit vectors (1, 0) rotate to (cos, sin) of the angle: at positions near 2^17 the output must

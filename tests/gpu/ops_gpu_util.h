@@ -15,6 +15,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/device.h"
@@ -44,6 +45,13 @@ inline Tensor random_host(const Shape& shape, DType dtype, uint32_t seed, float 
 }
 
 // A contiguous f32 host copy of a host tensor of f32/f16/bf16 with any strides.
+// A host i32 vector tensor holding v.
+inline Tensor i32_host(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::I32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
 inline Tensor to_f32(const Tensor& host) {
   Tensor out = Tensor::empty(host.shape(), DType::F32);
   ops::copy(out, host);

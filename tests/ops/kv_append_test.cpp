@@ -1,5 +1,7 @@
 // ops::kv_append on the CPU: rows land at their positions (in any order, in strided caches),
-// every other cache row keeps its contents, and bad positions and shapes are errors.
+// every other cache row keeps its contents, and bad positions and shapes are errors. Also
+// ops::rope_kv_append (RoPE, then the append of the rotated keys), and ops::linear_gated (linear,
+// then gated_act), the decoder's fused steps, on the CPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -78,6 +80,53 @@ TEST(OpsKvAppend, ArgumentErrors) {
   expect_error([&] { ops::kv_append(kc, vc, kc_in, v, ok); }, {"ops::kv_append", "overlaps"});
   Tensor k2 = random_tensor({2, 16}, 3);
   expect_error([&] { ops::kv_append(kc, vc, k2, v, ok); }, {"ops::kv_append", "3 dimensions"});
+}
+
+// rope_kv_append on the CPU is rope then kv_append of the last Hkv heads, bit for bit; cache rows
+// (not positions) name where the keys land.
+TEST(OpsRopeKvAppend, IsRopeThenAppend) {
+  const int64_t T = 3, H = 5, Hkv = 2, D = 8, L = 9;
+  const Tensor qkv = random_tensor({T, H + Hkv, D}, 3);
+  const Tensor kc0 = random_tensor({L, Hkv, D}, 4), vc0 = random_tensor({L, Hkv, D}, 5);
+  const Tensor pos = i32_tensor({40, 41, 42}), rows = i32_tensor({8, 2, 5});
+  ops::RopeParams p;
+  p.theta = 1000.0f;
+  Tensor a = qkv.contiguous(), kc = kc0.contiguous(), vc = vc0.contiguous();
+  Tensor qk = a.slice(1, 0, H);
+  ops::rope_kv_append(qk, pos, p, kc, vc, a.slice(1, H, H + Hkv), rows);
+  Tensor b = qkv.contiguous(), kc_ref = kc0.contiguous(), vc_ref = vc0.contiguous();
+  Tensor qk_ref = b.slice(1, 0, H);
+  ops::rope(qk_ref, pos, p);
+  ops::kv_append(kc_ref, vc_ref, qk_ref.slice(1, H - Hkv, H), b.slice(1, H, H + Hkv), rows);
+  for (const auto& [got, want] : {std::pair{&a, &b}, {&kc, &kc_ref}, {&vc, &vc_ref}}) {
+    for (int64_t i = 0; i < got->numel(); ++i) {
+      ASSERT_EQ(got->data<float>()[i], want->data<float>()[i]) << i;
+    }
+  }
+  Tensor kc_wide = random_tensor({L, H + 1, D}, 6), vc_wide = random_tensor({L, H + 1, D}, 7);
+  expect_error([&] { ops::rope_kv_append(qk, pos, p, kc_wide, vc_wide, a, rows); },
+               {"ops::rope_kv_append", "k_cache has 6 heads but qk only 5"});
+  const Tensor far = i32_tensor({8, 9, 0});
+  expect_error([&] { ops::rope_kv_append(qk, pos, p, kc, vc, a.slice(1, H, H + Hkv), far); },
+               {"ops::rope_kv_append", "positions[1] = 9", "9 rows"});
+}
+
+TEST(OpsLinearGated, IsLinearThenGatedAct) {
+  const int64_t M = 2, F = 3, K = 5;
+  const Tensor x = random_tensor({M, K}, 8), w = random_tensor({2 * F, K}, 9);
+  const Tensor b = random_tensor({2 * F}, 10);
+  Tensor out = Tensor::empty({M, F}, DType::F32), scratch = Tensor::empty({M, 2 * F}, DType::F32);
+  ops::linear_gated(out, x, w, ops::Activation::GeluTanh, scratch, &b);
+  Tensor lin = Tensor::empty({M, 2 * F}, DType::F32), ref = Tensor::empty({M, F}, DType::F32);
+  ops::linear(lin, x, w, &b);
+  ops::gated_act(ref, lin.slice(1, 0, F), lin.slice(1, F, 2 * F), ops::Activation::GeluTanh);
+  for (int64_t i = 0; i < M * F; ++i) ASSERT_EQ(out.data<float>()[i], ref.data<float>()[i]) << i;
+  const Tensor w_odd = random_tensor({2 * F + 1, K}, 11);
+  expect_error([&] { ops::linear_gated(out, x, w_odd, ops::Activation::SiLU, scratch); },
+               {"ops::linear_gated", "even rows"});
+  Tensor out_bad = Tensor::empty({M, 2 * F}, DType::F32);
+  expect_error([&] { ops::linear_gated(out_bad, x, w, ops::Activation::SiLU, scratch); },
+               {"ops::linear_gated", "out"});
 }
 
 }  // namespace

@@ -1,24 +1,9 @@
 // Gated activations: an element-wise map over rows (kernels/cuda/map_rows.cuh).
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/map_rows.cuh"
 
 namespace llmk::cuda {
-
-namespace {
-
-// The same forms as cpu::gated_act: SiLU x / (1 + e^-x); GELU 0.5 x (1 + tanh u) written as
-// x - x / (1 + e^(2u)), finite at both ends.
-struct SiluMul {
-  __device__ float operator()(float g, float u) const { return g / (1.0f + expf(-g)) * u; }
-};
-struct GeluTanhMul {
-  __device__ float operator()(float g, float u) const {
-    const float t = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-    return (g - g / (1.0f + expf(2.0f * t))) * u;
-  }
-};
-
-}  // namespace
 
 void gated_act(void* out, int64_t out_ld, const void* gate, int64_t gate_ld, const void* up,
                int64_t up_ld, int64_t rows, int64_t F, Activation act) {

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kv_cache.h"
+
 namespace llmk::cuda {
 
 struct RopeArgs {
@@ -16,13 +18,17 @@ struct RopeArgs {
   bool half_split = true;               // pairs (i, i + rot_dim/2) if true, else (2i, 2i+1)
   double freq_scale = 1.0;              // angle = pos * freq_scale * inv_freq[i]
   const float* freq_factors = nullptr;  // optional [rot_dim/2] f32 in device memory: inv_freq /=
+  // Optional, in the same launch: the last append->H heads of x are keys; once rotated they are
+  // written to append->k_cache, and append->v to append->v_cache, at the rows append->positions
+  // names (as kv_append; append->k is ignored, v must be bf16).
+  const KvAppendArgs* append = nullptr;
 };
 
 // Most rotated pairs per head the launcher takes (rot_dim <= 2 * kMaxRopePairs = 512): the
 // per-pair frequencies travel in the kernel's parameters.
 inline constexpr int kMaxRopePairs = 256;
 
-// As cpu::rope: the angle pos * inv_freq[i] is formed in double and reduced to [-pi, pi] before
+// As cpu::rope (then cuda::kv_append when a.append is set): the angle pos * inv_freq[i] is formed in double and reduced to [-pi, pi] before
 // a float sincos, so positions far beyond 2^17 keep full float accuracy.
 void rope(const RopeArgs& a);
 

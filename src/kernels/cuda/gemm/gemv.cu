@@ -6,11 +6,17 @@
 // weight loads in flight; then the warp sums its lanes by shuffles and lane 0 writes the row
 // (+ bias). Weights are read once: loaded with no L1 allocation. x (at most a few KB) stays in L1.
 //
+// Gated output: warp w of block b owns output j = 4 b + w, its two rows the gate row j and the up
+// row F + j, so the epilogue applies the activation and writes one value.
+
+//
 // Programmatic dependent launch (sm_90): the grid may start while the previous kernel finishes.
 // Weights do not depend on it, so each warp issues its first group of weight loads, then waits
 // for the previous kernel (griddepcontrol.wait) before reading x or writing out.
 #include <algorithm>
+#include <type_traits>
 
+#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm/gemv.h"
 
@@ -44,22 +50,31 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc)
   return acc;
 }
 
-template <typename TOut, typename TBias>
+// The plain output (Act = void) or the gated one (Act = SiluMul or GeluTanhMul).
+template <typename TOut, typename TBias, class Act>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(TOut* __restrict__ out, const uint16_t* __restrict__ x,
                 const uint16_t* __restrict__ w, int64_t ldw, const TBias* __restrict__ bias, int N,
                 int chunks) {
+  constexpr bool kGated = !std::is_void_v<Act>;
+  static_assert(!kGated || kRows == 2, "a gated warp owns one gate row and one up row");
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int row0 = (blockIdx.x * kWarps + warp) * kRows;
-  if (row0 >= N) {
+  const int unit = blockIdx.x * kWarps + warp;  // the warp's output (gated) or row pair
+  const int row0 = kGated ? unit : unit * kRows;
+  if (row0 >= (kGated ? N / 2 : N)) {
     grid_dependency_wait();
     return;
+  }
+  int rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    // a missing last row re-reads row N - 1, unused
+    rows[r] = kGated ? row0 + r * (N / 2) : min(row0 + r, N - 1);
   }
   const uint4* wr[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int row = min(row0 + r, N - 1);  // a missing last row re-reads row N - 1, unused
-    wr[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * ldw);
+    wr[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(rows[r]) * ldw);
   }
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -96,36 +111,56 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-  }
+  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
   if (lane == 0) {
+    if constexpr (kGated) {
+      // Each product rounded to bf16 as the linear's output would be, then the activation.
+      float v[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int row = row0 + r;
-      if (row < N) out[row] = from_float<TOut>(acc[r] + (bias ? to_float(bias[row]) : 0.0f));
+      for (int r = 0; r < kRows; ++r) {
+        v[r] = to_float(from_float<TOut>(acc[r] + (bias ? to_float(bias[rows[r]]) : 0.0f)));
+      }
+      out[row0] = from_float<TOut>(Act{}(v[0], v[1]));
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + r;
+        if (row < N) out[row] = from_float<TOut>(acc[r] + (bias ? to_float(bias[row]) : 0.0f));
+      }
     }
   }
 }
 
-template <typename TOut, typename TBias>
+template <typename TOut, typename TBias, class Act>
 void launch(const GemvArgs& a) {
-  const int N = static_cast<int>(a.N);
-  const unsigned blocks = static_cast<unsigned>(ceil_div(N, kWarps * kRows));
-  launch_dependent(gemv_kernel<TOut, TBias>, dim3(blocks), dim3(kThreads), 0,
+  launch_dependent(gemv_kernel<TOut, TBias, Act>, dim3(gemv_blocks(a)), dim3(kThreads), 0,
                    static_cast<TOut*>(a.out), static_cast<const uint16_t*>(a.x),
-                   static_cast<const uint16_t*>(a.w), a.ldw, static_cast<const TBias*>(a.bias), N,
-                   static_cast<int>(a.K / 8));
+                   static_cast<const uint16_t*>(a.w), a.ldw, static_cast<const TBias*>(a.bias),
+                   static_cast<int>(a.N), static_cast<int>(a.K / 8));
   check_launch("cuda::gemv");
+}
+
+template <typename TOut, typename TBias>
+void launch_act(const GemvArgs& a) {
+  if constexpr (std::is_same_v<TOut, __nv_bfloat16>) {
+    if (a.gated) {
+      if (a.act == Activation::SiLU) {
+        launch<TOut, TBias, SiluMul>(a);
+      } else {
+        launch<TOut, TBias, GeluTanhMul>(a);
+      }
+      return;
+    }
+  }
+  launch<TOut, TBias, void>(a);
 }
 
 template <typename TOut>
 bool launch_out(const GemvArgs& a) {
   if (a.bias == nullptr || a.bias_dtype == DType::BF16) {
-    launch<TOut, __nv_bfloat16>(a);
+    launch_act<TOut, __nv_bfloat16>(a);
   } else if (a.bias_dtype == DType::F32) {
-    launch<TOut, float>(a);
+    launch_act<TOut, float>(a);
   } else {
     return false;
   }
@@ -136,12 +171,20 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
+unsigned gemv_blocks(const GemvArgs& a) {
+  const int64_t units = a.gated ? a.N / 2 : ceil_div(a.N, int64_t{kRows});  // warps' work
+  return static_cast<unsigned>(ceil_div(units, int64_t{kWarps}));
+}
+
 bool gemv_applies(const GemvArgs& a) {
+  const bool bf16_out = a.out_dtype == DType::BF16;
   return a.K > 0 && a.K % 8 == 0 && a.ldw % 8 == 0 && a.N > 0 && a.N < (int64_t{1} << 31) &&
-         a.K / 8 < (int64_t{1} << 31) && aligned16(a.x) && aligned16(a.w);
+         a.K / 8 < (int64_t{1} << 31) && aligned16(a.x) && aligned16(a.w) &&
+         (!a.gated || (a.N % 2 == 0 && bf16_out));
 }
 
 bool gemv(const GemvArgs& a) {
+  if (!gemv_applies(a)) return false;
   if (a.out_dtype == DType::BF16) return launch_out<__nv_bfloat16>(a);
   if (a.out_dtype == DType::F32) return launch_out<float>(a);
   return false;

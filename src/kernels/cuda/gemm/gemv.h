@@ -1,13 +1,16 @@
 // The linear layer of one row (a batch-1 decode step): out[N] = w[N, K] . x[K] (+ bias), bf16
-// operands, fp32 accumulation, bf16 or f32 out, any bias dtype fused. Memory-bound: every weight
-// byte is read once, so the kernel is built to keep HBM busy (16-byte loads, several in flight
-// per lane) and to need no second launch (no split-K reduce, no bias kernel). cuda::linear takes
-// it for M = 1 when gemv_applies() (linear.h).
+// operands, fp32 accumulation, bf16 or f32 out, any bias dtype fused; or the first half of a
+// gated MLP in the same launch (out[j] = act(w[j] . x) * (w[F + j] . x) for a stacked gate|up
+// w). Memory-bound: every weight byte is read once, so the kernel is
+// built to keep HBM busy (16-byte loads, several in flight per lane) and to need no second
+// launch (no split-K reduce, no bias kernel). cuda::linear takes it for M = 1 when
+// gemv_applies() (linear.h).
 #pragma once
 
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/cuda/activation.h"
 
 namespace llmk::cuda {
 
@@ -20,13 +23,22 @@ struct GemvArgs {
   const void* bias = nullptr;  // [N] bias_dtype (BF16 or F32), or null
   DType bias_dtype = DType::BF16;
   int64_t N = 0, K = 0;
+  // Gated output: w is a stacked [gate; up] of N = 2F rows, out gets F values
+  // bf16(act(g) * u) with g and u the two rows' products (+ bias) each rounded to bf16 first,
+  // exactly as the linear's bf16 output fed to gated_act would be. out_dtype must be BF16.
+  bool gated = false;
+  Activation act = Activation::SiLU;
 };
 
+// Blocks of the launch.
+unsigned gemv_blocks(const GemvArgs& a);
+
 // Whether gemv() takes these operands: K and ldw multiples of 8 (16-byte chunks), x and w
-// 16-byte aligned, N below 2^31.
+// 16-byte aligned, N below 2^31; a gated output: N even, bf16 out.
 bool gemv_applies(const GemvArgs& a);
-// Enqueues the product on cuda::current_stream(). Returns false (nothing enqueued) for dtypes it lacks; nvcc
-// compiles this file and cannot parse fmt, so errors are the caller's to raise.
+// Enqueues the product on cuda::current_stream(). Returns false (nothing enqueued) where
+// gemv_applies() is false or for dtypes it lacks; nvcc compiles this file and cannot parse fmt,
+// so errors are the caller's to raise.
 bool gemv(const GemvArgs& a);
 
 }  // namespace llmk::cuda

@@ -282,6 +282,27 @@ void check_args(const LinearArgs& a) {
              "cuda::linear: a leading dimension is shorter than its row in {}", describe(a));
 }
 
+// The one-row kernel (gemv.h) for a, where M = 1, the kernel is on and takes the operands.
+bool run_one_row(const LinearArgs& a, bool gated, Activation act) {
+  if (a.M != 1 || !g_gemv.load(std::memory_order_relaxed)) return false;
+  const GemvArgs g{.out = a.out,
+                   .out_dtype = a.out_dtype,
+                   .x = a.x,
+                   .w = a.w,
+                   .ldw = a.ldw,
+                   .bias = a.bias,
+                   .bias_dtype = a.bias_dtype,
+                   .N = a.N,
+                   .K = a.K,
+                   .gated = gated,
+                   .act = act};
+  if (!gemv_applies(g)) return false;
+  LLMK_CHECK(gemv(g), "cuda::linear: no one-row kernel for {}", describe(a));
+  ++counters().calls;
+  ++counters().gemv;
+  return true;
+}
+
 }  // namespace
 
 void linear(const LinearArgs& args) {
@@ -308,24 +329,12 @@ void linear(const LinearArgs& args) {
     }
     return;
   }
-  if (a.M == 1 && g_gemv.load(std::memory_order_relaxed)) {
-    const GemvArgs g{.out = a.out,
-                     .out_dtype = a.out_dtype,
-                     .x = a.x,
-                     .w = a.w,
-                     .ldw = a.ldw,
-                     .bias = a.bias,
-                     .bias_dtype = a.bias_dtype,
-                     .N = a.N,
-                     .K = a.K};
-    if (gemv_applies(g)) {
-      LLMK_CHECK(gemv(g), "cuda::linear: no one-row kernel for {}", describe(a));
-      ++counters().calls;
-      ++counters().gemv;
-      return;
-    }
-  }
+  if (run_one_row(a, false, Activation::SiLU)) return;
   Lt::get().run(a);
+}
+
+bool linear_gated_row(const LinearArgs& a, Activation act) {
+  return a.K > 0 && run_one_row(a, true, act);
 }
 
 void set_linear_gemv(bool on) { g_gemv.store(on, std::memory_order_relaxed); }

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/cuda/activation.h"
 
 namespace llmk::cuda {
 
@@ -50,6 +51,13 @@ struct LinearArgs {
 // (ldx, ldw >= K; ldo >= N) unless the matrix has a single row. Throws llmk::Error naming the
 // shapes and the cuBLASLt status on failure.
 void linear(const LinearArgs& a);
+
+// The first half of a gated MLP for one row: a.w is a stacked [gate; up] of a.N = 2F rows and
+// a.out gets F values act(x . gate_j) * (x . up_j) (bf16 out, each product rounded to bf16
+// before the activation, as linear then gated_act would), in one launch of the one-row kernel.
+// Returns false, with nothing enqueued, where that kernel does not take the operands (M > 1, an
+// f32 out, the kernel switched off, layouts): the caller then runs linear and gated_act.
+bool linear_gated_row(const LinearArgs& a, Activation act);
 
 // Counters since process start, for tests and benchmarks.
 struct LinearStats {

@@ -37,6 +37,8 @@ PREFILL = [  # B, Hq, Hkv, S, D, causal
     (1, 32, 8, 4096, 128, True),
     (2, 32, 32, 4096, 96, True),  # Phi-3-mini's heads
     (1, 32, 32, 8192, 96, True),
+    (1, 32, 32, 4096, 80, True),  # the other head dims the fast kernels take
+    (1, 32, 32, 4096, 112, True),
 ]
 MMA_SYNC = "mma.sync"  # the column of the portable prefill kernel (--kernel mma-sync)
 DECODE = [  # B, L, Hq, Hkv, D: Llama-3-8B's heads, then Phi-3-mini's

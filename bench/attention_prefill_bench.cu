@@ -1,5 +1,5 @@
 // Benchmark of the prefill attention kernel (cuda::attention_prefill, varlen form: B equal
-// sequences through cu_q / cu_k) at ten shapes (head dims 64, 96, 128 and 256; 512 to 16k tokens
+// sequences through cu_q / cu_k) at twelve shapes (head dims 64 to 256; 512 to 16k tokens
 // per sequence; causal and not; one GQA shape). One JSON line per shape:
 //   {"kind":"prefill","B":..,"Hq":..,"Hkv":..,"S":..,"D":..,"causal":..,"dtype":"bf16",
 //    "ms":..,"tflops":..}
@@ -145,6 +145,8 @@ int main_impl(int argc, char** argv) {
       {2, 8, 8, 8192, 256, true},   {1, 32, 8, 4096, 128, true},
       // Phi-3-mini's heads (32, no GQA, head dim 96) at 4k and 8k tokens.
       {2, 32, 32, 4096, 96, true},  {1, 32, 32, 8192, 96, true},
+      // Head dims 80 and 112 (head dim 96's tilings) at 4k tokens.
+      {1, 32, 32, 4096, 80, true},  {1, 32, 32, 4096, 112, true},
   };
   if (only != nullptr) {
     Shape s{};

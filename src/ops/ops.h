@@ -103,8 +103,9 @@ void attention_varlen(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
 // unchecked (a captured step replays as they change). Up to 8 rows per sequence run in the
 // split-KV decode kernel; a single sequence with more runs in chunks of 8 (slow: meant for
 // short continuations; prompts should gather their keys and use ops::attention). Head dims
-// other than 64/128/256 run the generic fallback kernel, a batch one sequence at a time (with
-// more than one row per sequence, after reading cu_q back: that waits for the device).
+// other than 64/80/96/112/128/256 run the generic fallback kernel, a batch one sequence at a
+// time (with more than one row per sequence, after reading cu_q back: that waits for the
+// device).
 void attention_paged(Tensor& out, const Tensor& q, const Tensor& k_pool, const Tensor& v_pool,
                      const Tensor& page_table, int64_t page_size, const Tensor& cu_q,
                      const Tensor& positions, int64_t max_q_per_seq, const AttentionParams& p);

@@ -282,7 +282,7 @@ TEST_P(AttentionDecodeGpu, ContiguousCache) {
 
 TEST_P(AttentionDecodeGpu, HeadDimsAndGroupSizes) {
   uint32_t seed = 200;
-  for (int D : {64, 96, 128, 256}) {
+  for (int D : {64, 80, 96, 112, 128, 256}) {
     for (auto [hq, hkv] : {std::pair{8, 8}, {14, 2}, {32, 8}, {64, 8}, {8, 1}}) {
       for (int tq : {1, 5}) {
         run_case({.seqs = {{1000, tq}}, .Hq = hq, .Hkv = hkv, .D = D}, seed++);
@@ -330,6 +330,10 @@ TEST_P(AttentionDecodeGpu, WindowSoftcapLse) {
             .page_size = 0,
             .use_cu_k = true},
            seed++);
+  // Head dims 80 and 112: the second panel a quarter and seven eighths used.
+  run_case({.seqs = seqs, .Hq = 8, .Hkv = 2, .D = 80, .window = 300, .softcap = 30.0f, .lse = true},
+           seed++);
+  run_case({.seqs = seqs, .Hq = 4, .Hkv = 4, .D = 112, .page_size = 0, .use_cu_k = true}, seed++);
 }
 
 TEST_P(AttentionDecodeGpu, ForcedSplits) {
@@ -381,7 +385,7 @@ TEST_P(AttentionDecodeGpu, RejectsBadArguments) {
   a.max_q_per_seq = 9;
   EXPECT_THROW(cuda::attention_decode(a), Error);
   a.max_q_per_seq = 1;
-  a.D = 80;  // a head dim the kernel is not built for
+  a.D = 72;  // a head dim the kernel is not built for
   EXPECT_THROW(cuda::attention_decode(a), Error);
 }
 
@@ -485,7 +489,8 @@ void ops_paged_case(int64_t D, bool early_reads = false) {
 
 TEST_P(AttentionDecodeGpu, OpsPagedMatchesCpuAndReplays) { ops_paged_case(128); }
 TEST_P(AttentionDecodeGpu, OpsPagedHeadDim96MatchesCpuAndReplays) { ops_paged_case(96); }
-TEST_P(AttentionDecodeGpu, OpsPagedFallbackHeadDimMatchesCpuAndReplays) { ops_paged_case(80); }
+TEST_P(AttentionDecodeGpu, OpsPagedHeadDim80MatchesCpuAndReplays) { ops_paged_case(80); }
+TEST_P(AttentionDecodeGpu, OpsPagedFallbackHeadDimMatchesCpuAndReplays) { ops_paged_case(72); }
 // The indices and the older keys read before the wait for the previous kernel (the memset and
 // copies before each call are not kernels that write them): same results.
 TEST_P(AttentionDecodeGpu, OpsPagedEarlyReadsMatchesCpuAndReplays) { ops_paged_case(128, true); }

@@ -1,6 +1,6 @@
 // The fallback attention kernel (cuda::attention_generic) against a float64 reference written
-// here from AttentionArgs' contract: head dims the tensor-core kernels are not built for (16, 80,
-// 96) and one they are (128), bf16 and fp16, GQA, single sequences at a position, varlen batches
+// here from AttentionArgs' contract: head dims the tensor-core kernels are not built for (16, 72)
+// and ones they are (96, 128), bf16 and fp16, GQA, single sequences at a position, varlen batches
 // with bottom-right causal masks, pages filled out of order, sliding window, softcap and LSE.
 // Inputs are fresh random values rounded to the element type before the reference sees them;
 // outputs and LSE are poisoned (NaN) before the launch; cache rows no query may see hold NaN.
@@ -232,7 +232,7 @@ TEST(AttentionGenericGpu, MatchesFloat64Reference) {
   const std::vector<Case> cases = {
       {.name = "D16 single sequence at a position", .D = 16, .seqs = {{17, 40}}, .varlen = false},
       {.name = "D96 prefill, 1000 keys", .D = 96, .Hq = 8, .Hkv = 2, .seqs = {{127, 1000}}},
-      {.name = "D80 fp16 GQA 8:1", .D = 80, .Hq = 8, .Hkv = 1, .fp16 = true, .seqs = {{33, 33}}},
+      {.name = "D72 fp16 GQA 8:1", .D = 72, .Hq = 8, .Hkv = 1, .fp16 = true, .seqs = {{33, 33}}},
       {.name = "D96 varlen mixed lengths", .D = 96, .seqs = {{1, 1}, {17, 17}, {5, 130}, {64, 64}}},
       {.name = "D16 paged out of order, decode", .D = 16, .seqs = {{1, 4099}, {3, 70}, {8, 8}},
        .page_size = 16},

@@ -3,7 +3,7 @@
 // before the launch; k and v rows past the batch's last key hold NaN, so a read past a
 // sequence's keys shows up. Cases cover lengths 1, 17, 127, 1000 and 4099, causal (bottom-right
 // when queries and keys differ in number, including sequences with more queries than keys,
-// whose first rows see nothing) and not, GQA and MQA, head dims 64/128/256, sliding windows,
+// whose first rows see nothing) and not, GQA and MQA, head dims 64/80/96/112/128/256, sliding windows,
 // softcap, mixed-length batches (empty sequences too), alone and combined.
 //
 // Tolerance as in attention_test.cpp, gpu_test::kAttentionOut: relative L2 error <= 1e-2 and
@@ -175,6 +175,11 @@ TEST_P(AttentionPrefillGpu, SingleSequencesMatchCpu) {
       {.seqs = {{4099, 4099}}, .Hq = 4, .Hkv = 4, .D = 96},
       {.seqs = {{127, 1000}}, .Hq = 6, .Hkv = 2, .D = 96, .window = 300, .softcap = 30.0f},
       {.seqs = {{1000, 1000}}, .Hq = 3, .Hkv = 1, .D = 96, .causal = false, .lse = false},
+      // Head dims 80 and 112: the second panel a quarter and seven eighths used.
+      {.seqs = {{1031, 1031}}, .Hq = 8, .Hkv = 2, .D = 80},
+      {.seqs = {{127, 1000}}, .Hq = 4, .Hkv = 4, .D = 80, .window = 300, .softcap = 30.0f},
+      {.seqs = {{1000, 1000}}, .Hq = 4, .Hkv = 1, .D = 112},
+      {.seqs = {{513, 2049}}, .Hq = 2, .Hkv = 2, .D = 112, .causal = false, .lse = false},
   };
   uint32_t seed = 1000;
   for (const VarlenCase& c : cases) {
@@ -215,6 +220,8 @@ TEST_P(AttentionPrefillGpu, Fp16MatchesCpu) {
       {.seqs = mixed, .Hq = 32, .Hkv = 8, .D = 128, .window = 200, .dtype = DType::F16},
       {.seqs = mixed, .Hq = 6, .Hkv = 2, .D = 256, .softcap = 30.0f, .dtype = DType::F16},
       {.seqs = mixed, .Hq = 4, .Hkv = 2, .D = 96, .dtype = DType::F16},
+      {.seqs = mixed, .Hq = 4, .Hkv = 4, .D = 112, .dtype = DType::F16},
+      {.seqs = mixed, .Hq = 8, .Hkv = 8, .D = 80, .window = 100},
       {.seqs = {{1000, 1000}, {17, 4099}},
        .Hq = 4,
        .Hkv = 1,
@@ -266,13 +273,13 @@ TEST_P(AttentionPrefillGpu, ArgumentErrors) {
 
   // A head dim the tensor-core kernels are not built for (the fallback kernel takes it in
   // ops::attention, not here).
-  const Tensor q80 = random_host({4, 4, 80}, DType::BF16, 1).to(Device::CUDA);
-  const Tensor k80 = random_host({8, 2, 80}, DType::BF16, 2).to(Device::CUDA);
-  Tensor out80 = poisoned_cuda({4, 4, 80}, DType::BF16);
-  const std::string d80 =
-      error_message([&] { ops::attention_varlen(out80, q80, k80, k80, cq, ck, {}); });
-  EXPECT_NE(d80.find("head dim 80"), std::string::npos) << d80;
-  EXPECT_NE(d80.find("64, 96, 128 or 256"), std::string::npos) << d80;
+  const Tensor q72 = random_host({4, 4, 72}, DType::BF16, 1).to(Device::CUDA);
+  const Tensor k72 = random_host({8, 2, 72}, DType::BF16, 2).to(Device::CUDA);
+  Tensor out72 = poisoned_cuda({4, 4, 72}, DType::BF16);
+  const std::string d72 =
+      error_message([&] { ops::attention_varlen(out72, q72, k72, k72, cq, ck, {}); });
+  EXPECT_NE(d72.find("head dim 72"), std::string::npos) << d72;
+  EXPECT_NE(d72.find("64, 80, 96, 112, 128 or 256"), std::string::npos) << d72;
 
   const std::string host_cu = error_message([&] {
     ops::attention_varlen(out, q, k, k, i32_host({0, 4}), ck, {});

@@ -17,7 +17,7 @@ import sys
 HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wgmma.cuh")
 
 SS_N = [64, 128]        # A and B from shared memory (descriptors): S = Q K^T, N = keys per tile
-RS_N = [64, 96, 128, 256]  # A from registers, B from shared memory: O += P V, N = head dim
+RS_N = [64, 80, 96, 112, 128, 256]  # A from registers, B from shared memory: O += P V, N = head dim
 TYPES = [("bf16", "Bf16"), ("f16", "F16")]
 
 

@@ -25,7 +25,7 @@ namespace llmk::cuda {
 namespace {
 
 // The head dims the tensor-core kernels are built for (launch.h instantiates each).
-using HeadDims = std::integer_sequence<int, 64, 96, 128, 256>;
+using HeadDims = std::integer_sequence<int, 64, 80, 96, 112, 128, 256>;
 
 // Calls fn(std::integral_constant<int, D>{}) for a supported head dim; throws for any other.
 template <class Fn, int... kDs>

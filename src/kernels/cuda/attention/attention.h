@@ -94,7 +94,7 @@ struct AttentionArgs {
 constexpr int kGenericMaxD = 256;
 void attention_generic(const AttentionArgs& a);
 
-// Head dims the kernels are built for, and their list for messages ("64, 96, 128 or 256").
+// Head dims the kernels are built for, and their list for messages ("64, 80, 96, 112, 128 or 256").
 bool attention_head_dim_supported(int D);
 const char* attention_head_dims();
 

@@ -763,7 +763,9 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   template int decode_blocks_per_sm<D>(bool); \
   template bool launch_decode<D>(const AttentionArgs&, const DecodePlan&);
 LLMK_INSTANTIATE_DECODE(64)
+LLMK_INSTANTIATE_DECODE(80)
 LLMK_INSTANTIATE_DECODE(96)
+LLMK_INSTANTIATE_DECODE(112)
 LLMK_INSTANTIATE_DECODE(128)
 LLMK_INSTANTIATE_DECODE(256)
 #undef LLMK_INSTANTIATE_DECODE

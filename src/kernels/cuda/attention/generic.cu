@@ -2,8 +2,8 @@
 // AttentionArgs (bf16/fp16, GQA, positions or varlen batches with bottom-right causal masks,
 // batched decode by positions, non-causal, paged KV, sliding window, softcap, LSE), and no
 // tensor cores. ops::attention runs it for the
-// shapes the prefill and decode kernels are not built for (head dims other than 64/128/256:
-// Phi-3's 96, the tiny test models' 16). Correct and simple rather than fast: one block of four
+// shapes the prefill and decode kernels are not built for (head dims other than
+// 64/80/96/112/128/256: the tiny test models' 16). Correct and simple rather than fast: one block of four
 // warps per (query row, head); each warp takes every fourth key, its lanes holding two elements
 // of D each per 64, with an online softmax; the warps' partial results merge in shared memory.
 #include <cuda_bf16.h>

@@ -1,5 +1,5 @@
 // The per-head-dim launchers behind attention.h, instantiated in prefill_d*.cu and decode.cu for
-// kD in {64, 96, 128, 256} (attention.cpp's HeadDims); attention.cpp checks the arguments and picks
+// kD in {64, 80, 96, 112, 128, 256} (attention.cpp's HeadDims); attention.cpp checks the arguments and picks
 // the instantiation. Internal to this folder.
 #pragma once
 
@@ -16,7 +16,11 @@ void launch_prefill(const AttentionArgs& a, bool wgmma);
 template <>
 void launch_prefill<64>(const AttentionArgs& a, bool wgmma);
 template <>
+void launch_prefill<80>(const AttentionArgs& a, bool wgmma);
+template <>
 void launch_prefill<96>(const AttentionArgs& a, bool wgmma);
+template <>
+void launch_prefill<112>(const AttentionArgs& a, bool wgmma);
 template <>
 void launch_prefill<128>(const AttentionArgs& a, bool wgmma);
 template <>

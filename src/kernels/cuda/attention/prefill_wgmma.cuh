@@ -32,8 +32,8 @@ struct WgmmaCfg {
   static constexpr int kStages = 2;
   static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kThreads = kWG * 128;
-  // Tiles are ceil(kD / 64) whole panels of 64 columns (head dim 96: the second panel's last 32
-  // columns are never written nor read).
+  // Tiles are ceil(kD / 64) whole panels of 64 columns (head dims 80, 96, 112: the second
+  // panel's columns past kD are never written nor read).
   static constexpr int kPanelCols = (kD + 63) / 64 * 64;
   static constexpr int kQBytes = kBM * kPanelCols * 2;
   static constexpr int kKVBytes = kBN * kPanelCols * 2;  // one K or V tile
@@ -41,7 +41,7 @@ struct WgmmaCfg {
   static constexpr size_t kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 1024;
   static_assert(kD % 16 == 0 && kBN % 16 == 0, "16-column k steps, 16-key steps");
   static_assert(kBN == 64 || kBN == 128, "S products are built for 64 or 128 keys per tile");
-  static_assert(kD == 64 || kD == 96 || kD == 128 || kD == 256,
+  static_assert(kD == 64 || kD == 80 || kD == 96 || kD == 112 || kD == 128 || kD == 256,
                 "O products are built for these head dims (wgmma.cuh)");
 };
 

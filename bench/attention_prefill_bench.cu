@@ -140,13 +140,20 @@ int main_impl(int argc, char** argv) {
   cuda::init();
   if (!std::strcmp(kernel, "mma-sync")) cuda::set_prefill_kernel(cuda::PrefillKernel::kMmaSync);
   std::vector<Shape> shapes = {
-      {16, 32, 32, 512, 64, false}, {16, 32, 32, 512, 64, true},  {4, 32, 32, 2048, 128, false},
-      {4, 32, 32, 2048, 128, true}, {2, 32, 32, 8192, 128, true}, {1, 32, 32, 16384, 128, true},
-      {2, 8, 8, 8192, 256, true},   {1, 32, 8, 4096, 128, true},
+      {16, 32, 32, 512, 64, false},
+      {16, 32, 32, 512, 64, true},
+      {4, 32, 32, 2048, 128, false},
+      {4, 32, 32, 2048, 128, true},
+      {2, 32, 32, 8192, 128, true},
+      {1, 32, 32, 16384, 128, true},
+      {2, 8, 8, 8192, 256, true},
+      {1, 32, 8, 4096, 128, true},
       // Phi-3-mini's heads (32, no GQA, head dim 96) at 4k and 8k tokens.
-      {2, 32, 32, 4096, 96, true},  {1, 32, 32, 8192, 96, true},
+      {2, 32, 32, 4096, 96, true},
+      {1, 32, 32, 8192, 96, true},
       // Head dims 80 and 112 (head dim 96's tilings) at 4k tokens.
-      {1, 32, 32, 4096, 80, true},  {1, 32, 32, 4096, 112, true},
+      {1, 32, 32, 4096, 80, true},
+      {1, 32, 32, 4096, 112, true},
   };
   if (only != nullptr) {
     Shape s{};

@@ -127,9 +127,11 @@ Command add_bench(CLI::App& cmd) {
         {"cuda_graph", device == Device::CUDA && !a->no_graph},
     };
     const ops::AttentionStats att = ops::attention_stats();
-    out["attention_calls"] = {
-        {"prefill", att.prefill}, {"decode", att.decode}, {"chunked", att.chunked},
-        {"fallback", att.fallback}, {"cpu", att.cpu}};
+    out["attention_calls"] = {{"prefill", att.prefill},
+                              {"decode", att.decode},
+                              {"chunked", att.chunked},
+                              {"fallback", att.fallback},
+                              {"cpu", att.cpu}};
     std::string where = fmt::format("cpu, {} threads", cpu_pool().num_threads());
 #ifdef LLMK_HAS_CUDA
     if (device == Device::CUDA) {

@@ -285,13 +285,18 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
     const LayerWeights& l = layers_[i];
     const bool local = c.is_local(static_cast<int64_t>(i));
     // h holds attn_norm(x) here.
-    l.qkv.apply(qkv, h);
-    if (c.qk_norm) {
-      ops::rms_norm(q, q, l.q_norm, c.rms_eps, one);
-      ops::rms_norm(k, k, l.k_norm, c.rms_eps, one);
+    const ops::RopeParams& rp = local ? rope_local : rope_global;
+    if (!c.qk_norm && l.qkv.ws.empty()) {  // one launch for a decode step on CUDA
+      ops::linear_rope_kv_append(qkv, h, l.qkv.w, l.qkv.b.defined() ? &l.qkv.b : nullptr, H,
+                                 positions, rp, k_cache_[i], v_cache_[i], cache_rows);
+    } else {
+      l.qkv.apply(qkv, h);
+      if (c.qk_norm) {
+        ops::rms_norm(q, q, l.q_norm, c.rms_eps, one);
+        ops::rms_norm(k, k, l.k_norm, c.rms_eps, one);
+      }
+      ops::rope_kv_append(qk, positions, rp, k_cache_[i], v_cache_[i], v, cache_rows);
     }
-    ops::rope_kv_append(qk, positions, local ? rope_local : rope_global, k_cache_[i], v_cache_[i],
-                        v, cache_rows);
     const ops::AttentionParams& ap = local ? attn_local : attn_global;
     if (gathers(t) && staged_.pos == 0) {
       // A prompt from position 0: its keys are exactly the projection's (rotated) K and V.

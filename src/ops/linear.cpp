@@ -1,5 +1,6 @@
 #include "kernels/cpu/matmul.h"
 #include "ops/check.h"
+#include "ops/linear_args.h"
 #include "ops/ops.h"
 
 #ifdef LLMK_HAS_CUDA
@@ -56,9 +57,19 @@ void require_rows_apart(std::string_view name, const Tensor& t) {
              t.str(), t.stride(0), t.dim(1));
 }
 
+cuda::Activation cuda_activation(Activation act) {
+  return act == Activation::SiLU ? cuda::Activation::SiLU : cuda::Activation::GeluTanh;
+}
+#endif
+
+}  // namespace
+
+#ifdef LLMK_HAS_CUDA
+namespace detail {
+
 // Checks the CUDA operands and returns the launcher's arguments.
-cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w,
-                                  const Tensor* bias, bool gated_out = false) {
+cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias,
+                                  bool gated_out) {
   LLMK_CHECK(!is_quantized(w.dtype()),
              "ops::linear: w is {} on the GPU, but the CUDA linear takes bf16 weights only; "
              "convert block-quantised weights to bf16 at load",
@@ -89,12 +100,8 @@ cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w,
   return a;
 }
 
-cuda::Activation cuda_activation(Activation act) {
-  return act == Activation::SiLU ? cuda::Activation::SiLU : cuda::Activation::GeluTanh;
-}
+}  // namespace detail
 #endif
-
-}  // namespace
 
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
   const bool cuda = bias ? on_cuda(kOp, {{"out", &out}, {"x", &x}, {"w", &w}, {"bias", bias}})
@@ -132,8 +139,8 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
   cpu::linear(a);
 }
 
-void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act,
-                  Tensor& scratch, const Tensor* bias) {
+void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act, Tensor& scratch,
+                  const Tensor* bias) {
   constexpr std::string_view op = "linear_gated";
   require_ndim(op, "w", w, 2);
   require_ndim(op, "out", out, 2);

@@ -135,6 +135,14 @@ void kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& 
 void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Tensor& k_cache,
                     Tensor& v_cache, const Tensor& v, const Tensor& cache_rows);
 
+// The Q|K|V projection with the above: qkv = linear(x, w, bias) ([T, (n_heads + 2 Hkv) D]: query
+// heads, key heads, value heads), then rope_kv_append on its heads with Hkv, D from k_cache. On
+// CUDA one token with every dim rotated takes one launch: the one-row linear kernel rotates and
+// appends in its epilogue, with the same roundings (its frequencies in device double precision).
+void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const Tensor* bias,
+                           int64_t n_heads, const Tensor& positions, const RopeParams& p,
+                           Tensor& k_cache, Tensor& v_cache, const Tensor& cache_rows);
+
 enum class Activation { SiLU, GeluTanh };
 // out, gate, up: [T, F] (out may alias either); out = act(gate) * up. CPU f32, CUDA bf16.
 void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act);

@@ -4,6 +4,7 @@
 
 #include "ops/check.h"
 #include "ops/kv_append.h"
+#include "ops/linear_args.h"
 #include "ops/ops.h"
 
 #ifdef LLMK_HAS_CUDA
@@ -107,6 +108,55 @@ void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Te
   a.append = &append;
   cuda::rope(a);
 #endif
+}
+
+void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const Tensor* bias,
+                           int64_t n_heads, const Tensor& positions, const RopeParams& p,
+                           Tensor& k_cache, Tensor& v_cache, const Tensor& cache_rows) {
+  constexpr std::string_view op = "linear_rope_kv_append";
+  require_ndim(op, "qkv", qkv, 2);
+  require_ndim(op, "k_cache", k_cache, 3);
+  const int64_t Hkv = k_cache.dim(1), D = k_cache.dim(2);
+  LLMK_CHECK(n_heads > 0 && qkv.dim(1) == (n_heads + 2 * Hkv) * D,
+             "ops::{}: qkv is {}, but {} query heads and k_cache {} make {} columns", op, qkv.str(),
+             n_heads, k_cache.str(), (n_heads + 2 * Hkv) * D);
+  Tensor qk = qkv.slice(1, 0, (n_heads + Hkv) * D).unflatten(1, {n_heads + Hkv, D});
+  const Tensor v =
+      qkv.slice(1, (n_heads + Hkv) * D, (n_heads + 2 * Hkv) * D).unflatten(1, {Hkv, D});
+#ifdef LLMK_HAS_CUDA
+  // One token on CUDA, every dim rotated: the one-row linear with the rotation and the append in
+  // its epilogue, where it takes the operands.
+  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1 &&
+      (p.rot_dim == 0 || p.rot_dim == D)) {
+    const bool cuda = check_rope(op, qk, positions, p);
+    const Tensor keys = qk.slice(1, n_heads, n_heads + Hkv);
+    check_kv_append(op, k_cache, v_cache, keys, v, cache_rows);
+    require_dtype(op, "v", v, DType::BF16);
+    require_disjoint(op, "qkv", qkv, "x", x);
+    const cuda::LinearArgs a = linear_cuda_args(qkv, x, w, bias);
+    const cuda::KvAppendArgs kv = cuda_kv_append_args(k_cache, v_cache, keys, v, cache_rows);
+    cuda::GemvRope r;
+    r.position = positions.data<const int32_t>();
+    r.cache_row = kv.positions;
+    r.k_cache = kv.k_cache;
+    r.v_cache = kv.v_cache;
+    r.kc_ld_l = kv.k_cache_ld_l;
+    r.kc_ld_h = kv.k_cache_ld_h;
+    r.vc_ld_l = kv.v_cache_ld_l;
+    r.vc_ld_h = kv.v_cache_ld_h;
+    r.L = kv.L;
+    r.D = static_cast<int>(D);
+    r.Hq = static_cast<int>(n_heads);
+    r.Hkv = static_cast<int>(Hkv);
+    r.half_split = p.layout == RopeLayout::HalfSplit;
+    r.theta = p.theta;
+    r.freq_scale = p.freq_scale;
+    r.freq_factors = p.freq_factors ? p.freq_factors->data<const float>() : nullptr;
+    if (cuda && cuda::linear_rope_row(a, r)) return;
+  }
+#endif
+  linear(qkv, x, w, bias);
+  rope_kv_append(qk, positions, p, k_cache, v_cache, v, cache_rows);
 }
 
 }  // namespace llmk::ops

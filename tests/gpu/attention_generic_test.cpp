@@ -83,7 +83,8 @@ void run_case(const Case& c) {
   int pages_per_seq = 0, n_rows = cu_k[B];
   std::vector<int32_t> page_table;
   if (c.page_size > 0) {
-    for (const auto& s : c.seqs) pages_per_seq = std::max(pages_per_seq, (s.second + c.page_size - 1) / c.page_size);
+    for (const auto& s : c.seqs)
+      pages_per_seq = std::max(pages_per_seq, (s.second + c.page_size - 1) / c.page_size);
     const int n_pages = B * pages_per_seq + 3;  // spare pages stay NaN
     std::vector<int32_t> order(n_pages);
     std::iota(order.begin(), order.end(), 0);
@@ -99,8 +100,8 @@ void run_case(const Case& c) {
   };
 
   const uint16_t nan_bits = 0xFFFF;  // NaN in bf16 and fp16
-  std::vector<uint16_t> q(static_cast<size_t>(T) * Hq * D), k(static_cast<size_t>(n_rows) * Hkv * D, nan_bits),
-      v(k.size(), nan_bits);
+  std::vector<uint16_t> q(static_cast<size_t>(T) * Hq * D),
+      k(static_cast<size_t>(n_rows) * Hkv * D, nan_bits), v(k.size(), nan_bits);
   for (auto& x : q) x = to_half_bits(dist(rng), c.fp16);
   // Only the rows each sequence owns hold numbers; the reference reads them through storage_row.
   for (int b = 0; b < B; ++b) {
@@ -130,7 +131,8 @@ void run_case(const Case& c) {
           const int64_t kr = storage_row(b, j);
           double dot = 0;
           for (int e = 0; e < D; ++e) {
-            dot += static_cast<double>(from_half_bits(q[(static_cast<size_t>(r) * Hq + h) * D + e], c.fp16)) *
+            dot += static_cast<double>(
+                       from_half_bits(q[(static_cast<size_t>(r) * Hq + h) * D + e], c.fp16)) *
                    from_half_bits(k[(kr * Hkv + hk) * D + e], c.fp16);
           }
           dot *= scale;
@@ -220,9 +222,10 @@ void run_case(const Case& c) {
     }
     EXPECT_LE(lse_err, 1e-3);
   }
-  for (void* p : {static_cast<void*>(d_q), static_cast<void*>(d_k), static_cast<void*>(d_v),
-                  static_cast<void*>(d_out), static_cast<void*>(d_lse), static_cast<void*>(d_cu_q),
-                  static_cast<void*>(d_cu_k), static_cast<void*>(d_pages), static_cast<void*>(d_pos)}) {
+  for (void* p :
+       {static_cast<void*>(d_q), static_cast<void*>(d_k), static_cast<void*>(d_v),
+        static_cast<void*>(d_out), static_cast<void*>(d_lse), static_cast<void*>(d_cu_q),
+        static_cast<void*>(d_cu_k), static_cast<void*>(d_pages), static_cast<void*>(d_pos)}) {
     if (p != nullptr) LLMK_CUDA_CHECK(cudaFree(p));
   }
 }
@@ -234,15 +237,30 @@ TEST(AttentionGenericGpu, MatchesFloat64Reference) {
       {.name = "D96 prefill, 1000 keys", .D = 96, .Hq = 8, .Hkv = 2, .seqs = {{127, 1000}}},
       {.name = "D72 fp16 GQA 8:1", .D = 72, .Hq = 8, .Hkv = 1, .fp16 = true, .seqs = {{33, 33}}},
       {.name = "D96 varlen mixed lengths", .D = 96, .seqs = {{1, 1}, {17, 17}, {5, 130}, {64, 64}}},
-      {.name = "D16 paged out of order, decode", .D = 16, .seqs = {{1, 4099}, {3, 70}, {8, 8}},
+      {.name = "D16 paged out of order, decode",
+       .D = 16,
+       .seqs = {{1, 4099}, {3, 70}, {8, 8}},
        .page_size = 16},
-      {.name = "D128 window + softcap + pages", .D = 128, .Hq = 4, .Hkv = 4, .seqs = {{40, 300}},
-       .page_size = 64, .window = 37, .softcap = 2.0f},
-      {.name = "D96 fp16 window, no LSE", .D = 96, .fp16 = true, .seqs = {{20, 50}, {2, 9}},
-       .window = 8, .lse = false},
+      {.name = "D128 window + softcap + pages",
+       .D = 128,
+       .Hq = 4,
+       .Hkv = 4,
+       .seqs = {{40, 300}},
+       .page_size = 64,
+       .window = 37,
+       .softcap = 2.0f},
+      {.name = "D96 fp16 window, no LSE",
+       .D = 96,
+       .fp16 = true,
+       .seqs = {{20, 50}, {2, 9}},
+       .window = 8,
+       .lse = false},
       {.name = "D96 varlen not causal", .D = 96, .seqs = {{7, 30}, {30, 7}}, .causal = false},
-      {.name = "D16 batched decode by positions, paged", .D = 16, .seqs = {{1, 33}, {4, 100}, {2, 2}},
-       .page_size = 8, .by_positions = true},
+      {.name = "D16 batched decode by positions, paged",
+       .D = 16,
+       .seqs = {{1, 33}, {4, 100}, {2, 2}},
+       .page_size = 8,
+       .by_positions = true},
   };
   for (const Case& c : cases) run_case(c);
 }

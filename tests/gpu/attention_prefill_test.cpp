@@ -3,8 +3,8 @@
 // before the launch; k and v rows past the batch's last key hold NaN, so a read past a
 // sequence's keys shows up. Cases cover lengths 1, 17, 127, 1000 and 4099, causal (bottom-right
 // when queries and keys differ in number, including sequences with more queries than keys,
-// whose first rows see nothing) and not, GQA and MQA, head dims 64/80/96/112/128/256, sliding windows,
-// softcap, mixed-length batches (empty sequences too), alone and combined.
+// whose first rows see nothing) and not, GQA and MQA, head dims 64/80/96/112/128/256, sliding
+// windows, softcap, mixed-length batches (empty sequences too), alone and combined.
 //
 // Tolerance as in attention_test.cpp, gpu_test::kAttentionOut: relative L2 error <= 1e-2 and
 // max |error| <= 1e-2 max |ref| on outputs (the kernel rounds the softmax weights to 16 bits for

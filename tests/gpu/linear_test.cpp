@@ -237,13 +237,16 @@ TEST_F(Linear, GatedProjectionMatchesTheCpu) {
     for (ops::Activation act : {ops::Activation::SiLU, ops::Activation::GeluTanh}) {
       for (int bias_kind : {0, 1, 2}) {  // none, bf16, f32
         for (bool gemv_on : {true, false}) {
-          const std::string what = fmt::format(
-              "linear_gated M={} F={} K={} {} bias {}{}", M, F, K,
-              act == ops::Activation::SiLU ? "silu" : "gelu",
-              bias_kind == 0 ? "none" : bias_kind == 1 ? "bf16" : "f32", gemv_on ? "" : " gemv off");
+          const std::string what = fmt::format("linear_gated M={} F={} K={} {} bias {}{}", M, F, K,
+                                               act == ops::Activation::SiLU ? "silu" : "gelu",
+                                               bias_kind == 0   ? "none"
+                                               : bias_kind == 1 ? "bf16"
+                                                                : "f32",
+                                               gemv_on ? "" : " gemv off");
           Rng rng(seed++);
           const Tensor x_host = random_bf16({M, K}, rng, 1.0f);
-          const Tensor w_host = random_bf16({2 * F, K}, rng, 3.0f / std::sqrt(static_cast<float>(K)));
+          const Tensor w_host =
+              random_bf16({2 * F, K}, rng, 3.0f / std::sqrt(static_cast<float>(K)));
           const Tensor b_host =
               bias_kind == 2 ? random_f32({2 * F}, rng, 0.5f) : random_bf16({2 * F}, rng, 0.5f);
           const Tensor x = x_host.to(Device::CUDA), w = w_host.to(Device::CUDA);

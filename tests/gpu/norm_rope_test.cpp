@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 
+#include "kernels/cuda/gemm/linear.h"
 #include "ops_gpu_util.h"
 
 namespace llmk::gpu_test {
@@ -226,9 +227,9 @@ TEST_F(CudaOpRope, FusedKvAppendMatchesCpu) {
   for (const RopeCase& c : kRopeCases) {
     const int rot = c.rot_dim == 0 ? static_cast<int>(c.D) : c.rot_dim;
     const int64_t Hkv = std::max<int64_t>(1, c.H / 3), cache_len = c.T + 7, u = c.unaligned ? 1 : 0;
-    const std::string what = "rope_kv_append T=" + std::to_string(c.T) + " H=" +
-                             std::to_string(c.H) + " Hkv=" + std::to_string(Hkv) + " D=" +
-                             std::to_string(c.D) + " rot=" + std::to_string(rot) +
+    const std::string what = "rope_kv_append T=" + std::to_string(c.T) +
+                             " H=" + std::to_string(c.H) + " Hkv=" + std::to_string(Hkv) +
+                             " D=" + std::to_string(c.D) + " rot=" + std::to_string(rot) +
                              (c.layout == L::HalfSplit ? " half-split" : " adjacent") +
                              (c.unaligned ? " unaligned" : "");
     // qk: heads [0, H) of [T, H + Hkv, D + u] (columns u..), v: heads [H, H + Hkv).
@@ -302,6 +303,86 @@ TEST_F(CudaOpRope, FusedKvAppendSkipsRowsOutsideTheCache) {
   EXPECT_EQ(compare(buf.to(Device::CPU), ref.to(Device::CPU)).max_abs, 0.0);
   EXPECT_EQ(compare(kc.to(Device::CPU), cache_host).max_abs, 0.0);
   EXPECT_EQ(compare(vc.to(Device::CPU), cache_host).max_abs, 0.0);
+}
+
+// linear_rope_kv_append: one token's Q|K|V projection with RoPE and the KV append in the one-row
+// linear's epilogue, against the CPU's linear (its output rounded to bf16, as the GPU's is),
+// rope_kv_append; model shapes (Phi-3, Qwen2 with a bias, SmolLM2's adjacent pairs from GGUF,
+// llama3 factors with a position scale, Gemma's head dim) at a small and a large position. The
+// cache rows must hold the GPU's own rotated keys and values bit for bit; other rows untouched.
+TEST_F(CudaOpRope, LinearRopeKvAppendMatchesCpu) {
+  struct Case {
+    int64_t Hq, Hkv, D, K;
+    L layout;
+    bool bias, factors;
+    float freq_scale;
+  };
+  const Case cases[] = {{32, 32, 96, 3072, L::HalfSplit, false, false, 1.0f},
+                        {14, 2, 64, 896, L::HalfSplit, true, false, 1.0f},
+                        {9, 3, 64, 576, L::Adjacent, false, false, 1.0f},
+                        {8, 8, 128, 520, L::HalfSplit, false, true, 0.5f},
+                        {4, 1, 256, 640, L::Adjacent, true, false, 1.0f}};
+  uint32_t seed = 1200;
+  for (const Case& c : cases) {
+    for (int32_t position : {5, 131000}) {
+      const int64_t N = (c.Hq + 2 * c.Hkv) * c.D, cache_len = 9, row = 6;
+      const std::string what = "linear_rope_kv_append Hq=" + std::to_string(c.Hq) +
+                               " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) +
+                               " pos=" + std::to_string(position);
+      const Tensor x_host = random_host({1, c.K}, DType::BF16, seed++, -1, 1);
+      const float ws = 2.0f / std::sqrt(static_cast<float>(c.K));
+      const Tensor w_host = random_host({N, c.K}, DType::BF16, seed++, -ws, ws);
+      const Tensor b_host = random_host({N}, DType::BF16, seed++, -0.5f, 0.5f);
+      const Tensor ff_host = random_host({c.D / 2}, DType::F32, seed++, 1, 8);
+      const Tensor cache_host = random_host({2, cache_len, c.Hkv, c.D}, DType::BF16, seed++);
+      const Tensor x = x_host.to(Device::CUDA), w = w_host.to(Device::CUDA);
+      const Tensor b = b_host.to(Device::CUDA), ff = ff_host.to(Device::CUDA);
+      Tensor cache = cache_host.to(Device::CUDA);
+      Tensor kc = cache.select(0, 0), vc = cache.select(0, 1);
+      Tensor qkv = poisoned_cuda({1, N}, DType::BF16);
+      ops::RopeParams p;
+      p.theta = 10000.0f;
+      p.layout = c.layout;
+      p.freq_scale = c.freq_scale;
+      p.freq_factors = c.factors ? &ff : nullptr;
+      const uint64_t before = cuda::linear_stats().gemv;
+      ops::linear_rope_kv_append(qkv, x, w, c.bias ? &b : nullptr, c.Hq,
+                                 i32_host({position}).to(Device::CUDA), p, kc, vc,
+                                 i32_host({static_cast<int32_t>(row)}).to(Device::CUDA));
+      EXPECT_EQ(cuda::linear_stats().gemv, before + 1) << what << ": not the one-row kernel";
+
+      Tensor lin = Tensor::empty({1, N}, DType::F32);
+      const Tensor b32 = to_f32(b_host);
+      ops::linear(lin, to_f32(x_host), to_f32(w_host), c.bias ? &b32 : nullptr);
+      Tensor lin16 = Tensor::empty({1, N}, DType::BF16);
+      ops::copy(lin16, lin);
+      Tensor qkv_ref = to_f32(lin16);
+      Tensor kc_ref = to_f32(cache_host.select(0, 0)), vc_ref = to_f32(cache_host.select(0, 1));
+      ops::RopeParams pc = p;
+      pc.freq_factors = c.factors ? &ff_host : nullptr;
+      Tensor qk_ref = qkv_ref.slice(1, 0, (c.Hq + c.Hkv) * c.D).unflatten(1, {c.Hq + c.Hkv, c.D});
+      ops::rope_kv_append(qk_ref, i32_host({position}), pc, kc_ref, vc_ref,
+                          qkv_ref.slice(1, (c.Hq + c.Hkv) * c.D, N).unflatten(1, {c.Hkv, c.D}),
+                          i32_host({static_cast<int32_t>(row)}));
+      const Tensor got = qkv.to(Device::CPU), cache_got = cache.to(Device::CPU);
+      expect_close(got, qkv_ref, kBf16Out, what);
+      expect_close(cache_got.select(0, 0), kc_ref, kBf16Out, what + " (k cache)");
+      const Tensor kv_got = got.slice(1, c.Hq * c.D, N).contiguous().view({2, c.Hkv, c.D});
+      for (int kind = 0; kind < 2; ++kind) {
+        EXPECT_EQ(compare(cache_got.select(0, kind).select(0, row), kv_got.select(0, kind)).max_abs,
+                  0.0)
+            << what << ": cache row " << (kind ? "v" : "k");
+        for (int64_t r = 0; r < cache_len; ++r) {
+          if (r == row) continue;
+          EXPECT_EQ(compare(cache_got.select(0, kind).select(0, r),
+                            cache_host.select(0, kind).select(0, r))
+                        .max_abs,
+                    0.0)
+              << what << ": row " << r << " written";
+        }
+      }
+    }
+  }
 }
 
 // Unit vectors (1, 0) rotate to (cos, sin) of the angle: at positions near 2^17 the output must

@@ -111,6 +111,33 @@ TEST(OpsRopeKvAppend, IsRopeThenAppend) {
                {"ops::rope_kv_append", "positions[1] = 9", "9 rows"});
 }
 
+// linear_rope_kv_append on the CPU is linear, then rope_kv_append on the projection's heads.
+TEST(OpsLinearRopeKvAppend, IsLinearThenRopeKvAppend) {
+  const int64_t Hq = 3, Hkv = 1, D = 4, K = 6, L = 5;
+  const Tensor x = random_tensor({2, K}, 12), w = random_tensor({(Hq + 2 * Hkv) * D, K}, 13);
+  const Tensor kc0 = random_tensor({L, Hkv, D}, 14), vc0 = random_tensor({L, Hkv, D}, 15);
+  const Tensor pos = i32_tensor({7, 8}), rows = i32_tensor({4, 1});
+  const ops::RopeParams p;
+  Tensor qkv = Tensor::empty({2, (Hq + 2 * Hkv) * D}, DType::F32);
+  Tensor kc = kc0.contiguous(), vc = vc0.contiguous();
+  ops::linear_rope_kv_append(qkv, x, w, nullptr, Hq, pos, p, kc, vc, rows);
+  Tensor ref = Tensor::empty({2, (Hq + 2 * Hkv) * D}, DType::F32);
+  Tensor kc_ref = kc0.contiguous(), vc_ref = vc0.contiguous();
+  ops::linear(ref, x, w);
+  Tensor qk = ref.slice(1, 0, (Hq + Hkv) * D).unflatten(1, {Hq + Hkv, D});
+  ops::rope_kv_append(qk, pos, p, kc_ref, vc_ref,
+                      ref.slice(1, (Hq + Hkv) * D, (Hq + 2 * Hkv) * D).unflatten(1, {Hkv, D}),
+                      rows);
+  for (const auto& [got, want] : {std::pair{&qkv, &ref}, {&kc, &kc_ref}, {&vc, &vc_ref}}) {
+    for (int64_t i = 0; i < got->numel(); ++i) {
+      ASSERT_EQ(got->data<float>()[i], want->data<float>()[i]) << i;
+    }
+  }
+  expect_error(
+      [&] { ops::linear_rope_kv_append(qkv, x, w, nullptr, Hq + 1, pos, p, kc, vc, rows); },
+      {"ops::linear_rope_kv_append", "4 query heads", "24 columns"});
+}
+
 TEST(OpsLinearGated, IsLinearThenGatedAct) {
   const int64_t M = 2, F = 3, K = 5;
   const Tensor x = random_tensor({M, K}, 8), w = random_tensor({2 * F, K}, 9);

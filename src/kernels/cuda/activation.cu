@@ -1,6 +1,6 @@
 // Gated activations: an element-wise map over rows (kernels/cuda/map_rows.cuh).
-#include "kernels/cuda/activation.h"
 #include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/map_rows.cuh"
 
 namespace llmk::cuda {

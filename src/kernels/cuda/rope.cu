@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rope.h"
 
 namespace llmk::cuda {
@@ -39,7 +40,7 @@ struct RopeKernelArgs {
   const int32_t* rows;
   int64_t rows_stride, L, k_head0, Hkv;
   int D;
-  int rope_groups;  // blockIdx.y below this: RoPE (and keys); at or above: values
+  int rope_groups;             // blockIdx.y below this: RoPE (and keys); at or above: values
   double base[kMaxRopePairs];  // theta^(-2i/rot_dim), before factors and scale
 };
 
@@ -90,14 +91,7 @@ __global__ void rope_kernel(const __grid_constant__ RopeKernelArgs a) {
   }
   const double pos = a.positions[t * a.pos_stride];
   for (int i = threadIdx.x; i < a.half; i += blockDim.x) {
-    double f = a.base[i];
-    if (a.freq_factors) f /= static_cast<double>(a.freq_factors[i]);
-    const double angle = pos * (f * a.freq_scale);
-    constexpr double kTwoPi = 6.283185307179586476925286766559;
-    const double reduced = angle - rint(angle * (1.0 / kTwoPi)) * kTwoPi;
-    float s, c;
-    sincosf(static_cast<float>(reduced), &s, &c);
-    cs[i] = make_float2(c, s);
+    cs[i] = rope_cos_sin(a.base[i], a.freq_factors, i, a.freq_scale, pos);
   }
   __syncthreads();
   const int64_t h0 = static_cast<int64_t>(blockIdx.y) * a.heads_per_block;
@@ -108,8 +102,8 @@ __global__ void rope_kernel(const __grid_constant__ RopeKernelArgs a) {
     const int i0 = static_cast<int>(item % chunks) * kPairs;
     bf16* v = a.x + t * a.ld_t + h * a.ld_h;
     // The key's cache row, where this head is a key and the token has a row.
-    bf16* kc = row >= 0 && h >= a.k_head0 ? a.kc + row * a.kc_ld_l + (h - a.k_head0) * a.kc_ld_h
-                                          : nullptr;
+    bf16* kc =
+        row >= 0 && h >= a.k_head0 ? a.kc + row * a.kc_ld_l + (h - a.k_head0) * a.kc_ld_h : nullptr;
     if constexpr (kHalfSplit) {
       float lo[kPairs], hi[kPairs];
       load_bf16<kPairs>(v + i0, lo);
@@ -160,9 +154,10 @@ void launch(RopeKernelArgs& k, int64_t T) {
   const int threads = block_threads_for(k.heads_per_block * chunks, 256);
   // Value blocks: about one element chunk per thread (the chunk as wide as a rotated group).
   const int64_t value_groups = k.kc ? ceil_div(k.Hkv * (k.D / kValueVec<kPairs>), threads) : 0;
-  launch_dependent(rope_kernel<kHalfSplit, kPairs>,
-                   dim3(static_cast<unsigned>(T), static_cast<unsigned>(k.rope_groups + value_groups)),
-                   dim3(threads), 0, k);
+  launch_dependent(
+      rope_kernel<kHalfSplit, kPairs>,
+      dim3(static_cast<unsigned>(T), static_cast<unsigned>(k.rope_groups + value_groups)),
+      dim3(threads), 0, k);
 }
 
 }  // namespace
@@ -199,8 +194,13 @@ void rope(const RopeArgs& a) {
     k.Hkv = ap->H;
     k.k_head0 = a.H - ap->H;
     // The values are copied in chunks as wide as the rotation's: every head must split evenly.
-    const int64_t lds[] = {ap->k_cache_ld_l, ap->k_cache_ld_h, ap->v_cache_ld_l, ap->v_cache_ld_h,
-                           ap->v_ld_t, ap->v_ld_h, a.D};
+    const int64_t lds[] = {ap->k_cache_ld_l,
+                           ap->k_cache_ld_h,
+                           ap->v_cache_ld_l,
+                           ap->v_cache_ld_h,
+                           ap->v_ld_t,
+                           ap->v_ld_h,
+                           a.D};
     rows_aligned = rows_aligned && is_aligned(ap->k_cache, 16) && is_aligned(ap->v_cache, 16) &&
                    is_aligned(ap->v, 16);
     for (int64_t ld : lds) rows_aligned = rows_aligned && ld % 8 == 0;

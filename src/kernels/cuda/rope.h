@@ -28,8 +28,9 @@ struct RopeArgs {
 // per-pair frequencies travel in the kernel's parameters.
 inline constexpr int kMaxRopePairs = 256;
 
-// As cpu::rope (then cuda::kv_append when a.append is set): the angle pos * inv_freq[i] is formed in double and reduced to [-pi, pi] before
-// a float sincos, so positions far beyond 2^17 keep full float accuracy.
+// As cpu::rope (then cuda::kv_append when a.append is set): the angle pos * inv_freq[i] is formed
+// in double and reduced to [-pi, pi] before a float sincos, so positions far beyond 2^17 keep full
+// float accuracy.
 void rope(const RopeArgs& a);
 
 }  // namespace llmk::cuda

@@ -122,8 +122,9 @@ int attention_decode_split(const AttentionArgs& a);
 // device has SMs and the head dim is a multiple of 64, else cp.async (measured on the H100: with
 // one block or fewer per SM the cp.async build is faster, B1 L4096 10.7 against 11.4 us; with
 // two, TMA is, B1 L32768 49.3 against 51.4 us, B32 L4096 179 against 189; at head dim 96, whose
-// second 64-dim panel is half zero fill, cp.async is, B1 L32768 2,624 against 2,259 GB/s). kTma: TMA wherever it can run; kCpAsync: cp.async
-// everywhere. Process-wide; for the tests and benchmarks that compare the two.
+// second 64-dim panel is half zero fill, cp.async is, B1 L32768 2,624 against 2,259 GB/s). kTma:
+// TMA wherever it can run; kCpAsync: cp.async everywhere. Process-wide; for the tests and
+// benchmarks that compare the two.
 enum class DecodeLoader { kAuto, kTma, kCpAsync };
 void set_decode_loader(DecodeLoader l);
 DecodeLoader decode_loader();

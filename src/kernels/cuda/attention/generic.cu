@@ -3,9 +3,10 @@
 // batched decode by positions, non-causal, paged KV, sliding window, softcap, LSE), and no
 // tensor cores. ops::attention runs it for the
 // shapes the prefill and decode kernels are not built for (head dims other than
-// 64/80/96/112/128/256: the tiny test models' 16). Correct and simple rather than fast: one block of four
-// warps per (query row, head); each warp takes every fourth key, its lanes holding two elements
-// of D each per 64, with an online softmax; the warps' partial results merge in shared memory.
+// 64/80/96/112/128/256: the tiny test models' 16). Correct and simple rather than fast: one block
+// of four warps per (query row, head); each warp takes every fourth key, its lanes holding two
+// elements of D each per 64, with an online softmax; the warps' partial results merge in shared
+// memory.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -62,7 +63,10 @@ __device__ RowInfo row_info(const AttentionArgs& a, int r) {
   int lo = 0, hi = a.B - 1;  // the last b with cu_q[b] <= r
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (a.cu_q[mid] <= r) lo = mid; else hi = mid - 1;
+    if (a.cu_q[mid] <= r)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int b = lo;
   info.seq = b;
@@ -78,15 +82,14 @@ __device__ RowInfo row_info(const AttentionArgs& a, int r) {
   return info;
 }
 
-__device__ __forceinline__ int64_t key_row(const AttentionArgs& a, const RowInfo& info,
-                                           int64_t j) {
+__device__ __forceinline__ int64_t key_row(const AttentionArgs& a, const RowInfo& info, int64_t j) {
   if (a.page_table == nullptr) return info.k_row0 + j;
   const int page = a.page_table[static_cast<int64_t>(info.seq) * a.pages_per_seq + j / a.page_size];
   return static_cast<int64_t>(page) * a.page_size + j % a.page_size;
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kWarps * kWarp) generic_kernel(const AttentionArgs a) {
+__global__ void __launch_bounds__(kWarps* kWarp) generic_kernel(const AttentionArgs a) {
   using P = Pair<T>;
   const int r = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;

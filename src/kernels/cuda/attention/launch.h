@@ -1,6 +1,6 @@
 // The per-head-dim launchers behind attention.h, instantiated in prefill_d*.cu and decode.cu for
-// kD in {64, 80, 96, 112, 128, 256} (attention.cpp's HeadDims); attention.cpp checks the arguments and picks
-// the instantiation. Internal to this folder.
+// kD in {64, 80, 96, 112, 128, 256} (attention.cpp's HeadDims); attention.cpp checks the arguments
+// and picks the instantiation. Internal to this folder.
 #pragma once
 
 #include <cstddef>

@@ -19,6 +19,7 @@
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm/gemv.h"
+#include "kernels/cuda/rope.cuh"
 
 namespace llmk::cuda {
 
@@ -50,26 +51,43 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc)
   return acc;
 }
 
-// The plain output (Act = void) or the gated one (Act = SiluMul or GeluTanhMul).
+// The RoPE epilogue's marker (GemvRope).
+struct RopeQkv {};
+
+// The plain output (Act = void), the gated one (Act = SiluMul or GeluTanhMul) or the RoPE
+// epilogue (Act = RopeQkv).
 template <typename TOut, typename TBias, class Act>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(TOut* __restrict__ out, const uint16_t* __restrict__ x,
                 const uint16_t* __restrict__ w, int64_t ldw, const TBias* __restrict__ bias, int N,
-                int chunks) {
-  constexpr bool kGated = !std::is_void_v<Act>;
-  static_assert(!kGated || kRows == 2, "a gated warp owns one gate row and one up row");
+                int chunks, const GemvRope rope) {
+  constexpr bool kRope = std::is_same_v<Act, RopeQkv>;
+  constexpr bool kGated = !std::is_void_v<Act> && !kRope;
+  static_assert(kRows == 2, "a gated warp owns a gate row and its up row; a RoPE warp a pair");
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int unit = blockIdx.x * kWarps + warp;  // the warp's output (gated) or row pair
-  const int row0 = kGated ? unit : unit * kRows;
-  if (row0 >= (kGated ? N / 2 : N)) {
+  int row0 = kGated ? unit : unit * kRows;
+  int rows[kRows];
+  int head = 0, pair = 0;  // kRope: the warp's head and rotated pair in it
+  if constexpr (kRope) {   // rows (i, i + D/2) of head h (half-split) or (2i, 2i + 1) (adjacent)
+    const int half = rope.D / 2;
+    head = unit / half;
+    pair = unit % half;
+    row0 = head * rope.D + (rope.half_split ? pair : 2 * pair);
+  }
+  if ((kGated || kRope) ? unit >= N / 2 : row0 >= N) {
     grid_dependency_wait();
     return;
   }
-  int rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    // a missing last row re-reads row N - 1, unused
-    rows[r] = kGated ? row0 + r * (N / 2) : min(row0 + r, N - 1);
+    if constexpr (kGated) {
+      rows[r] = row0 + r * (N / 2);
+    } else if constexpr (kRope) {
+      rows[r] = row0 + r * (rope.half_split ? rope.D / 2 : 1);
+    } else {
+      rows[r] = min(row0 + r, N - 1);  // a missing last row re-reads row N - 1, unused
+    }
   }
   const uint4* wr[kRows];
 #pragma unroll
@@ -121,6 +139,36 @@ __global__ void __launch_bounds__(kThreads)
         v[r] = to_float(from_float<TOut>(acc[r] + (bias ? to_float(bias[rows[r]]) : 0.0f)));
       }
       out[row0] = from_float<TOut>(Act{}(v[0], v[1]));
+    } else if constexpr (kRope) {
+      // The products rounded to bf16 as the linear's output would be; then the rotation (query
+      // and key heads), rounded again, as cuda::rope does; then the key or value cache row.
+      float v[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        v[r] = to_float(from_float<TOut>(acc[r] + (bias ? to_float(bias[rows[r]]) : 0.0f)));
+      }
+      if (head < rope.Hq + rope.Hkv) {
+        // The frequency's base in device double precision (cuda::rope takes it from the host).
+        const float2 cs = rope_cos_sin(pow(rope.theta, -2.0 * pair / rope.D), rope.freq_factors,
+                                       pair, rope.freq_scale, static_cast<double>(*rope.position));
+        const float x0 = v[0], x1 = v[1];
+        v[0] = x0 * cs.x - x1 * cs.y;
+        v[1] = x0 * cs.y + x1 * cs.x;
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) out[rows[r]] = from_float<TOut>(v[r]);
+      if (head >= rope.Hq) {
+        const int64_t crow = *rope.cache_row;
+        if (crow >= 0 && crow < rope.L) {
+          const bool is_v = head >= rope.Hq + rope.Hkv;
+          const int kvh = head - rope.Hq - (is_v ? rope.Hkv : 0);
+          TOut* dst = static_cast<TOut*>(is_v ? rope.v_cache : rope.k_cache) +
+                      crow * (is_v ? rope.vc_ld_l : rope.kc_ld_l) +
+                      kvh * (is_v ? rope.vc_ld_h : rope.kc_ld_h) - head * rope.D;
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) dst[rows[r]] = from_float<TOut>(v[r]);
+        }
+      }
     } else {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -136,13 +184,17 @@ void launch(const GemvArgs& a) {
   launch_dependent(gemv_kernel<TOut, TBias, Act>, dim3(gemv_blocks(a)), dim3(kThreads), 0,
                    static_cast<TOut*>(a.out), static_cast<const uint16_t*>(a.x),
                    static_cast<const uint16_t*>(a.w), a.ldw, static_cast<const TBias*>(a.bias),
-                   static_cast<int>(a.N), static_cast<int>(a.K / 8));
+                   static_cast<int>(a.N), static_cast<int>(a.K / 8), a.rope ? *a.rope : GemvRope{});
   check_launch("cuda::gemv");
 }
 
 template <typename TOut, typename TBias>
 void launch_act(const GemvArgs& a) {
   if constexpr (std::is_same_v<TOut, __nv_bfloat16>) {
+    if (a.rope) {
+      launch<TOut, TBias, RopeQkv>(a);
+      return;
+    }
     if (a.gated) {
       if (a.act == Activation::SiLU) {
         launch<TOut, TBias, SiluMul>(a);
@@ -172,7 +224,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 unsigned gemv_blocks(const GemvArgs& a) {
-  const int64_t units = a.gated ? a.N / 2 : ceil_div(a.N, int64_t{kRows});  // warps' work
+  const int64_t units = a.gated || a.rope ? a.N / 2 : ceil_div(a.N, int64_t{kRows});  // warps' work
   return static_cast<unsigned>(ceil_div(units, int64_t{kWarps}));
 }
 
@@ -180,7 +232,9 @@ bool gemv_applies(const GemvArgs& a) {
   const bool bf16_out = a.out_dtype == DType::BF16;
   return a.K > 0 && a.K % 8 == 0 && a.ldw % 8 == 0 && a.N > 0 && a.N < (int64_t{1} << 31) &&
          a.K / 8 < (int64_t{1} << 31) && aligned16(a.x) && aligned16(a.w) &&
-         (!a.gated || (a.N % 2 == 0 && bf16_out));
+         (!a.gated || (a.N % 2 == 0 && bf16_out)) &&
+         (!a.rope || (bf16_out && !a.gated && a.rope->D > 0 && a.rope->D % 2 == 0 &&
+                      a.N == int64_t{a.rope->Hq + 2 * a.rope->Hkv} * a.rope->D));
 }
 
 bool gemv(const GemvArgs& a) {

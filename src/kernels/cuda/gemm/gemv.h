@@ -14,6 +14,22 @@
 
 namespace llmk::cuda {
 
+// RoPE and the KV append in the epilogue of a Q|K|V projection's one-row linear (one token):
+// the rows are Hq query heads, then Hkv key heads, then Hkv value heads of D each, rotated as
+// cuda::rope rotates (rot_dim = D) and written to out; the key and value heads also go to their
+// cache row (as cuda::kv_append: skipped when the row is outside [0, L)).
+struct GemvRope {
+  const int32_t* position = nullptr;   // the token's position (device memory)
+  const int32_t* cache_row = nullptr;  // its KV cache row (device memory)
+  void* k_cache = nullptr;             // [L, Hkv, D] bf16, strides (ld_l, ld_h, 1)
+  void* v_cache = nullptr;
+  int64_t kc_ld_l = 0, kc_ld_h = 0, vc_ld_l = 0, vc_ld_h = 0, L = 0;
+  int D = 0, Hq = 0, Hkv = 0;
+  bool half_split = true;
+  double theta = 1e4, freq_scale = 1.0;
+  const float* freq_factors = nullptr;  // optional [D/2] (device memory)
+};
+
 struct GemvArgs {
   void* out = nullptr;  // [N] out_dtype (BF16 or F32)
   DType out_dtype = DType::BF16;
@@ -28,13 +44,16 @@ struct GemvArgs {
   // exactly as the linear's bf16 output fed to gated_act would be. out_dtype must be BF16.
   bool gated = false;
   Activation act = Activation::SiLU;
+  // RoPE epilogue (bf16 out, N = (Hq + 2 Hkv) D): not with a gated output.
+  const GemvRope* rope = nullptr;
 };
 
 // Blocks of the launch.
 unsigned gemv_blocks(const GemvArgs& a);
 
 // Whether gemv() takes these operands: K and ldw multiples of 8 (16-byte chunks), x and w
-// 16-byte aligned, N below 2^31; a gated output: N even, bf16 out.
+// 16-byte aligned, N below 2^31; a gated output: N even, bf16 out; a RoPE epilogue: bf16 out, D
+// even, N = (Hq + 2 Hkv) D.
 bool gemv_applies(const GemvArgs& a);
 // Enqueues the product on cuda::current_stream(). Returns false (nothing enqueued) where
 // gemv_applies() is false or for dtypes it lacks; nvcc compiles this file and cannot parse fmt,

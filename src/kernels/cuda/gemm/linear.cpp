@@ -283,7 +283,7 @@ void check_args(const LinearArgs& a) {
 }
 
 // The one-row kernel (gemv.h) for a, where M = 1, the kernel is on and takes the operands.
-bool run_one_row(const LinearArgs& a, bool gated, Activation act) {
+bool run_one_row(const LinearArgs& a, bool gated, Activation act, const GemvRope* rope = nullptr) {
   if (a.M != 1 || !g_gemv.load(std::memory_order_relaxed)) return false;
   const GemvArgs g{.out = a.out,
                    .out_dtype = a.out_dtype,
@@ -295,7 +295,8 @@ bool run_one_row(const LinearArgs& a, bool gated, Activation act) {
                    .N = a.N,
                    .K = a.K,
                    .gated = gated,
-                   .act = act};
+                   .act = act,
+                   .rope = rope};
   if (!gemv_applies(g)) return false;
   LLMK_CHECK(gemv(g), "cuda::linear: no one-row kernel for {}", describe(a));
   ++counters().calls;
@@ -335,6 +336,10 @@ void linear(const LinearArgs& args) {
 
 bool linear_gated_row(const LinearArgs& a, Activation act) {
   return a.K > 0 && run_one_row(a, true, act);
+}
+
+bool linear_rope_row(const LinearArgs& a, const GemvRope& rope) {
+  return a.K > 0 && run_one_row(a, false, Activation::SiLU, &rope);
 }
 
 void set_linear_gemv(bool on) { g_gemv.store(on, std::memory_order_relaxed); }

@@ -29,6 +29,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cuda/activation.h"
+#include "kernels/cuda/gemm/gemv.h"
 
 namespace llmk::cuda {
 
@@ -58,6 +59,11 @@ void linear(const LinearArgs& a);
 // Returns false, with nothing enqueued, where that kernel does not take the operands (M > 1, an
 // f32 out, the kernel switched off, layouts): the caller then runs linear and gated_act.
 bool linear_gated_row(const LinearArgs& a, Activation act);
+
+// A Q|K|V projection for one token with RoPE and the KV append in its epilogue (gemv.h's
+// GemvRope): one launch instead of the linear and ops::rope_kv_append. False, with nothing
+// enqueued, where the one-row kernel does not take the operands.
+bool linear_rope_row(const LinearArgs& a, const GemvRope& rope);
 
 // Counters since process start, for tests and benchmarks.
 struct LinearStats {

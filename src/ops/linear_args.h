@@ -1,0 +1,18 @@
+// ops::linear's CUDA argument checks, shared with the ops that fuse work into the one-row linear
+// (ops::linear_rope_kv_append). Internal to src/ops.
+#pragma once
+
+#include "core/tensor.h"
+
+#ifdef LLMK_HAS_CUDA
+#include "kernels/cuda/gemm/linear.h"
+
+namespace llmk::ops::detail {
+
+// Checks out = x @ w^T (+ bias) on CUDA as ops::linear does (errors name ops::linear) and returns
+// the launcher's arguments. gated_out: out holds half of w's rows (act(gate) * up).
+cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias,
+                                  bool gated_out = false);
+
+}  // namespace llmk::ops::detail
+#endif

@@ -8,7 +8,10 @@
 //
 // Gated output: warp w of block b owns output j = 4 b + w, its two rows the gate row j and the up
 // row F + j, so the epilogue applies the activation and writes one value.
-
+//
+// RoPE epilogue (a Q|K|V projection): warp u owns pair i = u % (D/2) of head u / (D/2), the rows
+// RoPE rotates together ((i, i + D/2), or (2i, 2i + 1) for adjacent pairs), so the epilogue
+// rotates them (value heads: as they are) and writes key and value heads to the cache row too.
 //
 // Programmatic dependent launch (sm_90): the grid may start while the previous kernel finishes.
 // Weights do not depend on it, so each warp issues its first group of weight loads, then waits

@@ -36,7 +36,7 @@ void Projection::load(WeightLoader& loader, const std::vector<std::string>& weig
 
 void Projection::apply(Tensor& out, const Tensor& x) const {
   if (ws.empty()) {
-    ops::linear(out, x, w, b.defined() ? &b : nullptr);
+    ops::linear(out, x, w, bias());
     return;
   }
   int64_t at = 0;
@@ -50,7 +50,7 @@ void Projection::apply(Tensor& out, const Tensor& x) const {
 void Projection::apply_gated(Tensor& out, const Tensor& x, ops::Activation act,
                              Tensor& scratch) const {
   if (ws.empty()) {
-    ops::linear_gated(out, x, w, act, scratch, b.defined() ? &b : nullptr);
+    ops::linear_gated(out, x, w, act, scratch, bias());
     return;
   }
   apply(scratch, x);

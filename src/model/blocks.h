@@ -24,6 +24,8 @@ struct Projection {
   // absent is allowed: no bias).
   void load(WeightLoader& loader, const std::vector<std::string>& weight_names,
             const std::vector<Shape>& shapes, const std::vector<std::string>& bias_names = {});
+  // The stacked bias, or null (none, or parts kept separate).
+  const Tensor* bias() const { return b.defined() ? &b : nullptr; }
   // out: [T, rows] (row stride free); x: [T, cols].
   void apply(Tensor& out, const Tensor& x) const;
   // A gate|up projection's gated activation: out [T, rows / 2] = act(gate) * up, through

@@ -287,8 +287,8 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
     // h holds attn_norm(x) here.
     const ops::RopeParams& rp = local ? rope_local : rope_global;
     if (!c.qk_norm && l.qkv.ws.empty()) {  // one launch for a decode step on CUDA
-      ops::linear_rope_kv_append(qkv, h, l.qkv.w, l.qkv.b.defined() ? &l.qkv.b : nullptr, H,
-                                 positions, rp, k_cache_[i], v_cache_[i], cache_rows);
+      ops::linear_rope_kv_append(qkv, h, l.qkv.w, l.qkv.bias(), H, positions, rp, k_cache_[i],
+                                 v_cache_[i], cache_rows);
     } else {
       l.qkv.apply(qkv, h);
       if (c.qk_norm) {

@@ -1,6 +1,7 @@
 #include "kernels/cpu/activation.h"
 
 #include "ops/check.h"
+#include "ops/linear_args.h"
 #include "ops/ops.h"
 
 #ifdef LLMK_HAS_CUDA
@@ -28,9 +29,8 @@ void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act
   const int64_t F = gate.dim(-1);
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
-    const auto kind = act == Activation::SiLU ? cuda::Activation::SiLU : cuda::Activation::GeluTanh;
     for_each_row_run_raw<3>({&out, &gate, &up}, [&](auto p, int64_t rows, auto ld) {
-      cuda::gated_act(p[0], ld[0], p[1], ld[1], p[2], ld[2], rows, F, kind);
+      cuda::gated_act(p[0], ld[0], p[1], ld[1], p[2], ld[2], rows, F, cuda_activation(act));
     });
 #endif
     return;

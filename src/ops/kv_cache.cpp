@@ -61,6 +61,16 @@ bool check_kv_append(std::string_view op, const Tensor& k_cache, const Tensor& v
   return cuda;
 }
 
+void cpu_kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
+                   const Tensor& positions) {
+  const int64_t T = k.dim(0), H = k_cache.dim(1), D = k_cache.dim(2);
+  const auto* pos = positions.data<const int32_t>();
+  cpu::kv_append(k_cache.data<float>(), k_cache.stride(0), k_cache.stride(1), k.data<const float>(),
+                 k.stride(0), k.stride(1), pos, positions.stride(0), T, H, D);
+  cpu::kv_append(v_cache.data<float>(), v_cache.stride(0), v_cache.stride(1), v.data<const float>(),
+                 v.stride(0), v.stride(1), pos, positions.stride(0), T, H, D);
+}
+
 #ifdef LLMK_HAS_CUDA
 // Positions stay on the device: rows outside the cache are skipped there (the caller's error,
 // unchecked so that a captured step replays at any position).
@@ -95,19 +105,14 @@ cuda::KvAppendArgs cuda_kv_append_args(Tensor& k_cache, Tensor& v_cache, const T
 void kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
                const Tensor& positions) {
   const bool cuda = check_kv_append("kv_append", k_cache, v_cache, k, v, positions);
-  const int64_t T = k.dim(0), H = k_cache.dim(1), D = k_cache.dim(2);
-  if (T == 0) return;
+  if (k.dim(0) == 0) return;
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
     cuda::kv_append(cuda_kv_append_args(k_cache, v_cache, k, v, positions));
 #endif
     return;
   }
-  const auto* pos = positions.data<const int32_t>();
-  cpu::kv_append(k_cache.data<float>(), k_cache.stride(0), k_cache.stride(1), k.data<const float>(),
-                 k.stride(0), k.stride(1), pos, positions.stride(0), T, H, D);
-  cpu::kv_append(v_cache.data<float>(), v_cache.stride(0), v_cache.stride(1), v.data<const float>(),
-                 v.stride(0), v.stride(1), pos, positions.stride(0), T, H, D);
+  cpu_kv_append(k_cache, v_cache, k, v, positions);
 }
 
 }  // namespace llmk::ops

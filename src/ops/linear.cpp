@@ -56,10 +56,6 @@ void require_rows_apart(std::string_view name, const Tensor& t) {
              "ops::linear: {} ({}) has row stride {}, less than its {} columns: rows overlap", name,
              t.str(), t.stride(0), t.dim(1));
 }
-
-cuda::Activation cuda_activation(Activation act) {
-  return act == Activation::SiLU ? cuda::Activation::SiLU : cuda::Activation::GeluTanh;
-}
 #endif
 
 }  // namespace

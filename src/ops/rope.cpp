@@ -96,9 +96,9 @@ void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Te
              qk.str());
   const Tensor k = qk.slice(1, H - Hkv, H);
   check_kv_append(op, k_cache, v_cache, k, v, cache_rows);
-  if (!cuda) {
-    rope(qk, positions, p);
-    kv_append(k_cache, v_cache, k, v, cache_rows);
+  if (!cuda) {  // the operands are checked: the CPU kernels themselves
+    cpu::rope(rope_args<cpu::RopeArgs, float>(qk, positions, p));
+    cpu_kv_append(k_cache, v_cache, k, v, cache_rows);
     return;
   }
 #ifdef LLMK_HAS_CUDA

@@ -169,6 +169,17 @@ const RopeCase kRopeCases[] = {
     {3, 2, 256, 0, L::Adjacent, 1.0f, false, false},  // Gemma-sized head
 };
 
+// The case's RoPE parameters, its frequency factors (when it has them) from ff.
+ops::RopeParams rope_params(const RopeCase& c, const Tensor& ff) {
+  ops::RopeParams p;
+  p.rot_dim = c.rot_dim;
+  p.theta = 500000.0f;
+  p.layout = c.layout;
+  p.freq_scale = c.freq_scale;
+  p.freq_factors = c.factors ? &ff : nullptr;
+  return p;
+}
+
 TEST_F(CudaOpRope, MatchesCpu) {
   uint32_t seed = 500;
   for (const RopeCase& c : kRopeCases) {
@@ -192,16 +203,10 @@ TEST_F(CudaOpRope, MatchesCpu) {
     Tensor buf_dev = buf_host.to(Device::CUDA);
     Tensor x = buf_dev.slice(1, 0, c.H).slice(2, u, u + c.D);
     const Tensor pos = pos_host.to(Device::CUDA), ff = ff_host.to(Device::CUDA);
-    ops::RopeParams p;
-    p.rot_dim = c.rot_dim;
-    p.theta = 500000.0f;
-    p.layout = c.layout;
-    p.freq_scale = c.freq_scale;
-    p.freq_factors = c.factors ? &ff : nullptr;
+    const ops::RopeParams p = rope_params(c, ff);
     ops::rope(x, pos, p);
     Tensor ref = to_f32(x_host);
-    ops::RopeParams pc = p;
-    pc.freq_factors = c.factors ? &ff_host : nullptr;
+    const ops::RopeParams pc = rope_params(c, ff_host);
     ops::rope(ref, pos_host, pc);
     const Tensor got = buf_dev.to(Device::CPU);
     expect_close(got.slice(1, 0, c.H).slice(2, u, u + c.D), ref, kBf16Out, what);
@@ -250,19 +255,13 @@ TEST_F(CudaOpRope, FusedKvAppendMatchesCpu) {
     Tensor vc = cache.select(0, 1).slice(2, u, u + c.D);
     const Tensor pos = i32_host(positions).to(Device::CUDA), ff = ff_host.to(Device::CUDA);
     const Tensor row_dev = i32_host(rows).to(Device::CUDA);
-    ops::RopeParams p;
-    p.rot_dim = c.rot_dim;
-    p.theta = 500000.0f;
-    p.layout = c.layout;
-    p.freq_scale = c.freq_scale;
-    p.freq_factors = c.factors ? &ff : nullptr;
+    const ops::RopeParams p = rope_params(c, ff);
     ops::rope_kv_append(qk, pos, p, kc, vc, v, row_dev);
 
     Tensor qk_ref = to_f32(buf_host.slice(1, 0, c.H).slice(2, u, u + c.D));
     Tensor kc_ref = to_f32(cache_host.select(0, 0).slice(2, u, u + c.D));
     Tensor vc_ref = to_f32(cache_host.select(0, 1).slice(2, u, u + c.D));
-    ops::RopeParams pc = p;
-    pc.freq_factors = c.factors ? &ff_host : nullptr;
+    const ops::RopeParams pc = rope_params(c, ff_host);
     ops::rope_kv_append(qk_ref, i32_host(positions), pc, kc_ref, vc_ref,
                         to_f32(buf_host.slice(1, c.H, c.H + Hkv).slice(2, u, u + c.D)),
                         i32_host(rows));

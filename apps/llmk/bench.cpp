@@ -126,6 +126,8 @@ Command add_bench(CLI::App& cmd) {
          step_ms.empty() ? nlohmann::json() : nlohmann::json(a->batch * 1000 / s_med)},
         {"cuda_graph", device == Device::CUDA && !a->no_graph},
     };
+    // The captured step's launch setting the decoder timed faster (engine/generator.cpp).
+    if (const auto first = model->release_first(a->batch)) out["release_first"] = *first;
     const ops::AttentionStats att = ops::attention_stats();
     out["attention_calls"] = {{"prefill", att.prefill},
                               {"decode", att.decode},

@@ -11,6 +11,7 @@
 
 #ifdef LLMK_HAS_CUDA
 #include "core/cuda/graph.h"
+#include "core/cuda/stream.h"
 #endif
 
 namespace llmk {
@@ -35,6 +36,56 @@ struct Decoder::GraphState {
   Tensor logits;  // the captured step's output (fixed address)
 };
 
+#ifdef LLMK_HAS_CUDA
+namespace {
+// Captures a decode step of `batch` sequences into `graph` (fn enqueues it). The first time for
+// a model and batch size, twice: with its kernels releasing the next one after their wait and
+// before it (cuda::release_dependents_first); both are replayed in turn and the faster kept.
+// Which wins depends on the model (on an H100, Phi-3-mini and Qwen2.5-0.5B shapes decode faster
+// released first, Llama-3-8B slower: docs/perf.md). A replay recomputes the same step, rewriting
+// its KV rows with equal values.
+void capture_step(Model& model, int64_t batch, cuda::Graph& graph,
+                  const std::function<void()>& fn) {
+  if (const std::optional<bool> known = model.release_first(batch)) {
+    cuda::ReleaseFirstGuard guard(*known);
+    graph.capture(fn);
+    return;
+  }
+  cuda::Graph first;
+  {
+    cuda::ReleaseFirstGuard guard(false);
+    graph.capture(fn);
+  }
+  {
+    cuda::ReleaseFirstGuard guard(true);
+    first.capture(fn);
+  }
+  auto time = [](cuda::Graph& g) {
+    const auto t0 = Clock::now();
+    g.replay();
+    cuda::synchronize();
+    return seconds_since(t0);
+  };
+  constexpr int kWarmup = 2, kRounds = 7;
+  std::vector<double> after, before;
+  for (int i = 0; i < kWarmup + kRounds; ++i) {
+    const double a = time(graph), b = time(first);
+    if (i >= kWarmup) {
+      after.push_back(a);
+      before.push_back(b);
+    }
+  }
+  auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  const bool release_first = median(before) < median(after);
+  if (release_first) graph.swap(first);
+  model.set_release_first(batch, release_first);
+}
+}  // namespace
+#endif
+
 Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph)
     : model_(model),
       sampler_(sampler),
@@ -53,11 +104,11 @@ Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph)
 
 Decoder::~Decoder() = default;
 
-int32_t Decoder::choose(const Tensor& logits) {
+int32_t Decoder::choose(const Tensor& logits, bool argmax_done) {
   last_logits_ = logits;
   int32_t id;
   if (greedy_on_device_) {
-    ops::argmax(argmax_dev_, logits);
+    if (!argmax_done) ops::argmax(argmax_dev_, logits);
     ops::transfer(argmax_host_, argmax_dev_);
     id = argmax_host_.data<int32_t>()[0];
   } else if (logits.device() == Device::CPU) {
@@ -93,15 +144,20 @@ std::vector<int32_t> Decoder::step_batch(const std::vector<int32_t>& tokens,
       batch_graph_ = std::make_unique<GraphState>();
       batch_graph_size_ = b;
       model_.compute(b, true);  // sizes activations and settles one-time setup, as in step()
-      batch_graph_->graph.capture([&] { batch_graph_->logits = model_.compute(b, true); });
+      capture_step(model_, b, batch_graph_->graph, [&] {
+        batch_graph_->logits = model_.compute(b, true);
+        ops::argmax(batch_ids_dev_, batch_graph_->logits);
+      });
     }
     batch_graph_->graph.replay();
     logits = batch_graph_->logits;
   }
 #endif
-  if (!logits.defined()) logits = model_.compute(b, true);
+  if (!logits.defined()) {
+    logits = model_.compute(b, true);
+    ops::argmax(batch_ids_dev_, logits);
+  }
   last_logits_ = logits;
-  ops::argmax(batch_ids_dev_, logits);
   ops::transfer(batch_ids_host_, batch_ids_dev_);
   const int32_t* ids = batch_ids_host_.data<int32_t>();
   return std::vector<int32_t>(ids, ids + b);
@@ -116,10 +172,13 @@ int32_t Decoder::step(int32_t token, int64_t pos) {
     // setup (cuBLASLt algorithms), so that the captured step allocates nothing. Capturing then
     // records the same work; replaying it rewrites this position's KV rows with equal values.
     model_.compute(1, false);
-    graph_->graph.capture([&] { graph_->logits = model_.compute(1, false); });
+    capture_step(model_, 1, graph_->graph, [&] {
+      graph_->logits = model_.compute(1, false);
+      if (greedy_on_device_) ops::argmax(argmax_dev_, graph_->logits);  // one launch fewer a step
+    });
   }
   graph_->graph.replay();
-  return choose(graph_->logits);
+  return choose(graph_->logits, /*argmax_done=*/greedy_on_device_);
 #else
   return choose(model_.forward({&token, 1}, pos, false));
 #endif

@@ -70,7 +70,9 @@ class Decoder {
   const Tensor& last_logits() const { return last_logits_; }
 
  private:
-  int32_t choose(const Tensor& logits);
+  // The next token from the logits (greedy on the device: argmax_dev_, which argmax_done says
+  // the captured step already wrote).
+  int32_t choose(const Tensor& logits, bool argmax_done = false);
 
   Model& model_;
   Sampler sampler_;

@@ -48,9 +48,7 @@ class DecoderModel final : public Model {
     load_weights(loader);
     allocate_cache();
     const int64_t cap = std::max(this->context(), sequences());
-    ids_ = Tensor::empty({cap}, DType::I32, opts.device);
-    positions_ = Tensor::empty({cap}, DType::I32, opts.device);
-    cache_rows_ = Tensor::empty({cap}, DType::I32, opts.device);
+    allocate_staging(cap);
   }
 
  protected:
@@ -249,8 +247,8 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   reserve(t, all_logits);
   const int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
   const int64_t qd = H * D, kvd = Hkv * D;
-  const Tensor ids = ids_.slice(0, 0, t), positions = positions_.slice(0, 0, t);
-  const Tensor cache_rows = cache_rows_.slice(0, 0, t);
+  const Tensor ids = staged_ids(), positions = staged_positions();
+  const Tensor cache_rows = staged_rows();
   Tensor x = s_.x.slice(0, 0, t), h = s_.h.slice(0, 0, t), o = s_.o.slice(0, 0, t);
   // Views into the Q|K|V output: [T, heads, D] with the row stride of the whole projection.
   Tensor qkv = s_.qkv.slice(0, 0, t);

@@ -11,18 +11,28 @@
 
 namespace llmk {
 
-void Model::upload(std::span<const int32_t> tokens) {
+void Model::allocate_staging(int64_t tokens) {
+  staging_ = Tensor::empty({3 * part_stride(tokens)}, DType::I32, device_);
+}
+
+template <class PosOf, class SeqOf>
+void Model::upload(std::span<const int32_t> tokens, PosOf position_of, SeqOf seq_of) {
   const auto t = static_cast<int64_t>(tokens.size());
   for (int32_t id : tokens) {
     LLMK_CHECK(id >= 0 && id < config_.vocab_size,
                "forward: token id {} is outside the vocabulary of {}", id, config_.vocab_size);
   }
   reserve(t, false);
-  Tensor ids = ids_.slice(0, 0, t), positions = positions_.slice(0, 0, t);
-  Tensor rows = cache_rows_.slice(0, 0, t);
-  ops::transfer(ids, Tensor::borrow(const_cast<int32_t*>(tokens.data()), {t}, DType::I32));
-  ops::transfer(positions, Tensor::borrow(host_positions_.data(), {t}, DType::I32));
-  ops::transfer(rows, Tensor::borrow(host_rows_.data(), {t}, DType::I32));
+  const int64_t stride = part_stride(t), n = 2 * stride + t;
+  host_staging_.assign(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t pos = position_of(i);
+    host_staging_[static_cast<size_t>(i)] = tokens[static_cast<size_t>(i)];
+    host_staging_[static_cast<size_t>(stride + i)] = static_cast<int32_t>(pos);
+    host_staging_[static_cast<size_t>(2 * stride + i)] = cache_row(seq_of(i), pos);
+  }
+  Tensor dst = staging_.slice(0, 0, n);
+  ops::transfer(dst, Tensor::borrow(host_staging_.data(), {n}, DType::I32));
 }
 
 void Model::stage(std::span<const int32_t> tokens, int64_t pos, int64_t seq) {
@@ -32,13 +42,8 @@ void Model::stage(std::span<const int32_t> tokens, int64_t pos, int64_t seq) {
   LLMK_CHECK(pos >= 0 && pos + t <= context_,
              "forward: {} tokens at position {} do not fit the context of {} tokens", t, pos,
              context_);
-  host_positions_.resize(static_cast<size_t>(t));
-  host_rows_.resize(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) {
-    host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(pos + i);
-    host_rows_[static_cast<size_t>(i)] = cache_row(seq, pos + i);
-  }
-  upload(tokens);
+  upload(
+      tokens, [&](int64_t i) { return pos + i; }, [&](int64_t) { return seq; });
   staged_ = {.tokens = t, .seq = seq, .one_per_sequence = false, .pos = pos};
   on_staged();
 }
@@ -48,18 +53,15 @@ void Model::stage_step(std::span<const int32_t> tokens, std::span<const int64_t>
   LLMK_CHECK(b > 0 && b <= sequences_ && pos.size() == tokens.size(),
              "forward: {} tokens and {} positions for a step of at most {} sequences", b,
              pos.size(), sequences_);
-  host_positions_.resize(static_cast<size_t>(b));
-  host_rows_.resize(static_cast<size_t>(b));
   for (int64_t i = 0; i < b; ++i) {
     const int64_t p = pos[static_cast<size_t>(i)];
     LLMK_CHECK(p >= 0 && p < context_,
                "forward: position {} of sequence {} is outside the "
                "context of {} tokens",
                p, i, context_);
-    host_positions_[static_cast<size_t>(i)] = static_cast<int32_t>(p);
-    host_rows_[static_cast<size_t>(i)] = cache_row(i, p);
   }
-  upload(tokens);
+  upload(
+      tokens, [&](int64_t i) { return pos[static_cast<size_t>(i)]; }, [](int64_t i) { return i; });
   staged_ = {.tokens = b, .seq = 0, .one_per_sequence = true};
   on_staged();
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -65,6 +66,14 @@ class Model {
   virtual Tensor compute(int64_t t, bool all_logits) = 0;
   // Makes sure activations for `t` tokens exist (compute() allocates nothing after this).
   virtual void reserve(int64_t t, bool all_logits) = 0;
+  // Whether a captured decode step of `batch` sequences ran faster with its kernels releasing the
+  // next one first (cuda::release_dependents_first), once the decoder has timed both
+  // (engine/generator.cpp); nullopt before.
+  std::optional<bool> release_first(int64_t batch) const {
+    const auto it = release_first_.find(batch);
+    return it == release_first_.end() ? std::nullopt : std::optional<bool>(it->second);
+  }
+  void set_release_first(int64_t batch, bool first) { release_first_[batch] = first; }
 
  protected:
   Model(std::string path, ModelConfig config, int64_t context, int64_t sequences, Device device)
@@ -73,9 +82,15 @@ class Model {
         context_(context),
         sequences_(sequences),
         device_(device) {}
-  // Device buffers compute() reads for the staged tokens: ids, positions within their
-  // sequences, and the rows of the KV cache (sequence * context + position) they write.
-  Tensor ids_, positions_, cache_rows_;
+  // What compute() reads for the staged tokens, on the model's device: their ids, positions
+  // within their sequences, and the rows of the KV cache (sequence * context + position) they
+  // write. One buffer for all three (each part starts at a multiple of 16 entries), so that a
+  // step uploads them with one copy.
+  Tensor staged_ids() const { return staging_.slice(0, 0, staged_.tokens); }
+  Tensor staged_positions() const { return staged_part(1); }
+  Tensor staged_rows() const { return staged_part(2); }
+  // Sizes the staging buffer for up to `tokens` tokens a call.
+  void allocate_staging(int64_t tokens);
   // What is staged: `tokens` of sequence `seq`, or (one_per_sequence) one token of each of the
   // first `tokens` sequences.
   struct Staged {
@@ -102,8 +117,18 @@ class Model {
   int64_t context_;
   int64_t sequences_;
   Device device_;
-  std::vector<int32_t> host_positions_, host_rows_;
-  void upload(std::span<const int32_t> tokens);
+  Tensor staging_;
+  std::vector<int32_t> host_staging_;
+  static int64_t part_stride(int64_t t) { return (t + 15) / 16 * 16; }
+  Tensor staged_part(int i) const {
+    const int64_t t = staged_.tokens, at = i * part_stride(t);
+    return staging_.slice(0, at, at + t);
+  }
+  // Fills the staging buffer's parts for `tokens` (positions and rows: position_of(i),
+  // cache_row(seq_of(i), position_of(i))) and uploads it.
+  template <class PosOf, class SeqOf>
+  void upload(std::span<const int32_t> tokens, PosOf position_of, SeqOf seq_of);
+  std::map<int64_t, bool> release_first_;
 };
 
 }  // namespace llmk

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "core/cuda/device.h"
@@ -94,6 +95,39 @@ TEST_P(FamilyGpu, CudaLogitsWithinBf16OfTransformers) {
   EXPECT_LE(median(errs), kErrRatio * median(hf_err));
   EXPECT_GE(agree / total, hf_agree / total - kTop1Slack);
   EXPECT_GT(worst, 0.0);  // bf16 really ran
+}
+
+// The decoder captures a step with kernels releasing the next one first or after their wait
+// (cuda::release_dependents_first) and keeps the faster; either must give the same logits, bit for
+// bit (only when kernels start changes).
+TEST_P(FamilyGpu, ReleaseFirstStepsGiveTheSameLogits) {
+  cuda::init();
+  const auto ref = test::FamilyReference::load(GetParam());
+  const auto n = static_cast<int64_t>(ref.ids.size());
+  const int64_t vocab = ref.vocab, prefill = 20;
+  std::vector<Tensor> runs;
+  for (const bool first : {false, true}) {
+    auto gpu = Model::load(test::family_dir(GetParam()), {.context = 64, .device = Device::CUDA});
+    gpu->set_release_first(1, first);  // the decoder takes it as timed, without timing
+    gpu->forward({ref.ids.data(), static_cast<size_t>(prefill)}, 0, false);
+    SamplerConfig greedy;
+    greedy.temperature = 0;
+    Decoder dec(*gpu, greedy, /*cuda_graph=*/true);
+    Tensor logits = Tensor::empty({n - prefill, vocab}, DType::F32);
+    for (int64_t p = prefill; p < n; ++p) {
+      dec.step(ref.ids[static_cast<size_t>(p)], p);
+      Tensor row = logits.slice(0, p - prefill, p - prefill + 1);
+      ops::transfer(row, dec.last_logits());
+    }
+    EXPECT_EQ(gpu->release_first(1), std::optional<bool>(first));
+    runs.push_back(logits);
+  }
+  const float* a = runs[0].data<const float>();
+  const float* b = runs[1].data<const float>();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < runs[0].numel(); ++i) differ += a[i] != b[i];
+  EXPECT_EQ(differ, 0) << "of " << runs[0].numel() << " logits";
+  EXPECT_TRUE(std::isfinite(a[0]) && a[0] != 0.0f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGpu, ::testing::ValuesIn(test::family_names()),

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <utility>
 
 namespace llmk::cuda {
 
@@ -19,6 +20,10 @@ class Graph {
   void replay();
   bool ready() const { return exec_ != nullptr; }
   void reset();
+  void swap(Graph& other) noexcept {
+    std::swap(graph_, other.graph_);
+    std::swap(exec_, other.exec_);
+  }
 
  private:
   cudaGraph_t graph_ = nullptr;

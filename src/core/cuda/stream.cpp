@@ -6,6 +6,7 @@ namespace llmk::cuda {
 
 namespace {
 thread_local cudaStream_t t_stream = nullptr;  // nullptr: default_stream()
+thread_local bool t_release_first = false;
 }  // namespace
 
 cudaStream_t default_stream() {
@@ -26,6 +27,14 @@ void set_current_stream(cudaStream_t stream) { t_stream = stream; }
 StreamGuard::StreamGuard(cudaStream_t stream) : previous_(t_stream) { t_stream = stream; }
 
 StreamGuard::~StreamGuard() { t_stream = previous_; }
+
+bool release_dependents_first() { return t_release_first; }
+
+ReleaseFirstGuard::ReleaseFirstGuard(bool first) : previous_(t_release_first) {
+  t_release_first = first;
+}
+
+ReleaseFirstGuard::~ReleaseFirstGuard() { t_release_first = previous_; }
 
 void synchronize() { LLMK_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
 

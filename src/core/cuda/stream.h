@@ -32,6 +32,28 @@ class StreamGuard {
   cudaStream_t previous_;
 };
 
+// When a kernel launched with programmatic dependent launch (kernels/cuda/common.cuh) lets the
+// next kernel in the stream start: once its own wait for the kernel before it returns (false,
+// the default), or first, before that wait (true), so that the next kernel's independent work
+// (a linear's first weight loads) starts a kernel earlier. Which is faster depends on the chain
+// of kernels (measured on an H100, decode steps: Phi-3-mini and Qwen2.5-0.5B faster released
+// first, Llama-3-8B slower), so the decoder times both (engine/generator.cpp). Per thread, like
+// the stream, and read when a kernel is launched: a captured graph keeps the setting it was
+// captured with. Only the kernels of a decode step between linears take it (the one-row linear,
+// the RMS norms); the others wait first.
+bool release_dependents_first();
+// Sets release_dependents_first() for the calling thread for a scope, and restores it.
+class ReleaseFirstGuard {
+ public:
+  explicit ReleaseFirstGuard(bool first);
+  ~ReleaseFirstGuard();
+  ReleaseFirstGuard(const ReleaseFirstGuard&) = delete;
+  ReleaseFirstGuard& operator=(const ReleaseFirstGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Waits for all work queued on current_stream().
 void synchronize();
 

@@ -30,16 +30,20 @@ __host__ __device__ constexpr int pow2_ceil(int n) {
 // the kernel before it in the stream is still running; it must call grid_dependency_wait() before
 // it reads anything that kernel writes, or writes anything it reads (at its start, unless it has
 // independent work to issue first, such as weights). grid_dependency_wait() returns once the
-// previous kernel has finished and its writes are visible, and then releases the next kernel's
-// blocks at once (griddepcontrol.launch_dependents), so that the next kernel's independent work
-// (a linear's first weight loads) overlaps this one's; the next kernel in turn waits for all of
-// this one. So at most two kernels of a chain run at a time. Both are no-ops without the launch
-// attribute, and compiled out for older architectures. In a decode step of a few small kernels
-// per layer between the linears this keeps HBM busy across kernel boundaries.
-__device__ __forceinline__ void grid_dependency_wait() {
+// previous kernel has finished and its writes are visible. It releases the next kernel's blocks
+// (griddepcontrol.launch_dependents) then, or with release_first before it waits, so that the
+// next kernel's independent work (a linear's first weight loads) overlaps this one's; the next
+// kernel in turn waits for all of this one. Released after the wait, at most two kernels of a
+// chain run at a time; released first, a chain of short kernels can have several linears' first
+// loads in flight at once (cuda::release_dependents_first says when that is faster). Both are
+// no-ops without the launch attribute, and compiled out for older architectures. In a decode
+// step of a few small kernels per layer between the linears this keeps HBM busy across kernel
+// boundaries.
+__device__ __forceinline__ void grid_dependency_wait(bool release_first = false) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (release_first) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (!release_first) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 // Releases the next kernel's blocks now (they still wait for all of this grid before touching its

@@ -32,6 +32,7 @@ struct NormRows {
   // *_ld_inner. inner = 1: plain rows *_ld apart.
   int64_t inner = 1;
   int64_t x_ld_inner = 0, out_ld_inner = 0;
+  bool release_first = false;  // cuda::release_dependents_first() at launch
 };
 
 __device__ __forceinline__ int64_t row_offset(int64_t row, int64_t inner, int64_t ld,
@@ -45,7 +46,7 @@ __device__ __forceinline__ float weight(const NormRows& a, float w) {
 
 template <bool kAdd>
 __global__ void rms_norm_vec_kernel(NormRows a) {
-  grid_dependency_wait();
+  grid_dependency_wait(a.release_first);
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
   bf16* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
@@ -91,7 +92,7 @@ __global__ void rms_norm_vec_kernel(NormRows a) {
 // be updated in place (add) or aliased by out (rms_norm) without further barriers.
 template <bool kAdd>
 __global__ void rms_norm_scalar_kernel(NormRows a) {
-  grid_dependency_wait();
+  grid_dependency_wait(a.release_first);
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
   bf16* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
@@ -114,13 +115,13 @@ __global__ void rms_norm_scalar_kernel(NormRows a) {
 }
 
 template <bool kAdd>
-void launch(const NormRows& a, int64_t rows, const char* op) {
+void launch(NormRows a, int64_t rows, const char* op) {
   if (rows == 0) return;
+  a.release_first = release_dependents_first();
   const int64_t nvec = a.D / kVec;
   const bool vec = a.D % kVec == 0 && nvec <= int64_t{1024} * kMaxVecs && is_aligned(a.x, 16) &&
                    is_aligned(a.out, 16) && is_aligned(a.w, 16) && a.x_ld % kVec == 0 &&
-                   a.out_ld % kVec == 0 && a.x_ld_inner % kVec == 0 &&
-                   a.out_ld_inner % kVec == 0 &&
+                   a.out_ld % kVec == 0 && a.x_ld_inner % kVec == 0 && a.out_ld_inner % kVec == 0 &&
                    (!kAdd || (is_aligned(a.delta, 16) && a.delta_ld % kVec == 0));
   // One block per row, up to 2^31 - 1 rows.
   if (vec) {

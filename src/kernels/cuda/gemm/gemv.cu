@@ -15,7 +15,8 @@
 //
 // Programmatic dependent launch (sm_90): the grid may start while the previous kernel finishes.
 // Weights do not depend on it, so each warp issues its first group of weight loads, then waits
-// for the previous kernel (griddepcontrol.wait) before reading x or writing out.
+// for the previous kernel (griddepcontrol.wait) before reading x or writing out. The next kernel
+// is released at that wait, before or after it (cuda::release_dependents_first).
 #include <algorithm>
 #include <type_traits>
 
@@ -63,7 +64,7 @@ template <typename TOut, typename TBias, class Act>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(TOut* __restrict__ out, const uint16_t* __restrict__ x,
                 const uint16_t* __restrict__ w, int64_t ldw, const TBias* __restrict__ bias, int N,
-                int chunks, const GemvRope rope) {
+                int chunks, const GemvRope rope, bool release_first) {
   constexpr bool kRope = std::is_same_v<Act, RopeQkv>;
   constexpr bool kGated = !std::is_void_v<Act> && !kRope;
   static_assert(kRows == 2, "a gated warp owns a gate row and its up row; a RoPE warp a pair");
@@ -79,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
     row0 = head * rope.D + (rope.half_split ? pair : 2 * pair);
   }
   if ((kGated || kRope) ? unit >= N / 2 : row0 >= N) {
-    grid_dependency_wait();
+    grid_dependency_wait(release_first);
     return;
   }
 #pragma unroll
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) wc[g][r] = c < chunks ? load_stream(wr[r] + c) : zero;
   }
-  grid_dependency_wait();
+  grid_dependency_wait(release_first);
   for (int base = 0; base < chunks; base += kGroup * kWarp) {
     uint4 xc[kGroup];
 #pragma unroll
@@ -187,7 +188,8 @@ void launch(const GemvArgs& a) {
   launch_dependent(gemv_kernel<TOut, TBias, Act>, dim3(gemv_blocks(a)), dim3(kThreads), 0,
                    static_cast<TOut*>(a.out), static_cast<const uint16_t*>(a.x),
                    static_cast<const uint16_t*>(a.w), a.ldw, static_cast<const TBias*>(a.bias),
-                   static_cast<int>(a.N), static_cast<int>(a.K / 8), a.rope ? *a.rope : GemvRope{});
+                   static_cast<int>(a.N), static_cast<int>(a.K / 8), a.rope ? *a.rope : GemvRope{},
+                   release_dependents_first());
   check_launch("cuda::gemv");
 }
 

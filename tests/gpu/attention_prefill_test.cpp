@@ -175,6 +175,10 @@ TEST_P(AttentionPrefillGpu, SingleSequencesMatchCpu) {
       {.seqs = {{4099, 4099}}, .Hq = 4, .Hkv = 4, .D = 96},
       {.seqs = {{127, 1000}}, .Hq = 6, .Hkv = 2, .D = 96, .window = 300, .softcap = 30.0f},
       {.seqs = {{1000, 1000}}, .Hq = 3, .Hkv = 1, .D = 96, .causal = false, .lse = false},
+      // ... and its tiling for many work items (prefill_d96.cu: 2 warpgroups where 128-row
+      // tiles give every SM's two block slots one; here 288 and 264 on an H100's 132 SMs).
+      {.seqs = {{1031, 1031}}, .Hq = 32, .Hkv = 32, .D = 96, .window = 300, .softcap = 30.0f},
+      {.seqs = {{1000, 1000}, {127, 1000}, {1, 1}}, .Hq = 24, .Hkv = 8, .D = 96},
       // Head dims 80 and 112: the second panel a quarter and seven eighths used.
       {.seqs = {{1031, 1031}}, .Hq = 8, .Hkv = 2, .D = 80},
       {.seqs = {{127, 1000}}, .Hq = 4, .Hkv = 4, .D = 80, .window = 300, .softcap = 30.0f},

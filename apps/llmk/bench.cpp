@@ -37,6 +37,7 @@ Command add_bench(CLI::App& cmd) {
     std::string model, device, json;
     int prompt_tokens = 512, gen_tokens = 128, batch = 1, reps = 3, threads = 0;
     bool no_graph = false;
+    bool no_lookahead = false;
     uint64_t seed = 1;
   };
   auto a = std::make_shared<Args>();
@@ -62,6 +63,9 @@ Command add_bench(CLI::App& cmd) {
       ->default_val(1)
       ->check(at_least<int64_t>(0));
   cmd.add_flag("--no-graph", a->no_graph, "On CUDA, launch each decode step without a graph");
+  cmd.add_flag("--no-lookahead", a->no_lookahead,
+               "On CUDA, read each step's token back before enqueueing the next step (by "
+               "default the next step is enqueued first, fed with the argmax on the device)");
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   return [a] {
@@ -89,7 +93,7 @@ Command add_bench(CLI::App& cmd) {
     std::vector<double> prefill_ms, step_ms;
     ops::reset_attention_stats();
     for (int rep = 0; rep <= a->reps; ++rep) {  // rep 0 warms up (graph capture, algorithms)
-      Decoder dec(*model, greedy, !a->no_graph);
+      Decoder dec(*model, greedy, !a->no_graph, !a->no_lookahead);
       std::vector<int32_t> ids(batch);
       auto t0 = Clock::now();
       // Each prefill waits for the device: its next token is read back.
@@ -125,6 +129,7 @@ Command add_bench(CLI::App& cmd) {
         {"decode_tokens_per_s",
          step_ms.empty() ? nlohmann::json() : nlohmann::json(a->batch * 1000 / s_med)},
         {"cuda_graph", device == Device::CUDA && !a->no_graph},
+        {"lookahead", device == Device::CUDA && !a->no_graph && !a->no_lookahead && a->batch == 1},
     };
     // The captured step's launch setting the decoder timed faster (engine/generator.cpp).
     if (const auto first = model->release_first(a->batch)) out["release_first"] = *first;

@@ -10,6 +10,9 @@
 #include "tokenizer/utf8.h"
 
 #ifdef LLMK_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda/check.h"
 #include "core/cuda/graph.h"
 #include "core/cuda/stream.h"
 #endif
@@ -32,6 +35,27 @@ double GenerateStats::generate_tps() const {
 struct Decoder::GraphState {
 #ifdef LLMK_HAS_CUDA
   cuda::Graph graph;
+  // Greedy steps: where each step's token lands on the host (pinned, so the copy is queued
+  // without waiting), two slots (the step being read, the one enqueued ahead), and an event
+  // each that says it landed.
+  int32_t* tokens = nullptr;
+  cudaEvent_t landed[2] = {nullptr, nullptr};
+  GraphState() = default;
+  GraphState(const GraphState&) = delete;
+  GraphState& operator=(const GraphState&) = delete;
+  ~GraphState() {
+    for (cudaEvent_t e : landed) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (tokens != nullptr) cudaFreeHost(tokens);
+  }
+  void make_slots() {
+    if (tokens != nullptr) return;
+    LLMK_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&tokens), 2 * sizeof(int32_t)));
+    for (cudaEvent_t& e : landed) {
+      LLMK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+  }
 #endif
   Tensor logits;  // the captured step's output (fixed address)
 };
@@ -86,13 +110,14 @@ void capture_step(Model& model, int64_t batch, cuda::Graph& graph,
 }  // namespace
 #endif
 
-Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph)
+Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph, bool lookahead)
     : model_(model),
       sampler_(sampler),
       greedy_on_device_(model.device() != Device::CPU && sampler.temperature <= 0 &&
                         sampler.repeat_penalty == 1.0f),
       use_graph_(cuda_graph && model.device() == Device::CUDA),
-      graph_(std::make_unique<GraphState>()) {
+      graph_(std::make_unique<GraphState>()),
+      lookahead_(lookahead && greedy_on_device_ && use_graph_) {
 #ifndef LLMK_HAS_CUDA
   use_graph_ = false;
 #endif
@@ -102,7 +127,25 @@ Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph)
   }
 }
 
-Decoder::~Decoder() = default;
+Decoder::~Decoder() {
+#ifdef LLMK_HAS_CUDA
+  // A step enqueued ahead reads this decoder's graph and writes its slots: let it finish.
+  if (ahead_.valid) (void)cudaStreamSynchronize(cuda::current_stream());
+#endif
+}
+
+const Tensor& Decoder::last_logits() const {
+  LLMK_CHECK(!lookahead_,
+             "Decoder::last_logits: not with lookahead (the step enqueued ahead overwrites them)");
+  return last_logits_;
+}
+
+void Decoder::drop_ahead() {
+#ifdef LLMK_HAS_CUDA
+  if (ahead_.valid) cuda::synchronize();
+#endif
+  ahead_.valid = false;
+}
 
 int32_t Decoder::choose(const Tensor& logits, bool argmax_done) {
   last_logits_ = logits;
@@ -124,6 +167,7 @@ int32_t Decoder::choose(const Tensor& logits, bool argmax_done) {
 }
 
 int32_t Decoder::prefill(const std::vector<int32_t>& tokens, int64_t pos, int64_t seq) {
+  drop_ahead();
   history_.insert(history_.end(), tokens.begin(), tokens.end());
   model_.stage(tokens, pos, seq);
   return choose(model_.compute(static_cast<int64_t>(tokens.size()), /*all_logits=*/false));
@@ -163,22 +207,56 @@ std::vector<int32_t> Decoder::step_batch(const std::vector<int32_t>& tokens,
   return std::vector<int32_t>(ids, ids + b);
 }
 
+#ifdef LLMK_HAS_CUDA
+void Decoder::enqueue_step(int slot) {
+  graph_->graph.replay();
+  if (!greedy_on_device_) return;
+  const cudaStream_t s = cuda::current_stream();
+  LLMK_CUDA_CHECK(cudaMemcpyAsync(graph_->tokens + slot, argmax_dev_.data(), sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, s));
+  LLMK_CUDA_CHECK(cudaEventRecord(graph_->landed[slot], s));
+}
+#else
+void Decoder::enqueue_step(int) {}
+#endif
+
 int32_t Decoder::step(int32_t token, int64_t pos) {
   if (!use_graph_) return choose(model_.forward({&token, 1}, pos, false));
 #ifdef LLMK_HAS_CUDA
-  model_.stage({&token, 1}, pos);
-  if (!graph_->graph.ready()) {
-    // One plain run first: it sizes the activations and lets every op settle its one-time
-    // setup (cuBLASLt algorithms), so that the captured step allocates nothing. Capturing then
-    // records the same work; replaying it rewrites this position's KV rows with equal values.
-    model_.compute(1, false);
-    capture_step(model_, 1, graph_->graph, [&] {
-      graph_->logits = model_.compute(1, false);
-      if (greedy_on_device_) ops::argmax(argmax_dev_, graph_->logits);  // one launch fewer a step
-    });
+  Ahead cur = ahead_;
+  if (!(ahead_.valid && ahead_.token == token && ahead_.pos == pos)) {
+    drop_ahead();
+    model_.stage({&token, 1}, pos);
+    if (!graph_->graph.ready()) {
+      // One plain run first: it sizes the activations and lets every op settle its one-time
+      // setup (cuBLASLt algorithms), so that the captured step allocates nothing. Capturing
+      // then records the same work; replaying it rewrites this position's KV rows with equal
+      // values.
+      model_.compute(1, false);
+      capture_step(model_, 1, graph_->graph, [&] {
+        graph_->logits = model_.compute(1, false);
+        if (greedy_on_device_) ops::argmax(argmax_dev_, graph_->logits);  // one launch fewer
+      });
+      if (greedy_on_device_) graph_->make_slots();
+    }
+    cur = {.token = token, .pos = pos, .slot = 0, .valid = true};
+    enqueue_step(cur.slot);
   }
-  graph_->graph.replay();
-  return choose(graph_->logits, /*argmax_done=*/greedy_on_device_);
+  ahead_.valid = false;
+  if (!greedy_on_device_) return choose(graph_->logits);
+  // The next step, fed with this one's argmax where it lies on the device, before this one's
+  // token is read back.
+  if (lookahead_ && pos + 1 < model_.context()) {
+    model_.stage_device_token(argmax_dev_, pos + 1);
+    ahead_ = {.pos = pos + 1, .slot = 1 - cur.slot, .valid = true};
+    enqueue_step(ahead_.slot);
+  }
+  LLMK_CUDA_CHECK(cudaEventSynchronize(graph_->landed[cur.slot]));
+  const int32_t id = graph_->tokens[cur.slot];
+  ahead_.token = id;
+  last_logits_ = graph_->logits;
+  history_.push_back(id);
+  return id;
 #else
   return choose(model_.forward({&token, 1}, pos, false));
 #endif
@@ -196,7 +274,7 @@ GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int
              "the prompt has {} tokens but the context holds {} (raise --ctx, at most {})",
              n_prompt, model.context(), model.config().context_length);
   const std::vector<int32_t> eog = tok.end_of_generation_ids();
-  Decoder dec(model, opts.sampler, opts.cuda_graph);
+  Decoder dec(model, opts.sampler, opts.cuda_graph, /*lookahead=*/true);
   GenerateStats st;
   st.prompt_tokens = n_prompt - cached;
   st.stop_reason = "length";

@@ -52,7 +52,13 @@ GenerateStats generate(Model& model, const Tokenizer& tok, const std::vector<int
 // generate() and by `llmk bench`, which has no tokenizer.
 class Decoder {
  public:
-  Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph);
+  // lookahead (greedy on CUDA with a graph): each step() also enqueues the step after it, fed
+  // with this step's argmax on the device, before waiting for this one's token; the next call
+  // with that token and the next position finds it running. The GPU then never waits for the
+  // host between tokens. A different call waits for the guess and redoes the step; the guess
+  // may have written the next position's K/V rows, which any later use of that position
+  // rewrites before reading. last_logits() is not offered with it (the guess overwrites them).
+  Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph, bool lookahead = false);
   ~Decoder();
   // Runs tokens of sequence `seq` from position `pos` and returns the next token.
   int32_t prefill(const std::vector<int32_t>& tokens, int64_t pos, int64_t seq = 0);
@@ -67,7 +73,7 @@ class Decoder {
     history_.insert(history_.end(), tokens.begin(), tokens.end());
   }
   // The logits the last prefill or step chose from ([1, vocab] f32, on the model's device).
-  const Tensor& last_logits() const { return last_logits_; }
+  const Tensor& last_logits() const;
 
  private:
   // The next token from the logits (greedy on the device: argmax_dev_, which argmax_done says
@@ -83,6 +89,17 @@ class Decoder {
   struct GraphState;
   std::unique_ptr<GraphState> graph_;        // the single-sequence step
   std::unique_ptr<GraphState> batch_graph_;  // the batched step (for one batch size)
+  bool lookahead_;
+  // The step enqueued ahead (lookahead): its input token and position, and the token slot
+  // (GraphState) its argmax goes to; valid while it may still be running.
+  struct Ahead {
+    int32_t token = -1;
+    int64_t pos = -1;
+    int slot = 0;
+    bool valid = false;
+  } ahead_;
+  void enqueue_step(int slot);  // replay the captured step; its argmax to the host slot
+  void drop_ahead();            // waits for a step enqueued ahead, if any, and forgets it
   int64_t batch_graph_size_ = 0;
   Tensor batch_ids_dev_, batch_ids_host_;
 };

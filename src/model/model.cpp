@@ -16,35 +16,51 @@ void Model::allocate_staging(int64_t tokens) {
 }
 
 template <class PosOf, class SeqOf>
-void Model::upload(std::span<const int32_t> tokens, PosOf position_of, SeqOf seq_of) {
-  const auto t = static_cast<int64_t>(tokens.size());
-  for (int32_t id : tokens) {
-    LLMK_CHECK(id >= 0 && id < config_.vocab_size,
-               "forward: token id {} is outside the vocabulary of {}", id, config_.vocab_size);
+void Model::upload(int64_t t, const int32_t* tokens, PosOf position_of, SeqOf seq_of) {
+  for (int64_t i = 0; tokens != nullptr && i < t; ++i) {
+    LLMK_CHECK(tokens[i] >= 0 && tokens[i] < config_.vocab_size,
+               "forward: token id {} is outside the vocabulary of {}", tokens[i],
+               config_.vocab_size);
   }
   reserve(t, false);
-  const int64_t stride = part_stride(t), n = 2 * stride + t;
+  const int64_t stride = part_stride(t), n = 2 * stride + t, first = tokens ? 0 : stride;
   host_staging_.assign(static_cast<size_t>(n), 0);
   for (int64_t i = 0; i < t; ++i) {
     const int64_t pos = position_of(i);
-    host_staging_[static_cast<size_t>(i)] = tokens[static_cast<size_t>(i)];
+    if (tokens) host_staging_[static_cast<size_t>(i)] = tokens[i];
     host_staging_[static_cast<size_t>(stride + i)] = static_cast<int32_t>(pos);
     host_staging_[static_cast<size_t>(2 * stride + i)] = cache_row(seq_of(i), pos);
   }
-  Tensor dst = staging_.slice(0, 0, n);
-  ops::transfer(dst, Tensor::borrow(host_staging_.data(), {n}, DType::I32));
+  Tensor dst = staging_.slice(0, first, n);
+  ops::transfer(dst, Tensor::borrow(host_staging_.data() + first, {n - first}, DType::I32));
 }
 
-void Model::stage(std::span<const int32_t> tokens, int64_t pos, int64_t seq) {
-  const auto t = static_cast<int64_t>(tokens.size());
+void Model::check_stage(int64_t t, int64_t pos, int64_t seq) const {
   LLMK_CHECK(t > 0, "forward: no tokens");
   LLMK_CHECK(seq >= 0 && seq < sequences_, "forward: sequence {} of {}", seq, sequences_);
   LLMK_CHECK(pos >= 0 && pos + t <= context_,
              "forward: {} tokens at position {} do not fit the context of {} tokens", t, pos,
              context_);
+}
+
+void Model::stage(std::span<const int32_t> tokens, int64_t pos, int64_t seq) {
+  const auto t = static_cast<int64_t>(tokens.size());
+  check_stage(t, pos, seq);
   upload(
-      tokens, [&](int64_t i) { return pos + i; }, [&](int64_t) { return seq; });
+      t, tokens.data(), [&](int64_t i) { return pos + i; }, [&](int64_t) { return seq; });
   staged_ = {.tokens = t, .seq = seq, .one_per_sequence = false, .pos = pos};
+  on_staged();
+}
+
+void Model::stage_device_token(const Tensor& id, int64_t pos, int64_t seq) {
+  LLMK_CHECK(id.numel() == 1 && id.dtype() == DType::I32 && id.device() == device_,
+             "forward: the staged id must be one I32 on the model's device, not {}", id.str());
+  check_stage(1, pos, seq);
+  upload(
+      1, nullptr, [&](int64_t) { return pos; }, [&](int64_t) { return seq; });
+  Tensor slot = staging_.slice(0, 0, 1);
+  ops::transfer(slot, id);
+  staged_ = {.tokens = 1, .seq = seq, .one_per_sequence = false, .pos = pos};
   on_staged();
 }
 
@@ -61,7 +77,8 @@ void Model::stage_step(std::span<const int32_t> tokens, std::span<const int64_t>
                p, i, context_);
   }
   upload(
-      tokens, [&](int64_t i) { return pos[static_cast<size_t>(i)]; }, [](int64_t i) { return i; });
+      b, tokens.data(), [&](int64_t i) { return pos[static_cast<size_t>(i)]; },
+      [](int64_t i) { return i; });
   staged_ = {.tokens = b, .seq = 0, .one_per_sequence = true};
   on_staged();
 }

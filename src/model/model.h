@@ -63,6 +63,10 @@ class Model {
   // Stages one token for each of sequences 0..B-1 (B = tokens.size()), token b at position
   // pos[b] of sequence b: one batched decode step; compute(B, true) gives B rows of logits.
   void stage_step(std::span<const int32_t> tokens, std::span<const int64_t> pos);
+  // Stages one token of sequence `seq` at position `pos` whose id is on the device ([1] I32, on
+  // the model's device): copied there in stream order, so it may be the output of work still
+  // queued (the decoder's next step, enqueued before the host has read the id).
+  void stage_device_token(const Tensor& id, int64_t pos, int64_t seq = 0);
   virtual Tensor compute(int64_t t, bool all_logits) = 0;
   // Makes sure activations for `t` tokens exist (compute() allocates nothing after this).
   virtual void reserve(int64_t t, bool all_logits) = 0;
@@ -124,10 +128,12 @@ class Model {
     const int64_t t = staged_.tokens, at = i * part_stride(t);
     return staging_.slice(0, at, at + t);
   }
-  // Fills the staging buffer's parts for `tokens` (positions and rows: position_of(i),
-  // cache_row(seq_of(i), position_of(i))) and uploads it.
+  // Fills the staging buffer's parts for `t` tokens (ids: `tokens`, or none when null, the ids
+  // being put there on the device; positions and rows: position_of(i), cache_row(seq_of(i),
+  // position_of(i))) and uploads them.
   template <class PosOf, class SeqOf>
-  void upload(std::span<const int32_t> tokens, PosOf position_of, SeqOf seq_of);
+  void upload(int64_t t, const int32_t* tokens, PosOf position_of, SeqOf seq_of);
+  void check_stage(int64_t t, int64_t pos, int64_t seq) const;
   std::map<int64_t, bool> release_first_;
 };
 

@@ -35,6 +35,7 @@ __device__ __forceinline__ void load(const __nv_bfloat16* p, float (&f)[8]) { lo
 template <class T, int kVec>
 __global__ void argmax_kernel(int32_t* out, int64_t out_stride, const T* x, int64_t x_ld,
                               int64_t N) {
+  grid_dependency_wait();  // launch_dependent: the logits come from the kernel before
   __shared__ Best scratch[kWarp];
   const T* xr = x + static_cast<int64_t>(blockIdx.x) * x_ld;
   Best best{-INFINITY, INT_MAX};
@@ -71,8 +72,8 @@ template <class T, int kVec>
 void launch(int32_t* out, int64_t out_stride, const void* x, int64_t x_ld, int64_t rows,
             int64_t N) {
   const int threads = block_threads_for(ceil_div(N, 4 * kVec), 1024);
-  argmax_kernel<T, kVec><<<static_cast<unsigned>(rows), threads, 0, current_stream()>>>(
-      out, out_stride, static_cast<const T*>(x), x_ld, N);
+  launch_dependent(argmax_kernel<T, kVec>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, out,
+                   out_stride, static_cast<const T*>(x), x_ld, N);
 }
 
 }  // namespace

@@ -176,6 +176,7 @@ int32_t Decoder::prefill(const std::vector<int32_t>& tokens, int64_t pos, int64_
 std::vector<int32_t> Decoder::step_batch(const std::vector<int32_t>& tokens,
                                          const std::vector<int64_t>& pos) {
   const auto b = static_cast<int64_t>(tokens.size());
+  drop_ahead();  // a single-sequence step enqueued ahead is not what comes next
   model_.stage_step(tokens, pos);
   if (!batch_ids_dev_.defined() || batch_ids_dev_.dim(0) != b) {
     batch_ids_dev_ = Tensor::empty({b}, DType::I32, model_.device());

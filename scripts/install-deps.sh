@@ -20,3 +20,14 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The Python package's build (scikit-build-core, nanobind) and tests (pytest), from PyPI, where
+# missing.
+py_missing=()
+for m in scikit_build_core:scikit-build-core nanobind:nanobind pytest:pytest; do
+  python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m#*:}")
+done
+if ((${#py_missing[@]})); then
+  echo "install-deps: pip installing ${py_missing[*]}" >&2
+  python3 -m pip install --quiet "${py_missing[@]}"
+fi

@@ -3,7 +3,9 @@
 # its GPU tests run where a GPU exists and report SKIP elsewhere), then every CPU test in the
 # Release build (preset cpu) and again under AddressSanitizer + UBSan (preset asan), then runs
 # every libFuzzer target for a short time (preset fuzz; docs/fuzzing.md). Installs missing build
-# dependencies and fetches the test models (SmolLM2, Gemma 3 270M) first.
+# dependencies and fetches the test models (SmolLM2, Gemma 3 270M) first. After the builds, the
+# Python package: `pip install .` (its own CPU build, in build/python) and its pytest suite,
+# which compares it with the cpu build's program.
 #
 #   scripts/test.sh            # cuda (where nvcc exists) + cpu + asan + fuzz
 #   scripts/test.sh --quick    # cpu only
@@ -34,6 +36,10 @@ for p in "${presets[@]}"; do
     ctest --preset "$p" -j "$jobs" --timeout 900
   fi
 done
+
+echo "== python package: pip install ., pytest" >&2
+python3 -m pip install --quiet --no-build-isolation -Cbuild-dir=build/python .
+LLMK_CLI=build/cpu/llmk python3 -m pytest -q tests/python
 [ "${1:-}" = "--quick" ] && exit 0
 
 # Every fuzz target from its seeds for 35 s, $jobs at a time: any crash, input slower than 1 s

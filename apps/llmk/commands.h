@@ -52,7 +52,6 @@ void add_threads_option(CLI::App& cmd, int& threads);
 void prepare(const std::string& model_path, int threads);
 // Adds --device cpu|cuda|auto (default auto: cuda where a GPU and a CUDA build exist).
 void add_device_option(CLI::App& cmd, std::string& device);
-Device resolve_device(const std::string& device);
 // The sampler chain's options (--temp, --top-k, --top-p, --min-p, --repeat-penalty,
 // --repeat-last-n, --seed), shared by run and chat.
 struct SamplerOptions {
@@ -87,11 +86,6 @@ class Model;
 class Tokenizer;
 class ChatTemplate;
 namespace cli {
-// The model's tokenizer (GGUF files only, so far); `path` names the model in errors.
-// The tokenizer of a GGUF file or of a Hugging Face folder (its tokenizer.json).
-Tokenizer load_tokenizer(const std::string& path);
-// The same, reusing the model's open GGUF file when it has one.
-Tokenizer load_tokenizer(const Model& model, const std::string& path);
 // The model's chat template, or its family's when the file has none.
 ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path);
 

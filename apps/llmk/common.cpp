@@ -144,23 +144,6 @@ SamplerConfig SamplerOptions::resolve() const {
   return c;
 }
 
-Tokenizer load_tokenizer(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    LLMK_CHECK(fs::exists(fs::path(path) / "tokenizer.json", ec),
-               "{}: no tokenizer.json in the folder (needed for text; `llmk bench` needs none)",
-               path);
-    return Tokenizer::from_hf_json(path);
-  }
-  return Tokenizer::from_gguf(gguf::File::open(path));
-}
-
-Tokenizer load_tokenizer(const Model& model, const std::string& path) {
-  if (model.gguf()) return Tokenizer::from_gguf(*model.gguf());
-  return load_tokenizer(path);
-}
-
 ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path) {
   if (!tok.chat_template().empty()) return ChatTemplate::from_jinja(tok.chat_template());
   LLMK_CHECK(!model.config().chat_family.empty(),
@@ -173,21 +156,6 @@ void add_device_option(CLI::App& cmd, std::string& device) {
   cmd.add_option("--device", device, "cpu, cuda, or auto: cuda where a GPU exists")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->default_val("auto");
-}
-
-Device resolve_device(const std::string& device) {
-  if (device == "cpu") return Device::CPU;
-#ifdef LLMK_HAS_CUDA
-  if (device == "cuda") {
-    LLMK_CHECK(cuda::available(), "--device cuda: no usable GPU ({})", cuda::unavailable_reason());
-    return Device::CUDA;
-  }
-  return cuda::available() ? Device::CUDA : Device::CPU;
-#else
-  LLMK_CHECK(device != "cuda",
-             "--device cuda: this llmk was built without CUDA (cmake --preset cuda)");
-  return Device::CPU;
-#endif
 }
 
 ProgressFn load_progress() {

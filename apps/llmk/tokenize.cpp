@@ -3,6 +3,7 @@
 #include "apps/llmk/commands.h"
 #include "core/text.h"
 #include "formats/gguf.h"
+#include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace llmk::cli {

@@ -4,10 +4,14 @@
 #include <filesystem>
 
 #include "core/error.h"
+#ifdef LLMK_HAS_CUDA
+#include "core/cuda/device.h"
+#endif
 #include "formats/hf_config.h"
 #include "formats/safetensors.h"
 #include "model/decoder.h"
 #include "ops/ops.h"
+#include "tokenizer/tokenizer.h"
 
 namespace llmk {
 
@@ -116,6 +120,40 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& op
 
 std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& opts) {
   return load_model(path, opts);
+}
+
+Tokenizer load_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    LLMK_CHECK(fs::exists(fs::path(path) / "tokenizer.json", ec),
+               "{}: no tokenizer.json in the folder (needed for text; `llmk bench` needs none)",
+               path);
+    return Tokenizer::from_hf_json(path);
+  }
+  return Tokenizer::from_gguf(gguf::File::open(path));
+}
+
+Tokenizer load_tokenizer(const Model& model, const std::string& path) {
+  if (model.gguf()) return Tokenizer::from_gguf(*model.gguf());
+  return load_tokenizer(path);
+}
+
+Device resolve_device(const std::string& name) {
+  LLMK_CHECK(name == "auto" || name == "cpu" || name == "cuda",
+             "device '{}': expected auto, cpu or cuda", name);
+  if (name == "cpu") return Device::CPU;
+#ifdef LLMK_HAS_CUDA
+  if (name == "cuda") {
+    LLMK_CHECK(cuda::available(), "device 'cuda': no usable GPU ({})", cuda::unavailable_reason());
+    return Device::CUDA;
+  }
+  return cuda::available() ? Device::CUDA : Device::CPU;
+#else
+  LLMK_CHECK(name != "cuda",
+             "device 'cuda': this llmk was built without CUDA (cmake --preset cuda)");
+  return Device::CPU;
+#endif
 }
 
 }  // namespace llmk

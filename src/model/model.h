@@ -24,6 +24,7 @@
 #include "formats/gguf.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace llmk {
 
@@ -136,5 +137,15 @@ class Model {
   void check_stage(int64_t t, int64_t pos, int64_t seq) const;
   std::map<int64_t, bool> release_first_;
 };
+
+// The tokenizer of a GGUF file or of a Hugging Face folder (its tokenizer.json); `path` names
+// the model in errors.
+Tokenizer load_tokenizer(const std::string& path);
+// The same, reusing the model's open GGUF file when it has one.
+Tokenizer load_tokenizer(const Model& model, const std::string& path);
+
+// "cpu", "cuda", or "auto" (cuda where a GPU and a CUDA build exist) as a Device; throws
+// llmk::Error for another name, or cuda without a usable GPU or a CUDA build.
+Device resolve_device(const std::string& name);
 
 }  // namespace llmk

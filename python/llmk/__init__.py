@@ -1,0 +1,89 @@
+"""llmk from Python.
+
+    import llmk
+    llm = llmk.LLM("path/to/model.gguf")            # or a Hugging Face folder
+    print(llm.generate("The capital of France is", max_tokens=16, temperature=0))
+
+Runs llmk's own engine (tokenizer, model runner, sampler) through its C++ library. The package
+built by `pip install .` is CPU-only for now; the CUDA engine is the `llmk` program's.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+from llmk._C import Error, __version__, _Engine
+
+__all__ = ["LLM", "Error", "__version__"]
+
+Prompt = Union[str, Sequence[int]]
+
+
+class LLM:
+    """A model and its tokenizer, loaded once; generate() runs one prompt at a time.
+
+    path: a GGUF file or a Hugging Face folder (config.json, safetensors, tokenizer.json).
+    device: "cpu", "cuda" or "auto". context: KV-cache length in tokens (0: the model's, at most
+    4096). threads: CPU threads (0: one per hardware thread; the setting is process-wide).
+    Bad arguments and unreadable models raise llmk.Error with a one-line message.
+    """
+
+    def __init__(self, path: str, device: str = "auto", context: int = 0, threads: int = 0):
+        self._engine = _Engine(str(path), device, int(context), int(threads))
+
+    @property
+    def device(self) -> str:
+        return self._engine.device
+
+    @property
+    def context(self) -> int:
+        return self._engine.context
+
+    def __repr__(self) -> str:
+        return f"llmk.LLM({self._engine.summary}, device={self.device}, context={self.context})"
+
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of text; add_bos where the tokenizer asks for it; special: parse special
+        tokens written in the text (such as a chat template's markers)."""
+        return self._engine.tokenize(text, add_bos, special)
+
+    def detokenize(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """The text of ids; bytes that are not valid UTF-8 (a sequence cut inside a character)
+        become U+FFFD."""
+        return self._engine.detokenize([int(i) for i in ids], skip_special).decode(
+            "utf-8", errors="replace")
+
+    def generate(
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        max_tokens: int = 128,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int = 0,
+        stop_at_eos: bool = True,
+    ) -> Union[str, list[str]]:
+        """The text generated after each prompt (a string, or a list of token ids); a list of
+        prompts gives a list of texts. temperature 0 is greedy; the other settings are the
+        `llmk run` sampler's, with its defaults. The text is what `llmk run` prints: each
+        token's piece (so a leading space stays), bytes that are not valid UTF-8 as U+FFFD; an
+        end-of-sequence token ends it and is not part of it."""
+        single = isinstance(prompts, str) or (
+            len(prompts) > 0 and all(isinstance(t, int) for t in prompts)
+        )
+        batch = [prompts] if single else list(prompts)
+        if max_tokens < 0:
+            raise Error(f"max_tokens {max_tokens} must be >= 0")
+        texts = []
+        for p in batch:
+            ids = self.tokenize(p) if isinstance(p, str) else [int(t) for t in p]
+            if not ids:
+                raise Error("the prompt is empty (no tokens to start from)")
+            _, text, _ = self._engine.generate(
+                ids, max_tokens, float(temperature), int(top_k), float(top_p), float(min_p),
+                float(repeat_penalty), int(seed), bool(stop_at_eos),
+            )
+            texts.append(text.decode("utf-8", errors="replace"))
+        return texts[0] if single else texts

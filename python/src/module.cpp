@@ -1,0 +1,120 @@
+// llmk._C: the engine for Python (nanobind). One class, _Engine: a model and its tokenizer
+// loaded from a GGUF file or a Hugging Face folder, with tokenize, detokenize and generate over
+// engine/generator.h (detokenize gives bytes). python/llmk/__init__.py wraps it as llmk.LLM.
+// llmk::Error becomes llmk.Error (a RuntimeError) with the same one-line message. generate()
+// releases the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/generator.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace nb = nanobind;
+
+namespace llmk {
+namespace {
+
+class Engine {
+ public:
+  Engine(const std::string& path, const std::string& device, int64_t context, int threads)
+      : model_([&] {
+          LLMK_CHECK(context >= 0, "context {} must be >= 0 (0: the model's, at most 4096)",
+                     context);
+          LLMK_CHECK(threads >= 0, "threads {} must be >= 0 (0: one per hardware thread)", threads);
+          if (threads > 0) set_num_threads(threads);
+          return Model::load(path,
+                             LoadOptions{.context = context, .device = resolve_device(device)});
+        }()),
+        tok_(load_tokenizer(*model_, path)) {}
+
+  std::vector<int32_t> tokenize(const std::string& text, bool add_bos, bool parse_special) const {
+    return tok_.encode(text, add_bos && tok_.add_bos(), parse_special);
+  }
+
+  // Bytes: a token sequence need not end on a character boundary (Python decodes them).
+  nb::bytes detokenize(const std::vector<int32_t>& ids, bool skip_special) const {
+    for (int32_t id : ids) {
+      LLMK_CHECK(id >= 0 && id < tok_.vocab_size(), "token id {} is outside the vocabulary of {}",
+                 id, tok_.vocab_size());
+    }
+    const std::string text = tok_.decode(ids, skip_special);
+    return nb::bytes(text.data(), text.size());
+  }
+
+  // The sampled ids (an end-of-generation token included when it stopped there), the bytes of
+  // the generated text as `llmk run` prints them (each token's piece, the end-of-generation
+  // token's left out), and why it stopped.
+  std::tuple<std::vector<int32_t>, nb::bytes, std::string> generate(
+      const std::vector<int32_t>& prompt, const GenerateOptions& opts) {
+    opts.sampler.validate();
+    GenerateStats st;
+    std::string text;
+    {
+      nb::gil_scoped_release released;
+      st = llmk::generate(*model_, tok_, prompt, opts, [&](int32_t, const std::string& bytes) {
+        text += bytes;
+        return true;
+      });
+    }
+    return {st.sampled, nb::bytes(text.data(), text.size()),
+            st.stop_reason.empty() ? std::string("length") : st.stop_reason};
+  }
+
+  std::string device() const { return model_->device() == Device::CUDA ? "cuda" : "cpu"; }
+  int64_t context() const { return model_->context(); }
+  std::string summary() const { return model_->config().summary(); }
+  std::vector<int32_t> eos_ids() const { return tok_.end_of_generation_ids(); }
+
+ private:
+  std::unique_ptr<Model> model_;
+  Tokenizer tok_;
+};
+
+}  // namespace
+}  // namespace llmk
+
+NB_MODULE(_C, m) {
+  using llmk::Engine;
+  m.attr("__version__") = LLMK_VERSION;
+  nb::exception<llmk::Error>(m, "Error", PyExc_RuntimeError);
+  nb::class_<Engine>(m, "_Engine")
+      .def(nb::init<const std::string&, const std::string&, int64_t, int>(), nb::arg("path"),
+           nb::arg("device"), nb::arg("context"), nb::arg("threads"))
+      .def("tokenize", &Engine::tokenize, nb::arg("text"), nb::arg("add_bos"),
+           nb::arg("parse_special"))
+      .def("detokenize", &Engine::detokenize, nb::arg("ids"), nb::arg("skip_special"))
+      .def(
+          "generate",
+          [](Engine& e, const std::vector<int32_t>& prompt, int max_tokens, float temperature,
+             int top_k, float top_p, float min_p, float repeat_penalty, uint64_t seed,
+             bool stop_at_eos) {
+            llmk::GenerateOptions o;
+            o.max_tokens = max_tokens;
+            o.stop_at_eog = stop_at_eos;
+            o.sampler.temperature = temperature;
+            o.sampler.top_k = top_k;
+            o.sampler.top_p = top_p;
+            o.sampler.min_p = min_p;
+            o.sampler.repeat_penalty = repeat_penalty;
+            o.sampler.seed = seed;
+            return e.generate(prompt, o);
+          },
+          nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("temperature"), nb::arg("top_k"),
+          nb::arg("top_p"), nb::arg("min_p"), nb::arg("repeat_penalty"), nb::arg("seed"),
+          nb::arg("stop_at_eos"))
+      .def_prop_ro("device", &Engine::device)
+      .def_prop_ro("context", &Engine::context)
+      .def_prop_ro("summary", &Engine::summary)
+      .def_prop_ro("eos_ids", &Engine::eos_ids);
+}

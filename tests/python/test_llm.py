@@ -1,0 +1,93 @@
+"""llmk.LLM (the Python package's engine) against the `llmk` program on the same models.
+
+The family fixtures (tests/fixtures/families: tiny Llama 3, Qwen2, Phi-3 and Gemma 3 folders
+with their tokenizers) run on the CPU through both; greedy text must be identical, and seeded
+sampling must repeat itself. LLMK_CLI names the program (default: build/cpu/llmk, which
+scripts/test.sh builds before it runs these tests).
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import llmk
+
+ROOT = Path(__file__).resolve().parents[2]
+FAMILIES = ["llama3", "qwen2", "phi3", "gemma3"]
+PROMPTS = ["Hello world", "The quick brown fox", "a"]
+
+
+def cli() -> Path:
+    path = Path(os.environ.get("LLMK_CLI", ROOT / "build" / "cpu" / "llmk"))
+    if not path.exists():
+        pytest.fail(f"{path}: no llmk program to compare with (build preset cpu, or set LLMK_CLI)")
+    return path
+
+
+def fixture(name: str) -> str:
+    return str(ROOT / "tests" / "fixtures" / "families" / name)
+
+
+def run_cli(model: str, prompt: str, n: int) -> str:
+    out = subprocess.run(
+        [str(cli()), "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0",
+         "--device", "cpu"],
+        capture_output=True, check=True,
+    ).stdout
+    assert out.endswith(b"\n")
+    return out[:-1].decode("utf-8", errors="replace")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    return request.param, llmk.LLM(fixture(request.param), device="cpu", threads=2)
+
+
+def test_greedy_text_matches_the_program(family):
+    name, llm = family
+    texts = llm.generate(PROMPTS, max_tokens=12, temperature=0)
+    assert len(texts) == len(PROMPTS)
+    for prompt, text in zip(PROMPTS, texts):
+        assert text == run_cli(fixture(name), prompt, 12), (name, prompt)
+    assert any(texts), name  # something was generated
+
+
+def test_token_ids_and_text_prompts_agree(family):
+    _, llm = family
+    ids = llm.tokenize("The quick brown fox")
+    assert ids and all(isinstance(i, int) for i in ids)
+    assert llm.generate(ids, max_tokens=6, temperature=0) == llm.generate(
+        "The quick brown fox", max_tokens=6, temperature=0)
+
+
+def test_seeded_sampling_repeats(family):
+    _, llm = family
+    a = llm.generate("Hello", max_tokens=10, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    b = llm.generate("Hello", max_tokens=10, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    assert a == b
+
+
+def test_bad_input_raises_one_clear_error(family):
+    _, llm = family
+    with pytest.raises(llmk.Error, match="temperature -1"):
+        llm.generate("x", temperature=-1)
+    with pytest.raises(llmk.Error, match="max_tokens -1"):
+        llm.generate("x", max_tokens=-1)
+    with pytest.raises(llmk.Error, match="outside the vocabulary"):
+        llm.generate([10**9], max_tokens=1)
+    if not llm.tokenize(""):  # tokenizers that add no BOS
+        with pytest.raises(llmk.Error, match="empty"):
+            llm.generate("", max_tokens=1)
+    assert llm.generate([], max_tokens=1) == []  # no prompts, no texts
+
+
+def test_bad_models_and_settings_raise():
+    with pytest.raises(llmk.Error, match="/nonexistent"):
+        llmk.LLM("/nonexistent")
+    with pytest.raises(llmk.Error, match="device 'tpu'"):
+        llmk.LLM(fixture("llama3"), device="tpu")
+    with pytest.raises(llmk.Error, match="context -5"):
+        llmk.LLM(fixture("llama3"), context=-5)
+    assert isinstance(llmk.__version__, str) and llmk.__version__

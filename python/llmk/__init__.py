@@ -10,7 +10,7 @@ built by `pip install .` is CPU-only for now; the CUDA engine is the `llmk` prog
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 from llmk._C import Error, __version__, _Engine
 
@@ -64,12 +64,16 @@ class LLM:
         repeat_penalty: float = 1.0,
         seed: int = 0,
         stop_at_eos: bool = True,
+        on_text: Optional[Callable[[str], Optional[bool]]] = None,
     ) -> Union[str, list[str]]:
         """The text generated after each prompt (a string, or a list of token ids); a list of
         prompts gives a list of texts. temperature 0 is greedy; the other settings are the
         `llmk run` sampler's, with its defaults. The text is what `llmk run` prints: each
         token's piece (so a leading space stays), bytes that are not valid UTF-8 as U+FFFD; an
-        end-of-sequence token ends it and is not part of it."""
+        end-of-sequence token ends it and is not part of it. on_text, if given, is called with
+        each new piece of the text as it is generated (whole characters; the pieces join to
+        the returned text); returning False stops that prompt's generation there (the text
+        returned then ends where it stopped, possibly in part of a character not passed on)."""
         single = isinstance(prompts, str) or (
             len(prompts) > 0 and all(isinstance(t, int) for t in prompts)
         )
@@ -81,9 +85,13 @@ class LLM:
             ids = self.tokenize(p) if isinstance(p, str) else [int(t) for t in p]
             if not ids:
                 raise Error("the prompt is empty (no tokens to start from)")
+            stream = None
+            if on_text is not None:
+                def stream(piece: bytes) -> bool:
+                    return on_text(piece.decode("utf-8", errors="replace")) is not False
             _, text, _ = self._engine.generate(
                 ids, max_tokens, float(temperature), int(top_k), float(top_p), float(min_p),
-                float(repeat_penalty), int(seed), bool(stop_at_eos),
+                float(repeat_penalty), int(seed), bool(stop_at_eos), stream,
             )
             texts.append(text.decode("utf-8", errors="replace"))
         return texts[0] if single else texts

@@ -54,18 +54,31 @@ class Engine {
 
   // The sampled ids (an end-of-generation token included when it stopped there), the bytes of
   // the generated text as `llmk run` prints them (each token's piece, the end-of-generation
-  // token's left out), and why it stopped.
+  // token's left out), and why it stopped. on_text (None or a callable): called with each
+  // new piece of text that ends on a character boundary (bytes), as it is generated, and once
+  // more with what is left at the end; it returns a bool, false stopping generation (stop
+  // reason "callback", no further calls; the text may then end in bytes not yet passed on); an
+  // exception it raises propagates.
   std::tuple<std::vector<int32_t>, nb::bytes, std::string> generate(
-      const std::vector<int32_t>& prompt, const GenerateOptions& opts) {
+      const std::vector<int32_t>& prompt, const GenerateOptions& opts, nb::object on_text) {
     opts.sampler.validate();
     GenerateStats st;
     std::string text;
+    Utf8Stream pieces;
+    bool stopped = false;
+    auto send = [&](const std::string& piece) {
+      if (on_text.is_none() || piece.empty() || stopped) return !stopped;
+      nb::gil_scoped_acquire held;
+      stopped = !nb::cast<bool>(on_text(nb::bytes(piece.data(), piece.size())));
+      return !stopped;
+    };
     {
       nb::gil_scoped_release released;
       st = llmk::generate(*model_, tok_, prompt, opts, [&](int32_t, const std::string& bytes) {
         text += bytes;
-        return true;
+        return send(pieces.push(bytes));
       });
+      send(pieces.flush());
     }
     return {st.sampled, nb::bytes(text.data(), text.size()),
             st.stop_reason.empty() ? std::string("length") : st.stop_reason};
@@ -98,7 +111,7 @@ NB_MODULE(_C, m) {
           "generate",
           [](Engine& e, const std::vector<int32_t>& prompt, int max_tokens, float temperature,
              int top_k, float top_p, float min_p, float repeat_penalty, uint64_t seed,
-             bool stop_at_eos) {
+             bool stop_at_eos, nb::object on_text) {
             llmk::GenerateOptions o;
             o.max_tokens = max_tokens;
             o.stop_at_eog = stop_at_eos;
@@ -108,11 +121,11 @@ NB_MODULE(_C, m) {
             o.sampler.min_p = min_p;
             o.sampler.repeat_penalty = repeat_penalty;
             o.sampler.seed = seed;
-            return e.generate(prompt, o);
+            return e.generate(prompt, o, on_text);
           },
           nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("temperature"), nb::arg("top_k"),
           nb::arg("top_p"), nb::arg("min_p"), nb::arg("repeat_penalty"), nb::arg("seed"),
-          nb::arg("stop_at_eos"))
+          nb::arg("stop_at_eos"), nb::arg("on_text").none())
       .def_prop_ro("device", &Engine::device)
       .def_prop_ro("context", &Engine::context)
       .def_prop_ro("summary", &Engine::summary)

@@ -69,6 +69,30 @@ def test_seeded_sampling_repeats(family):
     assert a == b
 
 
+def test_streamed_pieces_join_to_the_text(family):
+    _, llm = family
+    pieces = []
+    text = llm.generate("Hello world", max_tokens=12, temperature=0, on_text=pieces.append)
+    assert len(pieces) > 1 and "".join(pieces) == text
+    # False after the third piece stops there.
+    kept = []
+
+    def three(piece):
+        kept.append(piece)
+        return len(kept) < 3
+
+    short = llm.generate("Hello world", max_tokens=12, temperature=0, on_text=three)
+    assert len(kept) == 3 and short.startswith("".join(kept)) and len(short) < len(text)
+    assert text.startswith("".join(kept))
+
+    def boom(piece):
+        raise KeyError("from the callback")
+
+    with pytest.raises(KeyError, match="from the callback"):
+        llm.generate("Hello world", max_tokens=4, temperature=0, on_text=boom)
+    assert llm.generate("Hello world", max_tokens=12, temperature=0) == text  # still usable
+
+
 def test_bad_input_raises_one_clear_error(family):
     _, llm = family
     with pytest.raises(llmk.Error, match="temperature -1"):

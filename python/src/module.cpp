@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -74,6 +75,9 @@ class Engine {
     };
     {
       nb::gil_scoped_release released;
+      // One generation at a time per model (its KV cache and scratch); taken without the GIL,
+      // so that on_text of the generation holding it can run.
+      std::lock_guard<std::mutex> one_at_a_time(mu_);
       st = llmk::generate(*model_, tok_, prompt, opts, [&](int32_t, const std::string& bytes) {
         text += bytes;
         return send(pieces.push(bytes));
@@ -92,6 +96,7 @@ class Engine {
  private:
   std::unique_ptr<Model> model_;
   Tokenizer tok_;
+  std::mutex mu_;
 };
 
 }  // namespace

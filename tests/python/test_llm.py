@@ -8,6 +8,7 @@ scripts/test.sh builds before it runs these tests).
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,22 @@ def test_streamed_pieces_join_to_the_text(family):
     with pytest.raises(KeyError, match="from the callback"):
         llm.generate("Hello world", max_tokens=4, temperature=0, on_text=boom)
     assert llm.generate("Hello world", max_tokens=12, temperature=0) == text  # still usable
+
+
+def test_threads_share_one_model(family):
+    _, llm = family
+    expect = llm.generate(PROMPTS, max_tokens=8, temperature=0)
+    got = [None] * len(PROMPTS)
+
+    def run(i):
+        got[i] = llm.generate(PROMPTS[i], max_tokens=8, temperature=0, on_text=lambda s: None)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == expect
 
 
 def test_bad_input_raises_one_clear_error(family):

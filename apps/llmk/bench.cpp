@@ -91,9 +91,11 @@ Command add_bench(CLI::App& cmd) {
     SamplerConfig greedy;
     greedy.temperature = 0;
     std::vector<double> prefill_ms, step_ms;
+    bool lookahead = false;
     ops::reset_attention_stats();
     for (int rep = 0; rep <= a->reps; ++rep) {  // rep 0 warms up (graph capture, algorithms)
       Decoder dec(*model, greedy, !a->no_graph, !a->no_lookahead);
+      lookahead = dec.lookahead() && a->batch == 1;  // step_batch does not look ahead
       std::vector<int32_t> ids(batch);
       auto t0 = Clock::now();
       // Each prefill waits for the device: its next token is read back.
@@ -129,7 +131,7 @@ Command add_bench(CLI::App& cmd) {
         {"decode_tokens_per_s",
          step_ms.empty() ? nlohmann::json() : nlohmann::json(a->batch * 1000 / s_med)},
         {"cuda_graph", device == Device::CUDA && !a->no_graph},
-        {"lookahead", device == Device::CUDA && !a->no_graph && !a->no_lookahead && a->batch == 1},
+        {"lookahead", lookahead},
     };
     // The captured step's launch setting the decoder timed faster (engine/generator.cpp).
     if (const auto first = model->release_first(a->batch)) out["release_first"] = *first;

@@ -83,13 +83,11 @@ class LLM:
         texts = []
         for p in batch:
             ids = self.tokenize(p) if isinstance(p, str) else [int(t) for t in p]
-            if not ids:
-                raise Error("the prompt is empty (no tokens to start from)")
             stream = None
             if on_text is not None:
                 def stream(piece: bytes) -> bool:
                     return on_text(piece.decode("utf-8", errors="replace")) is not False
-            _, text, _ = self._engine.generate(
+            text = self._engine.generate(
                 ids, max_tokens, float(temperature), int(top_k), float(top_p), float(min_p),
                 float(repeat_penalty), int(seed), bool(stop_at_eos), stream,
             )

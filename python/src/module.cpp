@@ -5,14 +5,12 @@
 // releases the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -53,17 +51,14 @@ class Engine {
     return nb::bytes(text.data(), text.size());
   }
 
-  // The sampled ids (an end-of-generation token included when it stopped there), the bytes of
-  // the generated text as `llmk run` prints them (each token's piece, the end-of-generation
-  // token's left out), and why it stopped. on_text (None or a callable): called with each
-  // new piece of text that ends on a character boundary (bytes), as it is generated, and once
-  // more with what is left at the end; it returns a bool, false stopping generation (stop
-  // reason "callback", no further calls; the text may then end in bytes not yet passed on); an
-  // exception it raises propagates.
-  std::tuple<std::vector<int32_t>, nb::bytes, std::string> generate(
-      const std::vector<int32_t>& prompt, const GenerateOptions& opts, nb::object on_text) {
-    opts.sampler.validate();
-    GenerateStats st;
+  // The bytes of the generated text as `llmk run` prints them (each token's piece, an
+  // end-of-generation token's left out). Bad settings throw from the decoder's sampler. on_text
+  // (None or a callable): called with each new piece of text that ends on a character boundary
+  // (bytes), as it is generated, and once more with what is left at the end; it returns a bool,
+  // false stopping generation (stop reason "callback", no further calls; the text may then end in
+  // bytes not yet passed on); an exception it raises propagates.
+  nb::bytes generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
+                     nb::object on_text) {
     std::string text;
     Utf8Stream pieces;
     bool stopped = false;
@@ -78,20 +73,18 @@ class Engine {
       // One generation at a time per model (its KV cache and scratch); taken without the GIL,
       // so that on_text of the generation holding it can run.
       std::lock_guard<std::mutex> one_at_a_time(mu_);
-      st = llmk::generate(*model_, tok_, prompt, opts, [&](int32_t, const std::string& bytes) {
+      llmk::generate(*model_, tok_, prompt, opts, [&](int32_t, const std::string& bytes) {
         text += bytes;
         return send(pieces.push(bytes));
       });
       send(pieces.flush());
     }
-    return {st.sampled, nb::bytes(text.data(), text.size()),
-            st.stop_reason.empty() ? std::string("length") : st.stop_reason};
+    return nb::bytes(text.data(), text.size());
   }
 
   std::string device() const { return model_->device() == Device::CUDA ? "cuda" : "cpu"; }
   int64_t context() const { return model_->context(); }
   std::string summary() const { return model_->config().summary(); }
-  std::vector<int32_t> eos_ids() const { return tok_.end_of_generation_ids(); }
 
  private:
   std::unique_ptr<Model> model_;
@@ -133,6 +126,5 @@ NB_MODULE(_C, m) {
           nb::arg("stop_at_eos"), nb::arg("on_text").none())
       .def_prop_ro("device", &Engine::device)
       .def_prop_ro("context", &Engine::context)
-      .def_prop_ro("summary", &Engine::summary)
-      .def_prop_ro("eos_ids", &Engine::eos_ids);
+      .def_prop_ro("summary", &Engine::summary);
 }

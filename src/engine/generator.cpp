@@ -147,11 +147,11 @@ void Decoder::drop_ahead() {
   ahead_.valid = false;
 }
 
-int32_t Decoder::choose(const Tensor& logits, bool argmax_done) {
+int32_t Decoder::choose(const Tensor& logits) {
   last_logits_ = logits;
   int32_t id;
   if (greedy_on_device_) {
-    if (!argmax_done) ops::argmax(argmax_dev_, logits);
+    ops::argmax(argmax_dev_, logits);
     ops::transfer(argmax_host_, argmax_dev_);
     id = argmax_host_.data<int32_t>()[0];
   } else if (logits.device() == Device::CPU) {

@@ -74,11 +74,11 @@ class Decoder {
   }
   // The logits the last prefill or step chose from ([1, vocab] f32, on the model's device).
   const Tensor& last_logits() const;
+  // Whether step() enqueues the next greedy step ahead (asked for, greedy on the device, graphs).
+  bool lookahead() const { return lookahead_; }
 
  private:
-  // The next token from the logits (greedy on the device: argmax_dev_, which argmax_done says
-  // the captured step already wrote).
-  int32_t choose(const Tensor& logits, bool argmax_done = false);
+  int32_t choose(const Tensor& logits);
 
   Model& model_;
   Sampler sampler_;

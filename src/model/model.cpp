@@ -39,33 +39,28 @@ void Model::upload(int64_t t, const int32_t* tokens, PosOf position_of, SeqOf se
   ops::transfer(dst, Tensor::borrow(host_staging_.data() + first, {n - first}, DType::I32));
 }
 
-void Model::check_stage(int64_t t, int64_t pos, int64_t seq) const {
+void Model::stage_sequence(int64_t t, const int32_t* tokens, int64_t pos, int64_t seq) {
   LLMK_CHECK(t > 0, "forward: no tokens");
   LLMK_CHECK(seq >= 0 && seq < sequences_, "forward: sequence {} of {}", seq, sequences_);
   LLMK_CHECK(pos >= 0 && pos + t <= context_,
              "forward: {} tokens at position {} do not fit the context of {} tokens", t, pos,
              context_);
+  upload(
+      t, tokens, [&](int64_t i) { return pos + i; }, [&](int64_t) { return seq; });
+  staged_ = {.tokens = t, .seq = seq, .one_per_sequence = false, .pos = pos};
+  on_staged();
 }
 
 void Model::stage(std::span<const int32_t> tokens, int64_t pos, int64_t seq) {
-  const auto t = static_cast<int64_t>(tokens.size());
-  check_stage(t, pos, seq);
-  upload(
-      t, tokens.data(), [&](int64_t i) { return pos + i; }, [&](int64_t) { return seq; });
-  staged_ = {.tokens = t, .seq = seq, .one_per_sequence = false, .pos = pos};
-  on_staged();
+  stage_sequence(static_cast<int64_t>(tokens.size()), tokens.data(), pos, seq);
 }
 
 void Model::stage_device_token(const Tensor& id, int64_t pos, int64_t seq) {
   LLMK_CHECK(id.numel() == 1 && id.dtype() == DType::I32 && id.device() == device_,
              "forward: the staged id must be one I32 on the model's device, not {}", id.str());
-  check_stage(1, pos, seq);
-  upload(
-      1, nullptr, [&](int64_t) { return pos; }, [&](int64_t) { return seq; });
-  Tensor slot = staging_.slice(0, 0, 1);
+  stage_sequence(1, nullptr, pos, seq);
+  Tensor slot = staged_ids();
   ops::transfer(slot, id);
-  staged_ = {.tokens = 1, .seq = seq, .one_per_sequence = false, .pos = pos};
-  on_staged();
 }
 
 void Model::stage_step(std::span<const int32_t> tokens, std::span<const int64_t> pos) {

@@ -24,9 +24,10 @@
 #include "formats/gguf.h"
 #include "model/config.h"
 #include "model/weights.h"
-#include "tokenizer/tokenizer.h"
 
 namespace llmk {
+
+class Tokenizer;
 
 struct LoadOptions {
   int64_t context = 0;    // KV cache length in tokens; 0 = min(model's context, 4096)
@@ -134,7 +135,8 @@ class Model {
   // position_of(i))) and uploads them.
   template <class PosOf, class SeqOf>
   void upload(int64_t t, const int32_t* tokens, PosOf position_of, SeqOf seq_of);
-  void check_stage(int64_t t, int64_t pos, int64_t seq) const;
+  // stage()'s body; tokens null: the ids are put on the device by the caller.
+  void stage_sequence(int64_t t, const int32_t* tokens, int64_t pos, int64_t seq);
   std::map<int64_t, bool> release_first_;
 };
 

@@ -1,6 +1,7 @@
 // Benchmark of the linear layer (cuda::linear) at the decode (M = 1) and prefill (M = 512)
 // shapes of Qwen2.5-0.5B, Llama-3-8B and Phi-3-mini, against the device's copy rate. M = 1 runs
-// twice: llmk's one-row kernel (gemv.h), then cuBLASLt (cuda::set_linear_gemv(false)). Then the
+// twice: llmk's one-row kernel (gemv.h), then cuBLASLt (cuda::set_linear_gemv(false)); M = 512
+// runs the tuned cuBLASLt plan (linear.h: set_linear_tuning), as prefill does. Then the
 // one-row kernel with the decoder's fused epilogues at those models' shapes: the gated gate|up
 // (SiLU-mul of the two halves, F outputs: cuda::linear_gated_row) and the Q|K|V projection with
 // RoPE and the KV append (cuda::linear_rope_row), whose extra writes are under 0.1% of the bytes.
@@ -143,7 +144,8 @@ Result run(const Layer& layer, int64_t M, DType out_dtype, int samples, Events& 
   LLMK_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
   const char* kernel = cuda::linear_stats().gemv > gemv_before ? "gemv" : "cublasLt";
   if (layer.epilogue != Layer::Epilogue::None) {
-    if (!fused) throw std::runtime_error(std::string(layer.name) + ": the fused epilogue did not run");
+    if (!fused)
+      throw std::runtime_error(std::string(layer.name) + ": the fused epilogue did not run");
     kernel = layer.epilogue == Layer::Epilogue::Gated ? "gemv+silu" : "gemv+rope";
   }
   if (cache) LLMK_CUDA_CHECK(cudaFree(cache));
@@ -224,7 +226,8 @@ int main_impl(int argc, char** argv) {
                 r.us_stream, r.weight_gbs, 100.0 * r.weight_gbs / copy_gbs, r.tflops);
   }
   const cuda::LinearStats st = cuda::linear_stats();
-  std::printf("\ncuBLASLt plans %llu for %llu calls\n", static_cast<unsigned long long>(st.plans),
+  std::printf("\ncuBLASLt plans %llu (%llu tuned) for %llu calls\n",
+              static_cast<unsigned long long>(st.plans), static_cast<unsigned long long>(st.tuned),
               static_cast<unsigned long long>(st.calls));
 
   if (json_path) {

@@ -431,6 +431,75 @@ TEST_F(Linear, TwoCallsCapturedInAGraphReplayOnNewInputs) {
   LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
+// Tuning: the first problem of 64 rows or more in a bucket (M rounded up to a power of two),
+// met outside graph capture, times the heuristic's candidates once (and still matches the CPU);
+// the bucket's later problems reuse the choice without timing; fewer rows, a first sight inside
+// a capture, or tuning switched off take the heuristic's first without timing. Shapes no other
+// test uses.
+TEST_F(Linear, NewProblemsOf64RowsOrMoreAreTunedOncePerBucketOutsideCapture) {
+  Rng rng(31);
+  constexpr int64_t N = 768, K = 640;
+  const Tensor w_host = random_bf16({N, K}, rng, 1.0f / std::sqrt(static_cast<float>(K)));
+  const Tensor w = w_host.to(Device::CUDA), w32 = to_f32(w_host);
+  const auto run = [&](int64_t M, const std::string& what) {
+    const Tensor x_host = random_bf16({M, K}, rng, 1.0f);
+    Tensor out = poisoned_cuda({M, N}, DType::BF16);
+    ops::linear(out, x_host.to(Device::CUDA), w);
+    Tensor ref = Tensor::empty({M, N}, DType::F32);
+    ops::linear(ref, to_f32(x_host), w32);
+    expect_within(compare(out.to(Device::CPU), ref), tolerance_for(DType::BF16), what);
+  };
+  const cuda::LinearStats s0 = cuda::linear_stats();
+  run(160, "M=160, first sight");
+  const cuda::LinearStats s1 = cuda::linear_stats();
+  EXPECT_EQ(s1.plans, s0.plans + 1);
+  EXPECT_EQ(s1.tuned, s0.tuned + 1) << "a new 160-row problem was not tuned";
+  run(160, "M=160, planned");
+  run(255, "M=255, same bucket");
+  run(63, "M=63");
+  const cuda::LinearStats s2 = cuda::linear_stats();
+  EXPECT_EQ(s2.plans, s1.plans + 2);
+  EXPECT_EQ(s2.tuned, s1.tuned) << "a plan was tuned again, or its bucket, or a 63-row one";
+  run(257, "M=257, next bucket");
+  EXPECT_EQ(cuda::linear_stats().tuned, s2.tuned + 1) << "the next bucket was not tuned";
+
+  cuda::set_linear_tuning(false);
+  run(96, "M=96, tuning off");
+  cuda::set_linear_tuning(true);
+  const cuda::LinearStats s3 = cuda::linear_stats();
+  EXPECT_EQ(s3.plans, s2.plans + 2);
+  EXPECT_EQ(s3.tuned, s2.tuned + 1) << "tuning switched off still tuned";
+
+  // First sight inside a capture, in a bucket never tuned: planned without timing; the replay
+  // computes the product.
+  constexpr int64_t M = 100;
+  const Tensor x_host = random_bf16({M, K}, rng, 1.0f);
+  const Tensor x = x_host.to(Device::CUDA);
+  Tensor out = poisoned_cuda({M, N}, DType::BF16);
+  cuda::synchronize();
+  const cudaStream_t stream = cuda::current_stream();
+  cudaGraph_t graph = nullptr;
+  {
+    LLMK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    CaptureGuard guard{stream};
+    ops::linear(out, x, w);
+    guard.open = false;
+    LLMK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  }
+  const cuda::LinearStats s4 = cuda::linear_stats();
+  EXPECT_EQ(s4.plans, s3.plans + 1);
+  EXPECT_EQ(s4.tuned, s3.tuned) << "a plan made inside a capture was tuned";
+  cudaGraphExec_t exec = nullptr;
+  LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  LLMK_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  cuda::synchronize();
+  Tensor ref = Tensor::empty({M, N}, DType::F32);
+  ops::linear(ref, to_f32(x_host), w32);
+  expect_within(compare(out.to(Device::CPU), ref), tolerance_for(DType::BF16), "M=100, captured");
+  LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
 TEST_F(Linear, ArgumentErrors) {
   Rng rng(31);
   const Tensor x = random_bf16({3, 64}, rng, 1.0f).to(Device::CUDA);

@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "core/cuda/allocator.h"
 #include "core/cuda/check.h"
@@ -80,9 +83,16 @@ using Preference = std::unique_ptr<
     LtDeleter<std::remove_pointer_t<cublasLtMatmulPreference_t>, cublasLtMatmulPreferenceDestroy>>;
 
 struct Counters {
-  std::atomic<uint64_t> calls{0}, plans{0}, bias_epilogue{0}, bias_kernel{0}, gemv{0};
+  std::atomic<uint64_t> calls{0}, plans{0}, tuned{0}, bias_epilogue{0}, bias_kernel{0}, gemv{0};
 };
 std::atomic<bool> g_gemv{true};
+std::atomic<bool> g_tune{true};
+// Tuning: the first plan of at least kTuneMinRows rows in a bucket (M rounded up to a power of
+// two, other fields equal) times up to kTuneCandidates of the heuristic's algorithms, kTuneRuns
+// calls per timing.
+constexpr int64_t kTuneMinRows = 64;
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneRuns = 4;
 Counters& counters() {
   static Counters c;
   return c;
@@ -155,17 +165,30 @@ class Lt {
   }
 
   const Plan& plan(const PlanKey& key, const LinearArgs& a);
-  bool find_algo(Plan& p, const PlanKey& key, const LinearArgs& a, bool lenient);
+  std::vector<cublasLtMatmulAlgo_t> candidates(const Plan& p, const PlanKey& key,
+                                               const LinearArgs& a, bool lenient, int max);
+  bool accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) const;
+  size_t fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos,
+                 const LinearArgs& a);
 
   std::mutex mu_;  // guards plans_ and the bias pointer set on a shared descriptor
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;  // for tuning; created on first use
   std::map<PlanKey, Plan> plans_;
+  // Tuned choices by problem with M rounded up to a power of two (a bucket).
+  struct Tuned {
+    cublasLtMatmulAlgo_t algo;
+    bool bias_in_epilogue;
+  };
+  std::map<PlanKey, Tuned> tuned_;
 };
 
-// Asks the heuristic for its best algorithm under the plan's descriptor; false when it has none.
-// `lenient`: a descriptor the heuristic calls invalid also gives false (else that throws).
-bool Lt::find_algo(Plan& p, const PlanKey& key, const LinearArgs& a, bool lenient) {
+// Asks the heuristic for its best algorithms under the plan's descriptor, best first (at most
+// `max`); empty when it has none. `lenient`: a descriptor the heuristic calls invalid also gives
+// none (else that throws).
+std::vector<cublasLtMatmulAlgo_t> Lt::candidates(const Plan& p, const PlanKey& key,
+                                                 const LinearArgs& a, bool lenient, int max) {
   cublasLtMatmulPreference_t raw = nullptr;
   check_status(cublasLtMatmulPreferenceCreate(&raw), "cublasLtMatmulPreferenceCreate", a);
   const Preference pref(raw);
@@ -174,18 +197,86 @@ bool Lt::find_algo(Plan& p, const PlanKey& key, const LinearArgs& a, bool lenien
   set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x, a);
   set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out, a);
   set_pref(raw, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out, a);
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(max));
   int found = 0;
   const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(
       handle_, p.desc.get(), p.w_layout.get(), p.x_layout.get(), p.out_layout.get(),
-      p.out_layout.get(), raw, 1, &result, &found);
+      p.out_layout.get(), raw, max, results.data(), &found);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED || (lenient && s == CUBLAS_STATUS_INVALID_VALUE)) {
-    return false;
+    return {};
   }
   check_status(s, "cublasLtMatmulAlgoGetHeuristic", a);
-  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) return false;
-  p.algo = result.algo;
-  return true;
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  for (int i = 0; i < found; ++i) {
+    if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS) {
+      algos.push_back(results[static_cast<size_t>(i)].algo);
+    }
+  }
+  return algos;
+}
+
+// Whether the current stream is being captured into a CUDA graph (tuning synchronises).
+bool capturing() {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LLMK_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
+
+// Whether cuBLASLt runs `algo` under the plan's descriptor and layouts within the workspace.
+bool Lt::accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) const {
+  cublasLtMatmulHeuristicResult_t r{};
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoCheck(handle_, p.desc.get(), p.w_layout.get(), p.x_layout.get(),
+                              p.out_layout.get(), p.out_layout.get(), &algo, &r);
+  return s == CUBLAS_STATUS_SUCCESS && r.state == CUBLAS_STATUS_SUCCESS &&
+         r.workspaceSize <= kLinearWorkspaceBytes;
+}
+
+// Index of the fastest of `algos` on the call's own operands: each runs once (one that fails
+// there is skipped), then the best of three timings of kTuneRuns back-to-back calls counts. The
+// runs write out, which the call itself overwrites next.
+size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos,
+                   const LinearArgs& a) {
+  const cudaStream_t stream = current_stream();
+  // Another thread's graph capture must not see this thread's synchronisation as its own.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  LLMK_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  struct Restore {
+    cudaStreamCaptureMode m;
+    ~Restore() { (void)cudaThreadExchangeStreamCaptureMode(&m); }
+  } restore{mode};
+  if (!start_) {
+    LLMK_CUDA_CHECK(cudaEventCreate(&start_));
+    LLMK_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  if (p.bias_in_epilogue) set_desc(p.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias, a);
+  const float alpha = 1.0f, beta = 0.0f;
+  const auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle_, p.desc.get(), &alpha, a.w, p.w_layout.get(), a.x,
+                          p.x_layout.get(), &beta, a.out, p.out_layout.get(), a.out,
+                          p.out_layout.get(), &algo, workspace_, kLinearWorkspaceBytes, stream);
+  };
+  size_t best = 0;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < algos.size(); ++i) {
+    if (matmul(algos[i]) != CUBLAS_STATUS_SUCCESS) continue;
+    float ms = std::numeric_limits<float>::infinity();
+    for (int t = 0; t < 3; ++t) {
+      LLMK_CUDA_CHECK(cudaEventRecord(start_, stream));
+      for (int r = 0; r < kTuneRuns; ++r) (void)matmul(algos[i]);
+      LLMK_CUDA_CHECK(cudaEventRecord(stop_, stream));
+      LLMK_CUDA_CHECK(cudaEventSynchronize(stop_));
+      float t_ms = 0;
+      LLMK_CUDA_CHECK(cudaEventElapsedTime(&t_ms, start_, stop_));
+      ms = std::min(ms, t_ms);
+    }
+    if (ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  ++counters().tuned;
+  return best;
 }
 
 // A matmul descriptor for out^T [N, M] = op(A) @ B in column-major terms, with A = w stored
@@ -215,21 +306,42 @@ const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
   // documents for bf16/f32 outputs (asking for the other through BIAS_DATA_TYPE makes the
   // heuristic answer CUBLAS_STATUS_INVALID_VALUE on cuBLASLt 13 / H100). Any other bias, an
   // under-aligned one, or one whose epilogue the heuristic rejects, is added by a separate kernel.
-  bool found = false;
   const bool same_dtype = (key.bias == BiasKind::BF16 && a.out_dtype == DType::BF16) ||
                           (key.bias == BiasKind::F32 && a.out_dtype == DType::F32);
+  // Tuning: a bucket's first problem met outside capture times the candidates; the bucket's
+  // later problems take its choice where cuBLASLt accepts it for their shape.
+  const bool tunable = g_tune.load(std::memory_order_relaxed) && a.M >= kTuneMinRows;
+  PlanKey bucket = key;
+  bucket.M = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(a.M)));
+  if (tunable) {
+    if (const auto it = tuned_.find(bucket); it != tuned_.end()) {
+      p.desc = make_desc(it->second.bias_in_epilogue, a);
+      if (accepts(p, it->second.algo)) {
+        p.algo = it->second.algo;
+        p.bias_in_epilogue = it->second.bias_in_epilogue;
+        ++counters().plans;
+        return plans_.emplace(key, std::move(p)).first->second;
+      }
+    }
+  }
+  const bool tune = tunable && !capturing();
+  const int max = tune ? kTuneCandidates : 1;
+  std::vector<cublasLtMatmulAlgo_t> algos;
   if (same_dtype && key.bias_aligned) {
     p.desc = make_desc(true, a);
-    found = p.bias_in_epilogue = find_algo(p, key, a, /*lenient=*/true);
+    algos = candidates(p, key, a, /*lenient=*/true, max);
+    p.bias_in_epilogue = !algos.empty();
   }
-  if (!found) {
+  if (algos.empty()) {
     p.desc = make_desc(false, a);
-    found = find_algo(p, key, a, /*lenient=*/false);
+    algos = candidates(p, key, a, /*lenient=*/false, max);
   }
-  LLMK_CHECK(found,
+  LLMK_CHECK(!algos.empty(),
              "cuda::linear: cuBLASLt has no algorithm for {} (pointer alignments x {} B, w {} B, "
              "out {} B)",
              describe(a), key.align_x, key.align_w, key.align_out);
+  p.algo = algos[tune && algos.size() > 1 ? fastest(p, algos, a) : 0];
+  if (tune) tuned_.emplace(bucket, Tuned{p.algo, p.bias_in_epilogue});
   ++counters().plans;
   return plans_.emplace(key, std::move(p)).first->second;
 }
@@ -344,10 +456,12 @@ bool linear_rope_row(const LinearArgs& a, const GemvRope& rope) {
 
 void set_linear_gemv(bool on) { g_gemv.store(on, std::memory_order_relaxed); }
 
+void set_linear_tuning(bool on) { g_tune.store(on, std::memory_order_relaxed); }
+
 LinearStats linear_stats() {
   const Counters& c = counters();
-  return {c.calls.load(), c.plans.load(), c.bias_epilogue.load(), c.bias_kernel.load(),
-          c.gemv.load()};
+  return {c.calls.load(),         c.plans.load(),       c.tuned.load(),
+          c.bias_epilogue.load(), c.bias_kernel.load(), c.gemv.load()};
 }
 
 }  // namespace llmk::cuda

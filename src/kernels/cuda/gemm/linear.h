@@ -14,11 +14,13 @@
 //
 // One process-wide cuBLASLt handle and one 32 MiB workspace (allocated once, from the caching
 // allocator, on the first call). Each distinct problem (shapes, leading dimensions, dtypes,
-// bias, pointer alignments) gets a plan on first sight: descriptors, layouts and the algorithm
-// cuBLASLt's heuristic picks; later calls reuse it, so a steady-state call does no heuristic
-// search, no allocation and no host synchronisation, and can be captured in a CUDA graph. Make
-// the first call outside graph capture (the workspace is allocated then); a later first sight of
-// a new problem inside a capture is fine (plans are host-only).
+// bias, pointer alignments) gets a plan on first sight: descriptors, layouts and an algorithm,
+// the fastest of the heuristic's first 8 for 64 rows or more (set_linear_tuning below), else
+// the heuristic's first; later calls reuse it, so a steady-state
+// call does no search, no allocation and no host synchronisation, and can be captured in a CUDA
+// graph. Make the first call outside graph capture (the workspace is allocated then); a later
+// first sight of a new problem inside a capture is fine (no timing there: its plan takes its
+// bucket's choice, or the heuristic's first).
 //
 // The workspace is shared: calls run in order on one stream at a time (as everywhere in llmk);
 // two threads running linear on different streams at once would race on it.
@@ -69,6 +71,7 @@ bool linear_rope_row(const LinearArgs& a, const GemvRope& rope);
 struct LinearStats {
   uint64_t calls = 0;          // linear() calls that ran a GEMM (cuBLASLt or the one-row kernel)
   uint64_t plans = 0;          // plans created (one heuristic search each)
+  uint64_t tuned = 0;          // plans that timed the heuristic's candidates (set_linear_tuning)
   uint64_t bias_epilogue = 0;  // calls whose bias was added in cuBLASLt's epilogue
   uint64_t bias_kernel = 0;    // calls whose bias was added by a separate kernel (see linear.cpp)
   uint64_t gemv = 0;           // calls the one-row kernel ran (gemv.h), bias included
@@ -79,5 +82,14 @@ LinearStats linear_stats();
 // allow (K a multiple of 8, 16-byte aligned rows), else cuBLASLt. Off: cuBLASLt always.
 // Process-wide; for the tests and benchmarks that compare the two.
 void set_linear_gemv(bool on);
+
+// Tuning (on by default): the first problem of 64 rows or more in a bucket (the same problem
+// with M rounded up to a power of two), met outside graph capture, times up to 8 of the
+// heuristic's algorithms on its own operands (a few milliseconds and one host synchronisation)
+// and keeps the fastest; the bucket's later problems take that choice where cuBLASLt accepts it
+// for their shape, so prompts of many lengths tune a few times, not once each. Off: the
+// heuristic's first, which makes results bit-reproducible from one process to the next.
+// Process-wide; affects plans made after the call.
+void set_linear_tuning(bool on);
 
 }  // namespace llmk::cuda

@@ -8,7 +8,7 @@ namespace llmk {
 
 namespace {
 // Block layouts follow ggml: QK_K = 256 for the k-quants.
-constexpr std::array<DTypeInfo, 16> kInfo = {{
+constexpr std::array<DTypeInfo, 18> kInfo = {{
     {"f32", 1, 4, false},
     {"f16", 1, 2, false},
     {"bf16", 1, 2, false},
@@ -25,6 +25,8 @@ constexpr std::array<DTypeInfo, 16> kInfo = {{
     {"q5_k", 256, 176, true},
     {"q6_k", 256, 210, true},
     {"q8_k", 256, 292, true},
+    {"f64", 1, 8, false},
+    {"i64", 1, 8, false},
 }};
 }  // namespace
 

@@ -26,6 +26,10 @@ enum class DType : uint8_t {
   Q5_K,
   Q6_K,
   Q8_K,
+  // For llmk.ops (python/llmk/ops.py), not model files: float64 references and gradcheck on the
+  // CPU, and torch's default integer type.
+  F64,
+  I64,
 };
 
 struct DTypeInfo {

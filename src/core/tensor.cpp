@@ -105,6 +105,17 @@ Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, Device device
   return t;
 }
 
+Tensor Tensor::borrow_strided(void* data, const Shape& shape, const std::vector<int64_t>& strides,
+                              DType dtype, Device device, std::shared_ptr<void> keep_alive) {
+  LLMK_CHECK(strides.size() == shape.size(), "{} strides given for shape {}", strides.size(),
+             shape_str(shape));
+  LLMK_CHECK(!is_quantized(dtype), "borrow_strided(): {} is a block type", dtype_name(dtype));
+  for (int64_t s : strides) LLMK_CHECK(s >= 0, "borrow_strided(): negative stride {}", s);
+  Tensor t = borrow(data, shape, dtype, device, std::move(keep_alive));
+  t.strides_ = strides;
+  return t;
+}
+
 int64_t Tensor::dim(int i) const {
   const int n = ndim();
   const int j = i < 0 ? i + n : i;

@@ -37,6 +37,11 @@ class Tensor {
   // the tensor and every view made from it.
   static Tensor borrow(void* data, const Shape& shape, DType dtype, Device device = Device::CPU,
                        std::shared_ptr<void> keep_alive = nullptr);
+  // The same with the given strides (elements, one per dimension, none negative; plain dtypes
+  // only): a view of another library's tensor (the Python bindings' DLPack arrays).
+  static Tensor borrow_strided(void* data, const Shape& shape, const std::vector<int64_t>& strides,
+                               DType dtype, Device device = Device::CPU,
+                               std::shared_ptr<void> keep_alive = nullptr);
 
   bool defined() const { return data_ != nullptr; }
   const Shape& shape() const { return shape_; }

@@ -58,6 +58,9 @@ void ThreadPool::stop_workers() {
   workers_.clear();
 }
 
+// True on a thread running a chunk of some pool's loop: a loop it starts runs inline.
+static thread_local bool t_in_loop = false;
+
 void ThreadPool::run_chunks() {
   for (;;) {
     int64_t c;
@@ -68,9 +71,12 @@ void ThreadPool::run_chunks() {
     }
     const int64_t begin = c * chunk_;
     const int64_t end = std::min(n_, begin + chunk_);
+    t_in_loop = true;
     try {
       (*fn_)(begin, end);
+      t_in_loop = false;
     } catch (...) {
+      t_in_loop = false;
       std::lock_guard<std::mutex> lock(mu_);
       if (!error_) error_ = std::current_exception();
     }
@@ -103,10 +109,11 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t threads = num_threads();
-  if (threads == 1 || n <= grain) {
+  if (threads == 1 || n <= grain || t_in_loop) {
     fn(0, n);
     return;
   }
+  std::lock_guard<std::mutex> one_loop_at_a_time(loop_mu_);
   // A few chunks per thread balances uneven work without much locking.
   int64_t chunks = std::min<int64_t>(threads * 4, (n + grain - 1) / grain);
   const int64_t chunk = (n + chunks - 1) / chunks;

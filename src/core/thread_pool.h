@@ -25,7 +25,8 @@ class ThreadPool {
 
   // Calls fn(begin, end) over disjoint chunks covering [0, n), each at least `grain` long
   // (except the last), and returns when all are done. Exceptions from fn are rethrown here.
-  // Not re-entrant: fn must not call parallel_for on the same pool.
+  // Loops called from several threads at once run one after another; a loop called from inside
+  // fn (on any pool) runs on the calling thread alone.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
@@ -34,6 +35,7 @@ class ThreadPool {
   void run_chunks();
 
   std::vector<std::thread> workers_;
+  std::mutex loop_mu_;  // held by the thread whose loop the workers run
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   // Written under mu_, read without it while spinning: a decode step runs hundreds of short

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -29,6 +30,37 @@ TEST(ThreadPool, CoversEveryIndexOnceAndRethrows) {
                                    if (b > 50) throw Error("boom");
                                  }),
                Error);
+}
+
+// Loops started from several threads at once each cover their own range exactly once, and a
+// loop started inside a chunk runs inline instead of corrupting the running one.
+TEST(ThreadPool, ConcurrentAndNestedLoopsEachCoverTheirRange) {
+  ThreadPool pool(3);
+  constexpr int64_t kN = 5000;
+  auto run = [&](std::vector<std::atomic<int>>& hits) {
+    for (int rep = 0; rep < 50; ++rep) {
+      pool.parallel_for(kN, 7, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+      });
+    }
+  };
+  std::vector<std::atomic<int>> a(kN), b(kN);
+  std::thread other([&] { run(b); });
+  run(a);
+  other.join();
+  for (int64_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(a[static_cast<size_t>(i)].load(), 50) << i;
+    ASSERT_EQ(b[static_cast<size_t>(i)].load(), 50) << i;
+  }
+  std::vector<std::atomic<int>> nested(100 * 100);
+  pool.parallel_for(100, 1, [&](int64_t b0, int64_t e0) {
+    for (int64_t i = b0; i < e0; ++i) {
+      pool.parallel_for(100, 1, [&](int64_t b1, int64_t e1) {
+        for (int64_t j = b1; j < e1; ++j) nested[static_cast<size_t>(i * 100 + j)]++;
+      });
+    }
+  });
+  for (auto& h : nested) ASSERT_EQ(h.load(), 1);
 }
 
 // Limits this process's address space to what it uses now plus `extra` bytes.

@@ -1,6 +1,6 @@
-// llmk._C: the engine for Python (nanobind). One class, _Engine: a model and its tokenizer
-// loaded from a GGUF file or a Hugging Face folder, with tokenize, detokenize and generate over
-// engine/generator.h (detokenize gives bytes). python/llmk/__init__.py wraps it as llmk.LLM.
+// llmk._C: the engine for Python (nanobind); llmk._C.ops (ops.cpp) holds the training ops.
+// _Engine: a model and its tokenizer loaded from a GGUF file or a Hugging Face folder, with
+// tokenize, detokenize and generate over engine/generator.h (detokenize gives bytes). python/llmk/__init__.py wraps it as llmk.LLM.
 // llmk::Error becomes llmk.Error (a RuntimeError) with the same one-line message. generate()
 // releases the GIL.
 #include <nanobind/nanobind.h>
@@ -93,6 +93,9 @@ class Engine {
 };
 
 }  // namespace
+
+void register_ops(nb::module_& parent);  // ops.cpp
+
 }  // namespace llmk
 
 NB_MODULE(_C, m) {
@@ -127,4 +130,5 @@ NB_MODULE(_C, m) {
       .def_prop_ro("device", &Engine::device)
       .def_prop_ro("context", &Engine::context)
       .def_prop_ro("summary", &Engine::summary);
+  llmk::register_ops(m);
 }

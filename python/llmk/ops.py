@@ -1,0 +1,653 @@
+"""llmk's kernels as PyTorch ops, with autograd.
+
+    import torch, llmk.ops as L
+    x = torch.randn(4, 4096, requires_grad=True)
+    y = L.rms_norm(x, torch.ones(4096), eps=1e-6)
+    y.sum().backward()
+
+Each op is a `torch.library.custom_op` (namespace `llmk`) with a fake implementation, so
+`torch.compile(fullgraph=True)` traces through it, and a registered backward (itself a custom
+op). The CPU kernels take float32 and float64 (every tensor of a call the same dtype) and sum in
+double; they are the reference for the CUDA kernels. This build's CUDA kernels are not wired to
+these ops yet: CUDA tensors raise llmk.Error. `stats()` tells which kernel ran how often.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from llmk._C import Error
+from llmk._C import ops as _C
+
+__all__ = [
+    "flash_attn",
+    "rms_norm",
+    "rope",
+    "rope_cos_sin",
+    "swiglu",
+    "geglu",
+    "linear_act",
+    "stats",
+    "reset_stats",
+]
+
+
+def _d(t: Optional[Tensor]) -> Optional[Tensor]:
+    """t as the kernels take it: detached (DLPack refuses tensors that require grad)."""
+    return None if t is None else t.detach()
+
+
+def _c(t: Tensor) -> Tensor:
+    """t contiguous and detached (gradients may arrive expanded or strided)."""
+    return t.detach().contiguous()
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise Error(msg)
+
+
+def _check_float(op: str, **tensors: Optional[Tensor]) -> None:
+    """Same device, same floating dtype for every tensor given (None skipped)."""
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        _check(isinstance(t, Tensor), f"llmk.ops.{op}: {name} must be a torch.Tensor")
+        if first is None:
+            first = (name, t)
+            _check(t.is_floating_point(),
+                   f"llmk.ops.{op}: {name} is {t.dtype}; a floating-point tensor is needed")
+            continue
+        n0, t0 = first
+        _check(t.device == t0.device,
+               f"llmk.ops.{op}: {name} is on {t.device} but {n0} on {t0.device}")
+        _check(t.dtype == t0.dtype,
+               f"llmk.ops.{op}: {name} is {t.dtype} but {n0} is {t0.dtype}")
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm
+
+
+@torch.library.custom_op("llmk::rms_norm", mutates_args=())
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    x2 = _c(x).reshape(-1, x.shape[-1])
+    y = torch.empty_like(x2)
+    rstd = x2.new_empty(x2.shape[0])
+    _C.rms_norm_forward(y, rstd, x2, _c(weight), eps, None, None)
+    return y.view(x.shape), rstd
+
+
+@_rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(
+        x.numel() // x.shape[-1])
+
+
+@torch.library.custom_op("llmk::add_rms_norm", mutates_args=())
+def _add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor,
+                  eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    x2 = _c(x).reshape(-1, x.shape[-1])
+    y = torch.empty_like(x2)
+    s = torch.empty_like(x2)
+    rstd = x2.new_empty(x2.shape[0])
+    _C.rms_norm_forward(y, rstd, x2, _c(weight), eps, _c(residual).reshape(x2.shape), s)
+    return y.view(x.shape), s.view(x.shape), rstd
+
+
+@_add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return y, torch.empty_like(y), x.new_empty(x.numel() // x.shape[-1])
+
+
+@torch.library.custom_op("llmk::rms_norm_backward", mutates_args=())
+def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor,
+                       need_dw: bool) -> tuple[Tensor, Tensor]:
+    x2 = _c(x).reshape(-1, x.shape[-1])
+    dx = torch.empty_like(x2)
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else \
+        weight.new_empty(0)
+    _C.rms_norm_backward(dx, dw if need_dw else None, _c(dy).reshape(x2.shape), x2,
+                         _c(weight), _c(rstd))
+    return dx.view(x.shape), dw
+
+
+@_rms_norm_backward.register_fake
+def _(dy, x, weight, rstd, need_dw):
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return dx, (torch.empty_like(weight, memory_format=torch.contiguous_format)
+                if need_dw else weight.new_empty(0))
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _ = inputs
+    _, rstd = output
+    ctx.save_for_backward(x, weight, rstd)
+
+
+def _rms_norm_bwd(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    need_dw = ctx.needs_input_grad[1]
+    dx, dw = _rms_norm_backward(dy, x, weight, rstd, need_dw)
+    return dx, dw if need_dw else None, None
+
+
+_rms_norm.register_autograd(_rms_norm_bwd, setup_context=_rms_norm_setup)
+
+
+def _add_rms_norm_setup(ctx, inputs, output):
+    _, _, weight, _ = inputs
+    _, s, rstd = output
+    ctx.save_for_backward(s, weight, rstd)
+
+
+def _add_rms_norm_bwd(ctx, dy, ds, _drstd):
+    s, weight, rstd = ctx.saved_tensors
+    need_dw = ctx.needs_input_grad[2]
+    dsum, dw = _rms_norm_backward(dy, s, weight, rstd, need_dw)
+    if ds is not None:
+        dsum = dsum + ds
+    return dsum, dsum, dw if need_dw else None, None
+
+
+_add_rms_norm.register_autograd(_add_rms_norm_bwd, setup_context=_add_rms_norm_setup)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6,
+             residual: Optional[Tensor] = None) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    """x / sqrt(mean(x^2, -1) + eps) * weight over the last dimension.
+
+    With residual: the pre-norm residual step, s = x + residual, returning (rms_norm(s), s)
+    (the normalised input of the next block and the new residual stream) from one op.
+    """
+    _check_float("rms_norm", x=x, weight=weight, residual=residual)
+    _check(x.dim() >= 1 and weight.shape == (x.shape[-1],),
+           f"llmk.ops.rms_norm: weight is {tuple(weight.shape)}; x {tuple(x.shape)} needs "
+           f"({x.shape[-1] if x.dim() else '?'},)")
+    _check(eps >= 0 and math.isfinite(eps), f"llmk.ops.rms_norm: eps = {eps} must be >= 0")
+    if residual is None:
+        return _rms_norm(x, weight, float(eps))[0]
+    _check(residual.shape == x.shape,
+           f"llmk.ops.rms_norm: residual is {tuple(residual.shape)} but x {tuple(x.shape)}")
+    y, s, _ = _add_rms_norm(x, residual, weight, float(eps))
+    return y, s
+
+
+# ---------------------------------------------------------------------------------------------
+# Gated activations
+
+_ACTS = ("silu", "gelu", "gelu_tanh")
+
+
+@torch.library.custom_op("llmk::gated", mutates_args=())
+def _gated(gate: Tensor, up: Tensor, act: str) -> Tensor:
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    _C.gated_forward(out, _c(gate), _c(up), act)
+    return out
+
+
+@_gated.register_fake
+def _(gate, up, act):
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("llmk::gated_backward", mutates_args=())
+def _gated_backward(dout: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tensor, Tensor]:
+    dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    dup = torch.empty_like(dgate)
+    _C.gated_backward(dgate, dup, _c(dout), _c(gate), _c(up), act)
+    return dgate, dup
+
+
+@_gated_backward.register_fake
+def _(dout, gate, up, act):
+    g = torch.empty_like(gate, memory_format=torch.contiguous_format)
+    return g, torch.empty_like(g)
+
+
+def _gated_setup(ctx, inputs, output):
+    gate, up, act = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.act = act
+
+
+def _gated_bwd(ctx, dout):
+    gate, up = ctx.saved_tensors
+    dgate, dup = _gated_backward(dout, gate, up, ctx.act)
+    return dgate, dup, None
+
+
+_gated.register_autograd(_gated_bwd, setup_context=_gated_setup)
+
+
+def _gated_checked(op: str, gate: Tensor, up: Tensor, act: str) -> Tensor:
+    _check_float(op, gate=gate, up=up)
+    _check(gate.shape == up.shape,
+           f"llmk.ops.{op}: gate is {tuple(gate.shape)} but up {tuple(up.shape)}")
+    return _gated(gate, up, act)
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up (the gated MLP of Llama, Qwen2, Phi-3)."""
+    return _gated_checked("swiglu", gate, up, "silu")
+
+
+def geglu(gate: Tensor, up: Tensor, approximate: str = "tanh") -> Tensor:
+    """gelu(gate) * up; approximate "tanh" (Gemma's gelu_pytorch_tanh) or "none" (erf)."""
+    _check(approximate in ("tanh", "none"),
+           f"llmk.ops.geglu: approximate = {approximate!r}; 'tanh' or 'none'")
+    return _gated_checked("geglu", gate, up, "gelu_tanh" if approximate == "tanh" else "gelu")
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE
+
+
+@torch.library.custom_op("llmk::rope_table", mutates_args=())
+def _rope_table(positions: Tensor, pairs: int, theta: float, freq_scale: float,
+                factors: Optional[Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    p = _c(positions).reshape(-1).to(torch.int64)
+    cos = torch.empty(p.shape[0], pairs, dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    _C.rope_table(cos, sin, p, theta, freq_scale, None if factors is None else _c(factors))
+    return cos.view(*positions.shape, pairs), sin.view(*positions.shape, pairs)
+
+
+@_rope_table.register_fake
+def _(positions, pairs, theta, freq_scale, factors, dtype):
+    cos = positions.new_empty(*positions.shape, pairs, dtype=dtype)
+    return cos, torch.empty_like(cos)
+
+
+@torch.library.custom_op("llmk::rope_rotate", mutates_args=())
+def _rope_rotate(x: Tensor, cos: Tensor, sin: Tensor, half_split: bool,
+                 inverse: bool) -> Tensor:
+    y = torch.empty_like(x)  # x's layout, permuted or not
+    _C.rope_rotate(y, _d(x), _d(cos), _d(sin), half_split, inverse)
+    return y
+
+
+@_rope_rotate.register_fake
+def _(x, cos, sin, half_split, inverse):
+    return torch.empty_like(x)
+
+
+def _rope_setup(ctx, inputs, output):
+    _, cos, sin, half_split, inverse = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.half_split, ctx.inverse = half_split, inverse
+
+
+def _rope_bwd(ctx, dy):
+    cos, sin = ctx.saved_tensors
+    # The rotation is orthogonal: its backward rotates by the negative angle.
+    return _rope_rotate(dy, cos, sin, ctx.half_split, not ctx.inverse), None, None, None, None
+
+
+_rope_rotate.register_autograd(_rope_bwd, setup_context=_rope_setup)
+
+
+def _llama3_factors(pairs: int, rot_dim: int, theta: float, s: dict) -> list[float]:
+    """inv_freq divisors of Llama 3's rope scaling (as transformers computes them)."""
+    factor = float(s["factor"])
+    low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
+    old = float(s["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old / low, old / high
+    out = []
+    for i in range(pairs):
+        inv = theta ** (-2.0 * i / rot_dim)
+        wavelen = 2 * math.pi / inv
+        if wavelen < high_wavelen:
+            new = inv
+        elif wavelen > low_wavelen:
+            new = inv / factor
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            new = (1 - smooth) * inv / factor + smooth * inv
+        out.append(inv / new)
+    return out
+
+
+def rope_cos_sin(positions: Tensor, rot_dim: int, theta: float = 10000.0,
+                 scaling: Optional[dict] = None,
+                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos and sin tables [..., rot_dim // 2] for integer positions [...] (angles in double):
+    angle = position * theta^(-2i / rot_dim), with Hugging Face's rope_scaling dict applied
+    ("linear": positions / factor; "llama3": per-frequency factors; None or "default": none)."""
+    _check(isinstance(positions, Tensor) and not positions.is_floating_point()
+           and not positions.is_complex(),
+           "llmk.ops.rope_cos_sin: positions must be an integer tensor")
+    _check(rot_dim > 0 and rot_dim % 2 == 0,
+           f"llmk.ops.rope_cos_sin: rot_dim = {rot_dim} must be even and > 0")
+    _check(theta > 0 and math.isfinite(theta), f"llmk.ops.rope_cos_sin: theta = {theta}")
+    pairs = rot_dim // 2
+    freq_scale, factors = 1.0, None
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        pass
+    elif kind == "linear":
+        freq_scale = 1.0 / float(scaling["factor"])
+    elif kind == "llama3":
+        factors = torch.tensor(_llama3_factors(pairs, rot_dim, theta, scaling),
+                               dtype=torch.float64, device=positions.device)
+    else:
+        raise Error(f"llmk.ops.rope_cos_sin: rope scaling {kind!r} is not supported "
+                    "(linear, llama3)")
+    return _rope_table(positions, pairs, float(theta), freq_scale, factors, dtype)
+
+
+def rope(q: Tensor, k: Tensor, cos_sin: Optional[tuple[Tensor, Tensor]] = None,
+         positions: Optional[Tensor] = None, *, style: str = "neox",
+         theta: float = 10000.0, rot_dim: Optional[int] = None,
+         scaling: Optional[dict] = None, heads_first: bool = False) -> tuple[Tensor, Tensor]:
+    """q and k rotated by their positions; returns (q_rot, k_rot) in the inputs' layouts.
+
+    q: [batch, seq, heads, dim] (flash-attn's layout) or [seq, heads, dim]; with
+    heads_first=True, [batch, heads, seq, dim] (Hugging Face's). k likewise, with its own heads.
+    Either cos_sin = (cos, sin), each [seq, rot_dim // 2] or [batch, seq, rot_dim // 2] (one
+    value per rotated pair; Hugging Face's duplicated [.., dim] tables: take [..., :dim // 2]),
+    or positions ([seq] or [batch, seq] integers) with theta and scaling (see rope_cos_sin).
+    style "neox" rotates pairs (i, i + rot_dim/2) (Hugging Face Llama, Qwen2, Phi-3, Gemma),
+    "interleaved" pairs (2i, 2i+1) (GPT-J, Meta's checkpoints). Dims past rot_dim (default:
+    all) are passed through.
+    """
+    _check(style in ("neox", "interleaved"),
+           f"llmk.ops.rope: style = {style!r}; 'neox' or 'interleaved'")
+    _check_float("rope", q=q, k=k)
+    _check(q.dim() in (3, 4) and k.dim() == q.dim(),
+           f"llmk.ops.rope: q {tuple(q.shape)} and k {tuple(k.shape)} must both be 3-D or 4-D")
+    D = q.shape[-1]
+    _check(k.shape[-1] == D, f"llmk.ops.rope: q's head dim {D} but k's {k.shape[-1]}")
+
+    def as_bshd(t: Tensor) -> Tensor:
+        if t.dim() == 3:
+            return t.unsqueeze(0) if not heads_first else t.unsqueeze(0).transpose(1, 2)
+        return t.transpose(1, 2) if heads_first else t
+
+    q4, k4 = as_bshd(q), as_bshd(k)
+    _check(q4.shape[:2] == k4.shape[:2],
+           f"llmk.ops.rope: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or seq")
+    S = q4.shape[1]
+    if cos_sin is not None:
+        _check(positions is None, "llmk.ops.rope: give cos_sin or positions, not both")
+        cos, sin = cos_sin
+        _check_float("rope", q=q, cos=cos, sin=sin)
+        R = cos.shape[-1]
+        _check(rot_dim is None or rot_dim == 2 * R,
+               f"llmk.ops.rope: rot_dim = {rot_dim} but cos has {R} pairs")
+    else:
+        _check(positions is not None, "llmk.ops.rope: give cos_sin or positions")
+        rd = D if rot_dim is None else int(rot_dim)
+        _check(0 < rd <= D and rd % 2 == 0,
+               f"llmk.ops.rope: rot_dim = {rd} must be even, in (0, {D}]")
+        cos, sin = rope_cos_sin(positions, rd, theta, scaling, q.dtype)
+        R = rd // 2
+    _check(2 * R <= D, f"llmk.ops.rope: cos has {R} pairs; head dim {D} holds {D // 2}")
+    if cos.dim() == 2:
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    _check(cos.dim() == 3 and cos.shape[1] == S and cos.shape[0] in (1, q4.shape[0])
+           and sin.shape == cos.shape,
+           f"llmk.ops.rope: cos {tuple(cos.shape)} does not fit {S} positions of batch "
+           f"{q4.shape[0]} (expected [seq, {R}] or [batch, seq, {R}])")
+    if cos.stride(-1) != 1:
+        cos = cos.contiguous()
+    if sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    half = style == "neox"
+    qr = _rope_rotate(q4, cos, sin, half, False)
+    kr = _rope_rotate(k4, cos, sin, half, False)
+
+    def back(t: Tensor, like: Tensor) -> Tensor:
+        if like.dim() == 3:
+            return t.squeeze(0) if not heads_first else t.transpose(1, 2).squeeze(0)
+        return t.transpose(1, 2) if heads_first else t
+
+    return back(qr, q), back(kr, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flash attention
+
+
+@torch.library.custom_op("llmk::flash_attn", mutates_args=())
+def _flash_attn(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, scale: float,
+                causal: bool, window_left: int, window_right: int,
+                softcap: float) -> tuple[Tensor, Tensor]:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = q.new_empty(q.shape[0], q.shape[1])
+    _C.flash_attention_forward(out, lse, _c(q), _c(k), _c(v), _c(cu_q), _c(cu_k), scale, causal,
+                               window_left, window_right, softcap)
+    return out, lse
+
+
+@_flash_attn.register_fake
+def _(q, k, v, cu_q, cu_k, scale, causal, window_left, window_right, softcap):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty(q.shape[0], q.shape[1]))
+
+
+@torch.library.custom_op("llmk::flash_attn_backward", mutates_args=())
+def _flash_attn_backward(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+                         out: Tensor, lse: Tensor, cu_q: Tensor, cu_k: Tensor, scale: float,
+                         causal: bool, window_left: int, window_right: int,
+                         softcap: float) -> tuple[Tensor, Tensor, Tensor]:
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty_like(dk)
+    _C.flash_attention_backward(dq, dk, dv, _c(dout), None if dlse is None else _c(dlse), _c(q),
+                                _c(k), _c(v), _c(out), _c(lse), _c(cu_q), _c(cu_k), scale,
+                                causal, window_left, window_right, softcap)
+    return dq, dk, dv
+
+
+@_flash_attn_backward.register_fake
+def _(dout, dlse, q, k, v, out, lse, cu_q, cu_k, scale, causal, window_left, window_right,
+      softcap):
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    return dq, dk, torch.empty_like(dk)
+
+
+def _flash_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *params = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.params = params
+
+
+def _flash_bwd(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _flash_attn_backward(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.params)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_flash_attn.register_autograd(_flash_bwd, setup_context=_flash_setup)
+
+
+def _window(window, causal: bool) -> tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if isinstance(window, int):
+        _check(window >= 1, f"llmk.ops.flash_attn: window = {window} must be >= 1")
+        return window - 1, (0 if causal else window - 1)
+    _check(isinstance(window, (tuple, list)) and len(window) == 2
+           and all(isinstance(w, int) and w >= -1 for w in window),
+           f"llmk.ops.flash_attn: window = {window!r}; an int, or (left, right) with -1 for "
+           "unbounded")
+    return int(window[0]), int(window[1])
+
+
+def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+               window: Union[None, int, Sequence[int]] = None, softcap: Optional[float] = None,
+               scale: Optional[float] = None, cu_seqlens_q: Optional[Tensor] = None,
+               cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+               max_seqlen_k: Optional[int] = None, return_lse: bool = False,
+               deterministic: bool = False) -> Union[Tensor, tuple[Tensor, Tensor]]:
+    """Attention in flash-attn's layout: q [batch, seq_q, heads_q, dim], k and v [batch, seq_k,
+    heads_kv, dim] (heads_q a multiple of heads_kv: grouped-query attention), or, with
+    cu_seqlens_q/k ([batch + 1] int32 running offsets), packed [total, heads, dim] sequences of
+    different lengths. Returns out like q, and with return_lse also the log-sum-exp of each
+    query's scores (float; [batch, heads_q, seq_q], or [heads_q, total_q] packed), which may
+    carry a gradient too.
+
+    causal: query i of a sequence sees keys up to i + seq_k - seq_q (bottom-right aligned, as
+    flash-attn). window: int W, each query sees the W keys ending at its aligned position (and,
+    not causal, the W - 1 after it); or (left, right) as flash-attn's window_size, -1
+    unbounded. softcap: scores = softcap * tanh(scores / softcap). scale: default
+    1/sqrt(dim). A query that sees no key gets zeros (and lse -inf). The backward gives dq, dk,
+    dv (dk, dv summed over each query group); the CPU kernels are always deterministic, so
+    `deterministic` changes nothing there.
+    """
+    del deterministic  # the CPU backward is deterministic
+    _check_float("flash_attn", q=q, k=k, v=v)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    nd = 3 if varlen else 4
+    layout = "[total, heads, dim]" if varlen else "[batch, seq, heads, dim]"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check(t.dim() == nd, f"llmk.ops.flash_attn: {name} is {tuple(t.shape)}; {layout} "
+               f"expected{' (cu_seqlens given)' if varlen else ''}")
+    _check(k.shape == v.shape, f"llmk.ops.flash_attn: k {tuple(k.shape)} but v {tuple(v.shape)}")
+    D, Hq, Hkv = q.shape[-1], q.shape[-2], k.shape[-2]
+    _check(k.shape[-1] == D, f"llmk.ops.flash_attn: q's head dim {D} but k's {k.shape[-1]}")
+    _check(Hkv > 0 and Hq % Hkv == 0,
+           f"llmk.ops.flash_attn: {Hq} query heads are not a multiple of {Hkv} key heads")
+    if softcap is not None:
+        _check(softcap >= 0 and math.isfinite(softcap),
+               f"llmk.ops.flash_attn: softcap = {softcap} must be >= 0")
+    if scale is not None:
+        _check(scale > 0 and math.isfinite(scale),
+               f"llmk.ops.flash_attn: scale = {scale} must be > 0")
+    left, right = _window(window, causal)
+    params = (float(scale or 1.0 / math.sqrt(D)), bool(causal), left, right, float(softcap or 0.0))
+    if varlen:
+        _check(cu_seqlens_q is not None and cu_seqlens_k is not None,
+               "llmk.ops.flash_attn: give both cu_seqlens_q and cu_seqlens_k")
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            _check(isinstance(cu, Tensor) and cu.dtype == torch.int32 and cu.dim() == 1,
+                   f"llmk.ops.flash_attn: {name} must be a 1-D int32 tensor")
+        lens_q, lens_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
+        for name, m, lens in (("max_seqlen_q", max_seqlen_q, lens_q),
+                              ("max_seqlen_k", max_seqlen_k, lens_k)):
+            if m is not None and lens.numel() > 0 and not torch.compiler.is_compiling():
+                _check(int(lens.max()) <= m,
+                       f"llmk.ops.flash_attn: a sequence is longer than {name} = {m}")
+        out, lse = _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, *params)
+        return (out, lse.t()) if return_lse else out
+    B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+    _check(k.shape[0] == B, f"llmk.ops.flash_attn: q has batch {B} but k {k.shape[0]}")
+    cu_q = torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int32, device=q.device)[:B + 1]
+    cu_k = torch.arange(0, (B + 1) * Sk, Sk, dtype=torch.int32, device=q.device)[:B + 1]
+    if Sq == 0:
+        cu_q = torch.zeros(B + 1, dtype=torch.int32, device=q.device)
+    if Sk == 0:
+        cu_k = torch.zeros(B + 1, dtype=torch.int32, device=q.device)
+    out, lse = _flash_attn(q.reshape(B * Sq, Hq, D), k.reshape(B * Sk, Hkv, D),
+                           v.reshape(B * Sk, Hkv, D), cu_q, cu_k, *params)
+    out = out.view(B, Sq, Hq, D)
+    return (out, lse.view(B, Sq, Hq).transpose(1, 2)) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear with its activation
+
+
+@torch.library.custom_op("llmk::linear_act", mutates_args=())
+def _linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                act: str) -> tuple[Tensor, Tensor]:
+    x2 = _c(x).reshape(-1, x.shape[-1])
+    N = weight.shape[0]
+    y = x2.new_empty(x2.shape[0], N)
+    z = torch.empty_like(y)
+    _C.linear_act_forward(y, z, x2, _c(weight), None if bias is None else _c(bias), act)
+    return y.view(*x.shape[:-1], N), z
+
+
+@_linear_act.register_fake
+def _(x, weight, bias, act):
+    N = weight.shape[0]
+    return x.new_empty(*x.shape[:-1], N), x.new_empty(x.numel() // x.shape[-1], N)
+
+
+@torch.library.custom_op("llmk::linear_act_backward", mutates_args=())
+def _linear_act_backward(dy: Tensor, x: Tensor, weight: Tensor, z: Tensor, act: str,
+                         need_dx: bool, need_dw: bool,
+                         need_db: bool) -> tuple[Tensor, Tensor, Tensor]:
+    x2 = _c(x).reshape(-1, x.shape[-1])
+    N, K = weight.shape
+    dx = torch.empty_like(x2) if need_dx else x2.new_empty(0)
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else \
+        weight.new_empty(0)
+    db = weight.new_empty(N) if need_db else weight.new_empty(0)
+    _C.linear_act_backward(dx if need_dx else None, dw if need_dw else None,
+                           db if need_db else None, _c(dy).reshape(-1, N), x2, _c(weight), _c(z),
+                           act)
+    return (dx.view(x.shape) if need_dx else dx), dw, db
+
+
+@_linear_act_backward.register_fake
+def _(dy, x, weight, z, act, need_dx, need_dw, need_db):
+    N = weight.shape[0]
+    return (torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx
+            else x.new_empty(0),
+            torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw
+            else weight.new_empty(0),
+            weight.new_empty(N) if need_db else weight.new_empty(0))
+
+
+def _linear_act_setup(ctx, inputs, output):
+    x, weight, bias, act = inputs
+    _, z = output
+    ctx.save_for_backward(x, weight, z)
+    ctx.act = act
+    ctx.has_bias = bias is not None
+
+
+def _linear_act_bwd(ctx, dy, _dz):
+    x, weight, z = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    need_db = ctx.has_bias and need[2]
+    dx, dw, db = _linear_act_backward(dy, x, weight, z, ctx.act, need[0], need[1], need_db)
+    return (dx if need[0] else None, dw if need[1] else None, db if need_db else None, None)
+
+
+_linear_act.register_autograd(_linear_act_bwd, setup_context=_linear_act_setup)
+
+
+def linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+               act: str = "gelu") -> Tensor:
+    """act(x @ weight.T + bias), as torch.nn.functional.linear then the activation, in one op.
+
+    x: [..., in]; weight: [out, in]; bias: optional [out]. act: "gelu" (erf), "gelu_tanh",
+    "silu" or "none". The backward reads the pre-activation the forward kept.
+    """
+    _check(act in _ACTS + ("none",),
+           f"llmk.ops.linear_act: act = {act!r}; one of gelu, gelu_tanh, silu, none")
+    _check_float("linear_act", x=x, weight=weight, bias=bias)
+    _check(weight.dim() == 2 and x.dim() >= 1 and weight.shape[1] == x.shape[-1],
+           f"llmk.ops.linear_act: x is {tuple(x.shape)} but weight {tuple(weight.shape)}; "
+           "weight must be [out, in]")
+    _check(bias is None or bias.shape == (weight.shape[0],),
+           f"llmk.ops.linear_act: bias is {None if bias is None else tuple(bias.shape)}, "
+           f"expected ({weight.shape[0]},)")
+    return _linear_act(x, weight, bias, act)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Stats
+
+
+def stats() -> list[dict]:
+    """Which kernel ran how often per op since the last reset_stats() (process-wide): a list of
+    {"op", "kernel", "calls", "reason"}, reason naming why a fallback ran ("" otherwise)."""
+    return [{"op": op, "kernel": kernel, "calls": calls, "reason": reason}
+            for op, kernel, reason, calls in _C.stats()]
+
+
+def reset_stats() -> None:
+    _C.reset_stats()

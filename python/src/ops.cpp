@@ -1,0 +1,235 @@
+// llmk._C.ops: the ops of src/ops/train.h over DLPack arrays (torch tensors, numpy arrays), for
+// python/llmk/ops.py. The caller allocates every output; arrays are borrowed, never copied.
+// Errors are llmk.Error with the op's one-line message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "ops/train.h"
+
+namespace nb = nanobind;
+
+namespace llmk {
+namespace {
+
+using Array = nb::ndarray<>;
+using OptArray = std::optional<nb::ndarray<>>;
+
+DType dtype_of(const Array& a, const char* name) {
+  const nb::dlpack::dtype t = a.dtype();
+  using Code = nb::dlpack::dtype_code;
+  if (t.lanes == 1) {
+    const auto code = static_cast<Code>(t.code);
+    if (code == Code::Float && t.bits == 32) return DType::F32;
+    if (code == Code::Float && t.bits == 64) return DType::F64;
+    if (code == Code::Float && t.bits == 16) return DType::F16;
+    if (code == Code::Bfloat && t.bits == 16) return DType::BF16;
+    if (code == Code::Int && t.bits == 32) return DType::I32;
+    if (code == Code::Int && t.bits == 64) return DType::I64;
+    if (code == Code::Int && t.bits == 8) return DType::I8;
+  }
+  throw Error(fmt::format("{}: unsupported element type (DLPack code {}, {} bits, {} lanes)", name,
+                          static_cast<int>(t.code), static_cast<int>(t.bits),
+                          static_cast<int>(t.lanes)));
+}
+
+// A borrowed view of a; contiguous (in the sense of torch, where a dimension of size 1 may have
+// any stride) arrays get contiguous strides, so that llmk's checks see them as such.
+Tensor tensor_of(const Array& a, const char* name) {
+  Device device;
+  if (a.device_type() == nb::device::cpu::value) {
+    device = Device::CPU;
+  } else if (a.device_type() == nb::device::cuda::value) {
+    device = Device::CUDA;
+  } else {
+    throw Error(fmt::format("{}: arrays on device type {} are not supported (CPU or CUDA)", name,
+                            a.device_type()));
+  }
+  Shape shape(a.ndim());
+  std::vector<int64_t> strides(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    shape[i] = static_cast<int64_t>(a.shape(i));
+    strides[i] = a.stride(i);
+    if (strides[i] < 0) throw Error(fmt::format("{}: negative strides are not supported", name));
+  }
+  bool contiguous = true;
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (shape[i] != 1 && strides[i] != expect) contiguous = false;
+    expect *= shape[i];
+  }
+  const DType dt = dtype_of(a, name);
+  if (contiguous || shape_numel(shape) == 0) {
+    return Tensor::borrow(a.data(), shape, dt, device);
+  }
+  return Tensor::borrow_strided(a.data(), shape, strides, dt, device);
+}
+
+std::optional<Tensor> opt_tensor(const OptArray& a, const char* name) {
+  if (!a) return std::nullopt;
+  return tensor_of(*a, name);
+}
+
+ops::Act act_of(const std::string& name) {
+  if (name == "silu") return ops::Act::SiLU;
+  if (name == "gelu_tanh") return ops::Act::GeluTanh;
+  if (name == "gelu") return ops::Act::GeluErf;
+  if (name == "none") return ops::Act::None;
+  throw Error(fmt::format("unknown activation '{}' (silu, gelu, gelu_tanh or none)", name));
+}
+
+ops::FlashParams flash_params(double scale, bool causal, int64_t left, int64_t right,
+                              double softcap) {
+  return {.scale = scale,
+          .causal = causal,
+          .window_left = left,
+          .window_right = right,
+          .softcap = softcap};
+}
+
+}  // namespace
+
+void register_ops(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule("ops", "llmk's training ops over DLPack arrays");
+
+  m.def(
+      "rms_norm_forward",
+      [](Array y, Array rstd, Array x, Array w, double eps, OptArray residual, OptArray sum) {
+        Tensor ty = tensor_of(y, "y"), tr = tensor_of(rstd, "rstd");
+        std::optional<Tensor> res = opt_tensor(residual, "residual"), s = opt_tensor(sum, "sum");
+        nb::gil_scoped_release released;
+        ops::rms_norm_forward(ty, tr, tensor_of(x, "x"), tensor_of(w, "w"), eps,
+                              res ? &*res : nullptr, s ? &*s : nullptr);
+      },
+      nb::arg("y"), nb::arg("rstd"), nb::arg("x"), nb::arg("w"), nb::arg("eps"),
+      nb::arg("residual").none(), nb::arg("sum").none());
+  m.def(
+      "rms_norm_backward",
+      [](Array dx, OptArray dw, Array dy, Array x, Array w, Array rstd) {
+        Tensor tdx = tensor_of(dx, "dx");
+        std::optional<Tensor> tdw = opt_tensor(dw, "dw");
+        nb::gil_scoped_release released;
+        ops::rms_norm_backward(tdx, tdw ? &*tdw : nullptr, tensor_of(dy, "dy"), tensor_of(x, "x"),
+                               tensor_of(w, "w"), tensor_of(rstd, "rstd"));
+      },
+      nb::arg("dx"), nb::arg("dw").none(), nb::arg("dy"), nb::arg("x"), nb::arg("w"),
+      nb::arg("rstd"));
+  m.def(
+      "gated_forward",
+      [](Array out, Array gate, Array up, const std::string& act) {
+        Tensor t = tensor_of(out, "out");
+        const ops::Act a = act_of(act);
+        nb::gil_scoped_release released;
+        ops::gated_forward(t, tensor_of(gate, "gate"), tensor_of(up, "up"), a);
+      },
+      nb::arg("out"), nb::arg("gate"), nb::arg("up"), nb::arg("act"));
+  m.def(
+      "gated_backward",
+      [](Array dgate, Array dup, Array dout, Array gate, Array up, const std::string& act) {
+        Tensor tg = tensor_of(dgate, "dgate"), tu = tensor_of(dup, "dup");
+        const ops::Act a = act_of(act);
+        nb::gil_scoped_release released;
+        ops::gated_backward(tg, tu, tensor_of(dout, "dout"), tensor_of(gate, "gate"),
+                            tensor_of(up, "up"), a);
+      },
+      nb::arg("dgate"), nb::arg("dup"), nb::arg("dout"), nb::arg("gate"), nb::arg("up"),
+      nb::arg("act"));
+  m.def(
+      "rope_table",
+      [](Array cos, Array sin, Array positions, double theta, double freq_scale, OptArray factors) {
+        Tensor tc = tensor_of(cos, "cos"), ts = tensor_of(sin, "sin");
+        std::optional<Tensor> f = opt_tensor(factors, "factors");
+        nb::gil_scoped_release released;
+        ops::rope_table(tc, ts, tensor_of(positions, "positions"), theta, freq_scale,
+                        f ? &*f : nullptr);
+      },
+      nb::arg("cos"), nb::arg("sin"), nb::arg("positions"), nb::arg("theta"), nb::arg("freq_scale"),
+      nb::arg("factors").none());
+  m.def(
+      "rope_rotate",
+      [](Array y, Array x, Array cos, Array sin, bool half_split, bool inverse) {
+        Tensor ty = tensor_of(y, "y");
+        nb::gil_scoped_release released;
+        ops::rope_rotate(ty, tensor_of(x, "x"), tensor_of(cos, "cos"), tensor_of(sin, "sin"),
+                         half_split, inverse);
+      },
+      nb::arg("y"), nb::arg("x"), nb::arg("cos"), nb::arg("sin"), nb::arg("half_split"),
+      nb::arg("inverse"));
+  m.def(
+      "flash_attention_forward",
+      [](Array out, Array lse, Array q, Array k, Array v, Array cu_q, Array cu_k, double scale,
+         bool causal, int64_t left, int64_t right, double softcap) {
+        Tensor to = tensor_of(out, "out"), tl = tensor_of(lse, "lse");
+        nb::gil_scoped_release released;
+        ops::flash_attention_forward(to, tl, tensor_of(q, "q"), tensor_of(k, "k"),
+                                     tensor_of(v, "v"), tensor_of(cu_q, "cu_seqlens_q"),
+                                     tensor_of(cu_k, "cu_seqlens_k"),
+                                     flash_params(scale, causal, left, right, softcap));
+      },
+      nb::arg("out"), nb::arg("lse"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_q"),
+      nb::arg("cu_k"), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
+      nb::arg("window_right"), nb::arg("softcap"));
+  m.def(
+      "flash_attention_backward",
+      [](Array dq, Array dk, Array dv, Array dout, OptArray dlse, Array q, Array k, Array v,
+         Array out, Array lse, Array cu_q, Array cu_k, double scale, bool causal, int64_t left,
+         int64_t right, double softcap) {
+        Tensor tq = tensor_of(dq, "dq"), tk = tensor_of(dk, "dk"), tv = tensor_of(dv, "dv");
+        std::optional<Tensor> tdl = opt_tensor(dlse, "dlse");
+        nb::gil_scoped_release released;
+        ops::flash_attention_backward(
+            tq, tk, tv, tensor_of(dout, "dout"), tdl ? &*tdl : nullptr, tensor_of(q, "q"),
+            tensor_of(k, "k"), tensor_of(v, "v"), tensor_of(out, "out"), tensor_of(lse, "lse"),
+            tensor_of(cu_q, "cu_seqlens_q"), tensor_of(cu_k, "cu_seqlens_k"),
+            flash_params(scale, causal, left, right, softcap));
+      },
+      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dout"), nb::arg("dlse").none(),
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("cu_q"),
+      nb::arg("cu_k"), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
+      nb::arg("window_right"), nb::arg("softcap"));
+  m.def(
+      "linear_act_forward",
+      [](Array y, Array z, Array x, Array w, OptArray bias, const std::string& act) {
+        Tensor ty = tensor_of(y, "y"), tz = tensor_of(z, "z");
+        std::optional<Tensor> b = opt_tensor(bias, "bias");
+        const ops::Act a = act_of(act);
+        nb::gil_scoped_release released;
+        ops::linear_act_forward(ty, tz, tensor_of(x, "x"), tensor_of(w, "w"), b ? &*b : nullptr, a);
+      },
+      nb::arg("y"), nb::arg("z"), nb::arg("x"), nb::arg("w"), nb::arg("bias").none(),
+      nb::arg("act"));
+  m.def(
+      "linear_act_backward",
+      [](OptArray dx, OptArray dw, OptArray db, Array dy, Array x, Array w, Array z,
+         const std::string& act) {
+        std::optional<Tensor> tdx = opt_tensor(dx, "dx"), tdw = opt_tensor(dw, "dw"),
+                              tdb = opt_tensor(db, "db");
+        const ops::Act a = act_of(act);
+        nb::gil_scoped_release released;
+        ops::linear_act_backward(tdx ? &*tdx : nullptr, tdw ? &*tdw : nullptr,
+                                 tdb ? &*tdb : nullptr, tensor_of(dy, "dy"), tensor_of(x, "x"),
+                                 tensor_of(w, "w"), tensor_of(z, "z"), a);
+      },
+      nb::arg("dx").none(), nb::arg("dw").none(), nb::arg("db").none(), nb::arg("dy"), nb::arg("x"),
+      nb::arg("w"), nb::arg("z"), nb::arg("act"));
+  m.def("stats", [] {
+    std::vector<std::tuple<std::string, std::string, std::string, uint64_t>> out;
+    for (const ops::KernelCount& c : ops::train_op_stats()) {
+      out.emplace_back(c.op, c.kernel, c.reason, c.calls);
+    }
+    return out;
+  });
+  m.def("reset_stats", [] { ops::reset_train_op_stats(); });
+}
+
+}  // namespace llmk

@@ -1,0 +1,489 @@
+#include "ops/train.h"
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cpu/attention_grad.h"
+#include "kernels/cpu/grad.h"
+#include "ops/check.h"
+
+namespace llmk::ops {
+
+using namespace detail;
+
+namespace {
+
+// ---- stats ----
+
+using StatKey = std::tuple<std::string, std::string, std::string>;  // op, kernel, reason
+struct Stats {
+  std::mutex mu;
+  std::map<StatKey, uint64_t> calls;
+};
+Stats& stats() {
+  static Stats s;
+  return s;
+}
+void count(std::string_view op, std::string_view kernel, std::string_view reason = {}) {
+  Stats& s = stats();
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++s.calls[{std::string(op), std::string(kernel), std::string(reason)}];
+}
+
+// ---- checks ----
+
+// Every tensor defined and on the CPU (the only device these ops run on yet), contiguous unless
+// listed as strided, and of the first one's dtype, which must be f32 or f64. Returns it.
+DType check_float_cpu(std::string_view op, std::initializer_list<NamedTensor> tensors,
+                      bool contiguous = true) {
+  if (on_cuda(op, tensors)) {
+    throw Error(fmt::format(
+        "ops::{}: CUDA tensors: the CUDA kernels of llmk.ops are not built yet; use CPU tensors",
+        op));
+  }
+  const DType dt = tensors.begin()->second->dtype();
+  LLMK_CHECK(dt == DType::F32 || dt == DType::F64, "ops::{}: {} is {}; the CPU takes f32 or f64",
+             op, tensors.begin()->first, tensors.begin()->second->str());
+  for (const auto& [name, t] : tensors) {
+    require_dtype(op, name, *t, dt);
+    if (contiguous) {
+      LLMK_CHECK(t->is_contiguous(), "ops::{}: {} ({}) must be contiguous", op, name, t->str());
+    }
+  }
+  return dt;
+}
+
+// Calls f.template operator()<T>() with T the C++ type of dt (f32 or f64).
+template <class F>
+void with_float(DType dt, F&& f) {
+  if (dt == DType::F64) {
+    f.template operator()<double>();
+  } else {
+    f.template operator()<float>();
+  }
+}
+
+cpu::grad::Act cpu_act(Act a) {
+  switch (a) {
+    case Act::SiLU:
+      return cpu::grad::Act::SiLU;
+    case Act::GeluTanh:
+      return cpu::grad::Act::GeluTanh;
+    case Act::GeluErf:
+      return cpu::grad::Act::GeluErf;
+    case Act::None:
+      break;
+  }
+  return cpu::grad::Act::None;
+}
+
+// The flash-attention arguments shared by forward and backward; returns the kernel's shape
+// (its cu pointers into cu_q and cu_k).
+cpu::grad::FlashShape flash_shape(std::string_view op, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
+                                  const FlashParams& p) {
+  for (const auto& [name, t] : {NamedTensor{"q", &q}, {"k", &k}, {"v", &v}}) {
+    require_ndim(op, name, *t, 3);
+  }
+  const int64_t Hq = q.dim(1), Hkv = k.dim(1), D = q.dim(2);
+  LLMK_CHECK(k.dim(2) == D, "ops::{}: q is {} but k is {}: head dims differ", op, q.str(), k.str());
+  require_shape(op, "v", v, k.shape());
+  LLMK_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0,
+             "ops::{}: q has {} heads, not a multiple of the {} heads of k", op, Hq, Hkv);
+  for (const auto& [name, t] : {NamedTensor{"cu_seqlens_q", &cu_q}, {"cu_seqlens_k", &cu_k}}) {
+    require_cpu(op, name, *t);
+    require_dtype(op, name, *t, DType::I32);
+    require_ndim(op, name, *t, 1);
+    LLMK_CHECK(t->is_contiguous() && t->dim(0) >= 2,
+               "ops::{}: {} is {}; it needs batch + 1 >= 2 entries, contiguous", op, name,
+               t->str());
+  }
+  LLMK_CHECK(cu_q.dim(0) == cu_k.dim(0),
+             "ops::{}: cu_seqlens_q has {} entries but cu_seqlens_k {}: one per sequence + 1 each",
+             op, cu_q.dim(0), cu_k.dim(0));
+  // The offsets are read on the host: each list starts at 0, never decreases and ends at its
+  // tensor's row count.
+  for (const auto& [name, cu, rows] :
+       {std::tuple{"cu_seqlens_q", &cu_q, q.dim(0)}, std::tuple{"cu_seqlens_k", &cu_k, k.dim(0)}}) {
+    const int32_t* c = cu->data<const int32_t>();
+    LLMK_CHECK(c[0] == 0, "ops::{}: {}[0] is {}, not 0", op, name, c[0]);
+    for (int64_t b = 1; b < cu->dim(0); ++b) {
+      LLMK_CHECK(c[b] >= c[b - 1], "ops::{}: {} decreases at {}: {} then {}", op, name, b, c[b - 1],
+                 c[b]);
+    }
+    LLMK_CHECK(c[cu->dim(0) - 1] == rows, "ops::{}: {} ends at {}, but its tensor has {} rows", op,
+               name, c[cu->dim(0) - 1], rows);
+  }
+  LLMK_CHECK(std::isfinite(p.scale) && p.scale >= 0, "ops::{}: scale = {} must be finite, >= 0", op,
+             p.scale);
+  LLMK_CHECK(std::isfinite(p.softcap) && p.softcap >= 0,
+             "ops::{}: softcap = {} must be finite, >= 0", op, p.softcap);
+  LLMK_CHECK(p.window_left >= -1 && p.window_right >= -1,
+             "ops::{}: window ({}, {}) needs sizes >= 0, or -1 for unbounded", op, p.window_left,
+             p.window_right);
+  cpu::grad::FlashShape s;
+  s.batch = cu_q.dim(0) - 1;
+  s.cu_q = cu_q.data<const int32_t>();
+  s.cu_k = cu_k.data<const int32_t>();
+  s.Hq = Hq;
+  s.Hkv = Hkv;
+  s.D = D;
+  s.scale = p.scale > 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(D));
+  s.causal = p.causal;
+  s.window_left = p.window_left;
+  s.window_right = p.causal ? 0 : p.window_right;
+  s.softcap = p.softcap;
+  return s;
+}
+
+}  // namespace
+
+std::string_view act_name(Act a) {
+  switch (a) {
+    case Act::None:
+      return "none";
+    case Act::SiLU:
+      return "silu";
+    case Act::GeluTanh:
+      return "gelu_tanh";
+    case Act::GeluErf:
+      return "gelu";
+  }
+  return "?";
+}
+
+// ---- RMSNorm ----
+
+void rms_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps,
+                      const Tensor* residual, Tensor* sum) {
+  constexpr std::string_view op = "rms_norm_forward";
+  LLMK_CHECK((residual == nullptr) == (sum == nullptr),
+             "ops::{}: residual and sum come together (the sum is x + residual)", op);
+  const DType dt = residual
+                       ? check_float_cpu(op, {{"x", &x},
+                                              {"y", &y},
+                                              {"w", &w},
+                                              {"rstd", &rstd},
+                                              {"residual", residual},
+                                              {"sum", sum}})
+                       : check_float_cpu(op, {{"x", &x}, {"y", &y}, {"w", &w}, {"rstd", &rstd}});
+  require_ndim(op, "x", x, 2);
+  const int64_t rows = x.dim(0), D = x.dim(1);
+  require_shape(op, "y", y, x.shape());
+  require_shape(op, "w", w, {D});
+  require_shape(op, "rstd", rstd, {rows});
+  LLMK_CHECK(eps >= 0 && std::isfinite(eps), "ops::{}: eps = {} must be finite, >= 0", op, eps);
+  require_disjoint(op, "y", y, "x", x);
+  if (residual) {
+    require_shape(op, "residual", *residual, x.shape());
+    require_shape(op, "sum", *sum, x.shape());
+    require_disjoint(op, "sum", *sum, "x", x);
+    require_disjoint(op, "sum", *sum, "residual", *residual);
+    require_disjoint(op, "y", y, "sum", *sum);
+  }
+  with_float(dt, [&]<class T>() {
+    const T* in = x.data<const T>();
+    if (residual) {
+      cpu::grad::add(sum->data<T>(), x.data<const T>(), residual->data<const T>(), rows * D);
+      in = sum->data<const T>();
+    }
+    cpu::grad::rms_norm_fwd(y.data<T>(), rstd.data<T>(), in, w.data<const T>(), rows, D, eps);
+  });
+  count(op, "cpu");
+}
+
+void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       const Tensor& rstd) {
+  constexpr std::string_view op = "rms_norm_backward";
+  const DType dt =
+      dw ? check_float_cpu(
+               op, {{"x", &x}, {"dx", &dx}, {"dw", dw}, {"dy", &dy}, {"w", &w}, {"rstd", &rstd}})
+         : check_float_cpu(op, {{"x", &x}, {"dx", &dx}, {"dy", &dy}, {"w", &w}, {"rstd", &rstd}});
+  require_ndim(op, "x", x, 2);
+  const int64_t rows = x.dim(0), D = x.dim(1);
+  for (const auto& [name, t] : {NamedTensor{"dx", &dx}, {"dy", &dy}}) {
+    require_shape(op, name, *t, x.shape());
+  }
+  require_shape(op, "w", w, {D});
+  require_shape(op, "rstd", rstd, {rows});
+  for (const auto& [name, t] : {NamedTensor{"dy", &dy}, {"x", &x}, {"w", &w}, {"rstd", &rstd}}) {
+    require_disjoint(op, "dx", dx, name, *t);
+  }
+  if (dw) require_shape(op, "dw", *dw, {D});
+  with_float(dt, [&]<class T>() {
+    cpu::grad::rms_norm_bwd(dx.data<T>(), dw ? dw->data<T>() : nullptr, dy.data<const T>(),
+                            x.data<const T>(), w.data<const T>(), rstd.data<const T>(), rows, D);
+  });
+  count(op, "cpu");
+}
+
+// ---- gated activations ----
+
+void gated_forward(Tensor& out, const Tensor& gate, const Tensor& up, Act act) {
+  constexpr std::string_view op = "gated_forward";
+  const DType dt = check_float_cpu(op, {{"gate", &gate}, {"up", &up}, {"out", &out}});
+  require_shape(op, "up", up, gate.shape());
+  require_shape(op, "out", out, gate.shape());
+  LLMK_CHECK(act != Act::None, "ops::{}: the gate needs an activation (none given)", op);
+  const cpu::grad::Act g = cpu_act(act);
+  with_float(dt, [&]<class T>() {
+    cpu::grad::gated_fwd(out.data<T>(), gate.data<const T>(), up.data<const T>(), gate.numel(), g);
+  });
+  count(op, "cpu");
+}
+
+void gated_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                    const Tensor& up, Act act) {
+  constexpr std::string_view op = "gated_backward";
+  const DType dt = check_float_cpu(
+      op, {{"gate", &gate}, {"up", &up}, {"dout", &dout}, {"dgate", &dgate}, {"dup", &dup}});
+  for (const auto& [name, t] :
+       {NamedTensor{"up", &up}, {"dout", &dout}, {"dgate", &dgate}, {"dup", &dup}}) {
+    require_shape(op, name, *t, gate.shape());
+  }
+  require_disjoint(op, "dgate", dgate, "dup", dup);
+  LLMK_CHECK(act != Act::None, "ops::{}: the gate needs an activation (none given)", op);
+  const cpu::grad::Act g = cpu_act(act);
+  with_float(dt, [&]<class T>() {
+    cpu::grad::gated_bwd(dgate.data<T>(), dup.data<T>(), dout.data<const T>(), gate.data<const T>(),
+                         up.data<const T>(), gate.numel(), g);
+  });
+  count(op, "cpu");
+}
+
+// ---- RoPE ----
+
+void rope_table(Tensor& cos, Tensor& sin, const Tensor& positions, double theta, double freq_scale,
+                const Tensor* factors) {
+  constexpr std::string_view op = "rope_table";
+  const DType dt = check_float_cpu(op, {{"cos", &cos}, {"sin", &sin}});
+  require_cpu(op, "positions", positions);
+  require_dtype(op, "positions", positions, DType::I64);
+  require_ndim(op, "positions", positions, 1);
+  LLMK_CHECK(positions.is_contiguous(), "ops::{}: positions must be contiguous", op);
+  require_ndim(op, "cos", cos, 2);
+  const int64_t rows = positions.dim(0), R = cos.dim(1);
+  require_shape(op, "cos", cos, {rows, R});
+  require_shape(op, "sin", sin, {rows, R});
+  LLMK_CHECK(R > 0, "ops::{}: cos has no rotated pairs ({})", op, cos.str());
+  LLMK_CHECK(std::isfinite(theta) && theta > 0, "ops::{}: theta = {} must be finite, > 0", op,
+             theta);
+  LLMK_CHECK(std::isfinite(freq_scale) && freq_scale > 0,
+             "ops::{}: freq_scale = {} must be finite, > 0", op, freq_scale);
+  if (factors) {
+    require_cpu(op, "factors", *factors);
+    require_dtype(op, "factors", *factors, DType::F64);
+    require_shape(op, "factors", *factors, {R});
+  }
+  with_float(dt, [&]<class T>() {
+    cpu::grad::rope_table(cos.data<T>(), sin.data<T>(), positions.data<const int64_t>(), rows,
+                          static_cast<int>(2 * R), theta, freq_scale,
+                          factors ? factors->data<const double>() : nullptr);
+  });
+  count(op, "cpu");
+}
+
+void rope_rotate(Tensor& y, const Tensor& x, const Tensor& cos, const Tensor& sin, bool half_split,
+                 bool inverse) {
+  constexpr std::string_view op = "rope_rotate";
+  const DType dt = check_float_cpu(op, {{"x", &x}, {"y", &y}, {"cos", &cos}, {"sin", &sin}}, false);
+  require_ndim(op, "x", x, 4);
+  require_shape(op, "y", y, x.shape());
+  require_no_partial_overlap(op, "y", y, "x", x);
+  require_ndim(op, "cos", cos, 3);
+  const int64_t B = x.dim(0), S = x.dim(1), D = x.dim(3), R = cos.dim(2);
+  LLMK_CHECK(cos.dim(0) == 1 || cos.dim(0) == B,
+             "ops::{}: cos is {}; its first dim must be 1 or the batch {} of x ({})", op, cos.str(),
+             B, x.str());
+  LLMK_CHECK(cos.dim(1) == S, "ops::{}: cos is {} for {} positions, but x ({}) has {}", op,
+             cos.str(), cos.dim(1), x.str(), S);
+  require_shape(op, "sin", sin, cos.shape());
+  LLMK_CHECK(R >= 1 && 2 * R <= D, "ops::{}: cos has {} pairs; x's head dim {} holds at most {}",
+             op, R, D, D / 2);
+  for (const auto& [name, t] : {NamedTensor{"cos", &cos}, {"sin", &sin}}) {
+    require_last_dim_contiguous(op, name, *t);
+  }
+  LLMK_CHECK(cos.strides() == sin.strides(), "ops::{}: cos and sin must have the same strides", op);
+  cpu::grad::RopeShape s{};
+  s.B = B;
+  s.S = S;
+  s.H = x.dim(2);
+  s.D = D;
+  for (int i = 0; i < 4; ++i) {
+    s.x_st[i] = x.stride(i);
+    s.y_st[i] = y.stride(i);
+  }
+  s.cs_b = cos.dim(0) == 1 ? 0 : cos.stride(0);
+  s.cs_s = cos.stride(1);
+  s.rot_dim = static_cast<int>(2 * R);
+  s.half_split = half_split;
+  with_float(dt, [&]<class T>() {
+    cpu::grad::rope_rotate(y.data<T>(), x.data<const T>(), cos.data<const T>(), sin.data<const T>(),
+                           s, inverse);
+  });
+  count(op, "cpu");
+}
+
+// ---- flash attention ----
+
+void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
+                             const FlashParams& p) {
+  constexpr std::string_view op = "flash_attention_forward";
+  const DType dt =
+      check_float_cpu(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  const cpu::grad::FlashShape s = flash_shape(op, q, k, v, cu_q, cu_k, p);
+  require_shape(op, "out", out, q.shape());
+  require_shape(op, "lse", lse, {q.dim(0), q.dim(1)});
+  for (const auto& [name, t] : {NamedTensor{"q", &q}, {"k", &k}, {"v", &v}}) {
+    require_disjoint(op, "out", out, name, *t);
+    require_disjoint(op, "lse", lse, name, *t);
+  }
+  with_float(dt, [&]<class T>() {
+    cpu::grad::flash_fwd(out.data<T>(), lse.data<T>(), q.data<const T>(), k.data<const T>(),
+                         v.data<const T>(), s);
+  });
+  count(op, "cpu");
+}
+
+void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                              const Tensor* dlse, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& cu_q,
+                              const Tensor& cu_k, const FlashParams& p) {
+  constexpr std::string_view op = "flash_attention_backward";
+  const DType dt = dlse ? check_float_cpu(op, {{"q", &q},
+                                               {"k", &k},
+                                               {"v", &v},
+                                               {"out", &out},
+                                               {"lse", &lse},
+                                               {"dout", &dout},
+                                               {"dlse", dlse},
+                                               {"dq", &dq},
+                                               {"dk", &dk},
+                                               {"dv", &dv}})
+                        : check_float_cpu(op, {{"q", &q},
+                                               {"k", &k},
+                                               {"v", &v},
+                                               {"out", &out},
+                                               {"lse", &lse},
+                                               {"dout", &dout},
+                                               {"dq", &dq},
+                                               {"dk", &dk},
+                                               {"dv", &dv}});
+  const cpu::grad::FlashShape s = flash_shape(op, q, k, v, cu_q, cu_k, p);
+  require_shape(op, "out", out, q.shape());
+  require_shape(op, "dout", dout, q.shape());
+  require_shape(op, "dq", dq, q.shape());
+  require_shape(op, "dk", dk, k.shape());
+  require_shape(op, "dv", dv, k.shape());
+  require_shape(op, "lse", lse, {q.dim(0), q.dim(1)});
+  if (dlse) require_shape(op, "dlse", *dlse, lse.shape());
+  const NamedTensor inputs[] = {{"q", &q},     {"k", &k},     {"v", &v},
+                                {"out", &out}, {"lse", &lse}, {"dout", &dout}};
+  for (const auto& [gname, g] : {NamedTensor{"dq", &dq}, {"dk", &dk}, {"dv", &dv}}) {
+    for (const auto& [name, t] : inputs) require_disjoint(op, gname, *g, name, *t);
+    if (dlse) require_disjoint(op, gname, *g, "dlse", *dlse);
+  }
+  require_disjoint(op, "dq", dq, "dk", dk);
+  require_disjoint(op, "dq", dq, "dv", dv);
+  require_disjoint(op, "dk", dk, "dv", dv);
+  with_float(dt, [&]<class T>() {
+    cpu::grad::flash_bwd(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<const T>(),
+                         dlse ? dlse->data<const T>() : nullptr, q.data<const T>(),
+                         k.data<const T>(), v.data<const T>(), out.data<const T>(),
+                         lse.data<const T>(), s);
+  });
+  count(op, "cpu");
+}
+
+// ---- linear + activation ----
+
+void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor* bias,
+                        Act act) {
+  constexpr std::string_view op = "linear_act_forward";
+  const DType dt =
+      bias ? check_float_cpu(op, {{"x", &x}, {"w", &w}, {"bias", bias}, {"y", &y}, {"z", &z}})
+           : check_float_cpu(op, {{"x", &x}, {"w", &w}, {"y", &y}, {"z", &z}});
+  require_ndim(op, "x", x, 2);
+  require_ndim(op, "w", w, 2);
+  const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
+  LLMK_CHECK(w.dim(1) == K, "ops::{}: x is {} but w is {}: w must be [out, {}]", op, x.str(),
+             w.str(), K);
+  if (bias) require_shape(op, "bias", *bias, {N});
+  require_shape(op, "y", y, {M, N});
+  require_shape(op, "z", z, {M, N});
+  require_disjoint(op, "y", y, "z", z);
+  for (const auto& [name, t] : {NamedTensor{"x", &x}, {"w", &w}}) {
+    require_disjoint(op, "y", y, name, *t);
+    require_disjoint(op, "z", z, name, *t);
+  }
+  with_float(dt, [&]<class T>() {
+    cpu::grad::gemm<T>(z.data<T>(), N, x.data<const T>(), K, false, w.data<const T>(), K, true, M,
+                       N, K, T(1), T(0));
+    cpu::grad::bias_act_fwd(y.data<T>(), z.data<T>(), bias ? bias->data<const T>() : nullptr, M, N,
+                            cpu_act(act));
+  });
+  count(op, "cpu");
+}
+
+void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x,
+                         const Tensor& w, const Tensor& z, Act act) {
+  constexpr std::string_view op = "linear_act_backward";
+  const DType dt = check_float_cpu(op, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"z", &z}});
+  require_ndim(op, "x", x, 2);
+  require_ndim(op, "w", w, 2);
+  const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
+  LLMK_CHECK(w.dim(1) == K, "ops::{}: x is {} but w is {}: w must be [out, {}]", op, x.str(),
+             w.str(), K);
+  require_shape(op, "dy", dy, {M, N});
+  require_shape(op, "z", z, {M, N});
+  const std::pair<Tensor*, Shape> grads[] = {{dx, {M, K}}, {dw, {N, K}}, {db, {N}}};
+  const char* names[] = {"dx", "dw", "db"};
+  for (int i = 0; i < 3; ++i) {
+    Tensor* g = grads[i].first;
+    if (!g) continue;
+    check_float_cpu(op, {{names[i], g}});
+    require_dtype(op, names[i], *g, dt);
+    require_shape(op, names[i], *g, grads[i].second);
+    for (const auto& [name, t] : {NamedTensor{"x", &x}, {"w", &w}, {"dy", &dy}, {"z", &z}}) {
+      require_disjoint(op, names[i], *g, name, *t);
+    }
+  }
+  with_float(dt, [&]<class T>() {
+    // dz in a buffer of its own: dy belongs to the caller.
+    Tensor dz = Tensor::empty({M, N}, dt);
+    cpu::grad::bias_act_bwd(dz.data<T>(), db ? db->data<T>() : nullptr, dy.data<const T>(),
+                            z.data<const T>(), M, N, cpu_act(act));
+    if (dx) {
+      cpu::grad::gemm<T>(dx->data<T>(), K, dz.data<const T>(), N, false, w.data<const T>(), K,
+                         false, M, K, N, T(1), T(0));
+    }
+    if (dw) {
+      cpu::grad::gemm<T>(dw->data<T>(), K, dz.data<const T>(), N, true, x.data<const T>(), K, false,
+                         N, K, M, T(1), T(0));
+    }
+  });
+  count(op, "cpu");
+}
+
+// ---- stats ----
+
+std::vector<KernelCount> train_op_stats() {
+  Stats& s = stats();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<KernelCount> out;
+  for (const auto& [key, n] : s.calls) {
+    out.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), n});
+  }
+  return out;
+}
+
+void reset_train_op_stats() {
+  Stats& s = stats();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.calls.clear();
+}
+
+}  // namespace llmk::ops

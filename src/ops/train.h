@@ -1,0 +1,90 @@
+// Forward and backward of the ops that PyTorch code trains through (llmk.ops, python/llmk/ops.py):
+// RMSNorm, the gated activations, RoPE, flash attention and the linear with its activation. The
+// forward ops keep what their backward reads (rstd, lse, the pre-activation).
+//
+// Tensors are contiguous unless said otherwise, all on one device. CPU: f32 or f64 (every tensor
+// of a call the same, except the i32/i64 index tensors); the kernels sum in double. The CUDA
+// kernels of these ops are not built yet: CUDA tensors throw.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace llmk::ops {
+
+// y = x / sqrt(mean(x^2) + eps) * w per row. x, y: [rows, D]; w: [D]; rstd: [rows], written for
+// the backward. With residual (not null): sum = x + residual is written and normalised instead
+// (the pre-norm residual step: the new residual stream and its norm in one op).
+void rms_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps,
+                      const Tensor* residual = nullptr, Tensor* sum = nullptr);
+// dx from dy through the norm of x (the sum, when the forward had a residual), rstd from the
+// forward; dw (optional) summed over rows. dx may not alias anything.
+void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
+                       const Tensor& rstd);
+
+enum class Act : uint8_t {
+  None,      // identity (linear_act only)
+  SiLU,      // x sigmoid(x)
+  GeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  GeluErf,   // 0.5 x (1 + erf(x / sqrt(2)))
+};
+std::string_view act_name(Act a);
+
+// out = act(gate) * up, element-wise over same-shaped tensors (act not None).
+void gated_forward(Tensor& out, const Tensor& gate, const Tensor& up, Act act);
+void gated_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                    const Tensor& up, Act act);
+
+// cos, sin: [rows, rot_dim / 2] for positions [rows] (i64): angle = pos * freq_scale *
+// theta^(-2i / rot_dim) / factors[i] (factors: optional [rot_dim / 2] f64), in double.
+void rope_table(Tensor& cos, Tensor& sin, const Tensor& positions, double theta,
+                double freq_scale = 1.0, const Tensor* factors = nullptr);
+// y = x rotated (inverse: by the negative angle, the backward). x, y: [B, S, H, D], any strides
+// (y may be x exactly); cos, sin: [B or 1, S, R] with R = rot_dim / 2 <= D / 2, the last dim
+// contiguous. half_split: pairs (i, i + R) (NeoX, Hugging Face), else (2i, 2i + 1).
+void rope_rotate(Tensor& y, const Tensor& x, const Tensor& cos, const Tensor& sin, bool half_split,
+                 bool inverse);
+
+struct FlashParams {
+  double scale = 0;  // multiplies q.k; 0: 1/sqrt(D)
+  bool causal = false;
+  // Query i of a sequence with sq queries and sk keys sees key j iff i + sk - sq - left <= j <=
+  // i + sk - sq + right; -1: unbounded on that side. causal makes right 0.
+  int64_t window_left = -1, window_right = -1;
+  double softcap = 0;  // > 0: scores = softcap * tanh(scores / softcap)
+};
+// Variable-length batches in flash-attn's layout: q, out: [total_q, Hq, D]; k, v: [total_k, Hkv,
+// D]; cu_q, cu_k: [batch + 1] i32 (0, then running totals); lse: [total_q, Hq] (natural log;
+// -inf where a query sees no key, its output 0).
+void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
+                             const FlashParams& p);
+// dq, dk, dv from dout (and dlse, optional) given the forward's out and lse; dk and dv summed
+// over each group of query heads. Deterministic.
+void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                              const Tensor* dlse, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& cu_q,
+                              const Tensor& cu_k, const FlashParams& p);
+
+// y = act(z), z = x w^T + bias. x: [M, K]; w: [N, K]; bias: optional [N]; y, z: [M, N] (z kept
+// for the backward).
+void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor* bias,
+                        Act act);
+// With dz = dy * act'(z): dx = dz w, dw = dz^T x, db = the column sums of dz (each optional but
+// dx). dy is not modified.
+void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x,
+                         const Tensor& w, const Tensor& z, Act act);
+
+// Which kernel ran how often for these ops since the last reset (process-wide): one entry per
+// (op, kernel), with the reason when the kernel is a fallback.
+struct KernelCount {
+  std::string op, kernel, reason;
+  uint64_t calls = 0;
+};
+std::vector<KernelCount> train_op_stats();
+void reset_train_op_stats();
+
+}  // namespace llmk::ops

@@ -1,0 +1,428 @@
+"""llmk.ops against float64 torch references: forward and backward on awkward shapes,
+gradcheck in float64, torch.compile(fullgraph=True), errors and stats. CPU tensors (the CUDA
+suite runs the same checks on the GPU machine)."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import llmk  # noqa: E402
+import llmk.ops as L  # noqa: E402
+
+DEV = "cpu"
+
+
+def rand(*shape, dtype=torch.float32, seed=None, scale=1.0):
+    g = torch.Generator().manual_seed(seed if seed is not None else hash(shape) % (2**31))
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def assert_close(got, want, tol, what=""):
+    """Max abs error relative to the reference's largest magnitude, or to 1e-3 where that is
+    smaller (inputs here are of order 1: a gradient that cancels to near zero, as RMSNorm's of a
+    single element, is then compared at the scale of its terms)."""
+    got, want = got.double(), want.double()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} vs {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    ref = want.abs().max().item()
+    err = (got - want).abs().max().item()
+    assert err <= tol * max(ref, 1e-3), \
+        f"{what}: max error {err:.3e} vs reference max {ref:.3e} (tol {tol:.1e})"
+
+
+def grads_of(fn, inputs, seed=7):
+    """Gradients of sum(fn(*inputs) * G) w.r.t. the inputs that require grad, G fixed random."""
+    out = fn(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    loss = 0
+    for i, o in enumerate(outs):
+        g = rand(*o.shape, dtype=o.dtype, seed=seed + i)
+        loss = loss + (o * g).sum()
+    ins = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    return outs, torch.autograd.grad(loss, ins)
+
+
+def compare(llmk_fn, ref_fn, inputs, fwd_tol=2e-6, bwd_tol=2e-5):
+    """llmk in float32 against the reference in float64 on the same values, forward and
+    backward; and llmk in float64 against the reference at float64 precision."""
+    for dtype, ft, bt in ((torch.float32, fwd_tol, bwd_tol), (torch.float64, 1e-12, 1e-11)):
+        a = [t.to(dtype).requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) and
+             t.is_floating_point() else t for t in inputs]
+        r = [t.double().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) and
+             t.is_floating_point() else t for t in inputs]
+        got, ggot = grads_of(llmk_fn, a)
+        want, gwant = grads_of(ref_fn, r)
+        for i, (x, y) in enumerate(zip(got, want)):
+            assert x.dtype == dtype
+            assert_close(x, y, ft, f"{dtype} output {i}")
+        for i, (x, y) in enumerate(zip(ggot, gwant)):
+            assert_close(x, y, bt, f"{dtype} gradient {i}")
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm
+
+
+def rms_norm_ref(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 40), (2, 3, 96), (33, 4096)])
+def test_rms_norm(shape):
+    x = rand(*shape, seed=1).requires_grad_()
+    w = (1 + rand(shape[-1], seed=2) * 0.1).requires_grad_()
+    compare(lambda x, w: L.rms_norm(x, w, 1e-5), lambda x, w: rms_norm_ref(x, w, 1e-5), [x, w])
+
+
+def test_rms_norm_with_residual():
+    x = rand(5, 3, 96, seed=3).requires_grad_()
+    r = rand(5, 3, 96, seed=4).requires_grad_()
+    w = rand(96, seed=5).requires_grad_()
+
+    def ref(x, r, w):
+        s = x + r
+        return rms_norm_ref(s, w, 1e-6), s
+
+    compare(lambda x, r, w: L.rms_norm(x, w, 1e-6, residual=r), ref, [x, r, w])
+
+
+def test_rms_norm_without_weight_grad():
+    x = rand(4, 64, seed=6, dtype=torch.float64).requires_grad_()
+    w = rand(64, seed=7, dtype=torch.float64)
+    (gx,) = torch.autograd.grad(L.rms_norm(x, w).sum(), [x])
+    (want,) = torch.autograd.grad(rms_norm_ref(x, w, 1e-6).sum(), [x])
+    assert_close(gx, want, 1e-11)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gated activations
+
+
+@pytest.mark.parametrize("kind", ["swiglu", "geglu_tanh", "geglu_erf"])
+@pytest.mark.parametrize("shape", [(1,), (3, 37), (2, 5, 256)])
+def test_gated(kind, shape):
+    g = (rand(*shape, seed=11) * 3).requires_grad_()
+    u = rand(*shape, seed=12).requires_grad_()
+    if kind == "swiglu":
+        fn, ref = L.swiglu, lambda g, u: F.silu(g) * u
+    elif kind == "geglu_tanh":
+        fn, ref = L.geglu, lambda g, u: F.gelu(g, approximate="tanh") * u
+    else:
+        fn = lambda g, u: L.geglu(g, u, approximate="none")  # noqa: E731
+        ref = lambda g, u: F.gelu(g) * u  # noqa: E731
+    compare(fn, ref, [g, u])
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE
+
+
+def rope_ref(x, cos, sin, half):
+    """x [B, S, H, D]; cos/sin [B or 1, S, R] -> rotated, dims past 2R unchanged."""
+    R = cos.shape[-1]
+    c, s = cos.unsqueeze(2), sin.unsqueeze(2)
+    rot, rest = x[..., :2 * R], x[..., 2 * R:]
+    if half:
+        a, b = rot[..., :R], rot[..., R:]
+        out = torch.cat([a * c - b * s, a * s + b * c], -1)
+    else:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack([a * c - b * s, a * s + b * c], -1).flatten(-2)
+    return torch.cat([out, rest], -1)
+
+
+def table_ref(pos, rot_dim, theta, freq_scale=1.0, factors=None):
+    i = torch.arange(rot_dim // 2, dtype=torch.float64)
+    inv = theta ** (-2 * i / rot_dim)
+    if factors is not None:
+        inv = inv / factors.double()
+    ang = pos.double().unsqueeze(-1) * freq_scale * inv
+    return ang.cos(), ang.sin()
+
+
+@pytest.mark.parametrize("style", ["neox", "interleaved"])
+@pytest.mark.parametrize("B,S,Hq,Hk,D,rot", [(1, 1, 1, 1, 2, None), (2, 7, 4, 1, 96, None),
+                                             (3, 33, 2, 2, 40, 16), (1, 5, 7, 1, 128, 64)])
+def test_rope_positions(style, B, S, Hq, Hk, D, rot):
+    q = rand(B, S, Hq, D, seed=21).requires_grad_()
+    k = rand(B, S, Hk, D, seed=22).requires_grad_()
+    pos = torch.randint(0, 5000, (B, S), generator=torch.Generator().manual_seed(3))
+    rd = rot or D
+
+    def fn(q, k):
+        return L.rope(q, k, positions=pos, style=style, theta=500000.0, rot_dim=rot)
+
+    def ref(q, k):
+        c, s = table_ref(pos, rd, 500000.0)
+        return rope_ref(q, c, s, style == "neox"), rope_ref(k, c, s, style == "neox")
+
+    # float32 tables round the angle's cos/sin to float: about 1e-7 relative at any position.
+    compare(fn, ref, [q, k], fwd_tol=1e-6, bwd_tol=1e-6)
+
+
+def test_rope_heads_first_with_tables_and_scaling():
+    """Hugging Face's layout ([batch, heads, seq, dim]) with tables from rope_cos_sin under
+    llama3 scaling, shared by the batch."""
+    B, H, S, D = 2, 3, 9, 64
+    q = rand(B, H, S, D, seed=31).requires_grad_()
+    k = rand(B, 1, S, D, seed=32).requires_grad_()
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    pos = torch.arange(100000, 100000 + S)
+    cos, sin = L.rope_cos_sin(pos, D, 500000.0, scaling, torch.float64)
+    # transformers' llama3 inv_freq, computed independently here
+    inv = 500000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    wavelen = 2 * math.pi / inv
+    smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+    scaled = torch.where(wavelen > 8192, inv / 8.0, inv)
+    mid = (wavelen <= 8192) & (wavelen >= 8192 / 4.0)
+    scaled = torch.where(mid, (1 - smooth) * inv / 8.0 + smooth * inv, scaled)
+    ang = pos.double().unsqueeze(-1) * scaled
+    assert_close(cos, ang.cos(), 1e-12, "cos")
+    assert_close(sin, ang.sin(), 1e-12, "sin")
+
+    def fn(q, k):
+        return L.rope(q, k, (cos.to(q.dtype), sin.to(q.dtype)), heads_first=True)
+
+    def ref(q, k):
+        c, s = cos.unsqueeze(0), sin.unsqueeze(0)
+        f = lambda t: rope_ref(t.transpose(1, 2), c.to(t.dtype), s.to(t.dtype), True)  # noqa
+        return f(q).transpose(1, 2), f(k).transpose(1, 2)
+
+    compare(fn, ref, [q, k], fwd_tol=1e-6, bwd_tol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flash attention
+
+
+def attention_ref(q, k, v, causal, left, right, softcap, scale):
+    """One sequence: q [Sq, Hq, D], k/v [Sk, Hkv, D]; flash-attn's masks; returns out, lse
+    ([Sq, Hq])."""
+    Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[0], k.shape[1]
+    g = Hq // Hkv
+    kk = k.repeat_interleave(g, dim=1)
+    vv = v.repeat_interleave(g, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, kk) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(Sq).unsqueeze(1) + Sk - Sq
+    j = torch.arange(Sk).unsqueeze(0)
+    r = 0 if causal else right
+    ok = torch.ones(Sq, Sk, dtype=torch.bool)
+    if left >= 0:
+        ok &= j >= i - left
+    if r >= 0:
+        ok &= j <= i + r
+    s = s.masked_fill(~ok, -math.inf)
+    lse = torch.logsumexp(s, -1)  # [H, Sq]
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    out = torch.einsum("hqk,khd->qhd", p, vv)
+    return out, lse.t()
+
+
+def flash_ref_varlen(q, k, v, cu_q, cu_k, causal, left, right, softcap, scale):
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        o, l_ = attention_ref(q[cu_q[b]:cu_q[b + 1]], k[cu_k[b]:cu_k[b + 1]],
+                              v[cu_k[b]:cu_k[b + 1]], causal, left, right, softcap, scale)
+        outs.append(o)
+        lses.append(l_)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def finite_lse(lse):
+    return lse.masked_fill(torch.isinf(lse), 0.0)
+
+
+CASES = [
+    # B, Sq, Sk, Hq, Hkv, D, causal, window, softcap
+    (1, 1, 1, 1, 1, 64, False, None, None),
+    (2, 7, 7, 4, 1, 96, True, None, None),
+    (1, 33, 33, 7, 1, 128, True, 5, None),
+    (2, 5, 19, 4, 4, 64, True, None, 30.0),
+    (1, 19, 5, 2, 1, 256, True, None, None),  # keys fewer than queries: top rows see nothing
+    (1, 17, 23, 8, 2, 96, False, (3, 4), None),
+    (1, 13, 13, 2, 2, 40, False, None, 5.0),
+]
+
+
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D,causal,window,softcap", CASES)
+def test_flash_attn(B, Sq, Sk, Hq, Hkv, D, causal, window, softcap):
+    q = rand(B, Sq, Hq, D, seed=41).requires_grad_()
+    k = rand(B, Sk, Hkv, D, seed=42).requires_grad_()
+    v = rand(B, Sk, Hkv, D, seed=43).requires_grad_()
+    scale = 1 / math.sqrt(D)
+    left, right = L._window(window, causal)
+
+    def fn(q, k, v):
+        out, lse = L.flash_attn(q, k, v, causal=causal, window=window, softcap=softcap,
+                                return_lse=True)
+        return out, finite_lse(lse)
+
+    def ref(q, k, v):
+        outs, lses = [], []
+        for b in range(B):
+            o, l_ = attention_ref(q[b], k[b], v[b], causal, left, right, softcap, scale)
+            outs.append(o)
+            lses.append(l_.t())
+        return torch.stack(outs), finite_lse(torch.stack(lses))
+
+    compare(fn, ref, [q, k, v], fwd_tol=5e-6, bwd_tol=5e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_varlen_with_empty_and_one_token_sequences(causal):
+    lens_q = [3, 0, 1, 17, 1]
+    lens_k = [3, 4, 1, 20, 0]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32)
+    Hq, Hkv, D = 4, 2, 64
+    q = rand(sum(lens_q), Hq, D, seed=51).requires_grad_()
+    k = rand(sum(lens_k), Hkv, D, seed=52).requires_grad_()
+    v = rand(sum(lens_k), Hkv, D, seed=53).requires_grad_()
+
+    def fn(q, k, v):
+        out, lse = L.flash_attn(q, k, v, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                max_seqlen_q=17, max_seqlen_k=20, return_lse=True)
+        assert lse.shape == (Hq, q.shape[0])
+        return out, finite_lse(lse)
+
+    def ref(q, k, v):
+        o, l_ = flash_ref_varlen(q, k, v, cu_q, cu_k, causal, -1, -1, None, 1 / math.sqrt(D))
+        return o, finite_lse(l_.t())
+
+    compare(fn, ref, [q, k, v], fwd_tol=5e-6, bwd_tol=5e-5)
+
+
+def test_flash_attn_no_key_rows_are_zero():
+    q = rand(1, 4, 1, 8, seed=61)
+    k = rand(1, 2, 1, 8, seed=62)
+    out, lse = L.flash_attn(q, k, k, causal=True, return_lse=True)
+    assert (out[0, :2] == 0).all() and torch.isneginf(lse[0, 0, :2]).all()
+    assert torch.isfinite(lse[0, 0, 2:]).all()
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 4, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 5, 2, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 5, 2, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: L.flash_attn(q, k, v, causal=True, softcap=2.0, window=4,
+                                     return_lse=True), (q, k, v))
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, r, w: L.rms_norm(x, w, 1e-5, residual=r),
+                                    (x, r, w))
+    g = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda g, u: L.geglu(g, u), (g, x[:, :5].detach()
+                                                                 .requires_grad_()))
+    assert torch.autograd.gradcheck(L.swiglu, (g, torch.randn_like(g).requires_grad_()))
+    pos = torch.arange(3)
+    assert torch.autograd.gradcheck(
+        lambda a, b: L.rope(a, b, positions=pos, style="interleaved"),
+        (torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True),
+         torch.randn(3, 1, 4, dtype=torch.float64, requires_grad=True)))
+    wl = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    bl = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    for act in ("gelu", "gelu_tanh", "silu", "none"):
+        assert torch.autograd.gradcheck(lambda x, w, b: L.linear_act(x, w, b, act), (x, wl, bl))
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear + activation
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "none"])
+@pytest.mark.parametrize("M,K,N,bias", [(1, 1, 1, True), (7, 33, 17, False), (2 * 5, 64, 70, True)])
+def test_linear_act(act, M, K, N, bias):
+    x = rand(M, K, seed=71).requires_grad_()
+    w = (rand(N, K, seed=72) / math.sqrt(K)).requires_grad_()
+    b = rand(N, seed=73).requires_grad_() if bias else None
+    acts = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+            "silu": F.silu, "none": lambda t: t}
+    inputs = [x, w] + ([b] if bias else [])
+    compare(lambda x, w, *b: L.linear_act(x, w, b[0] if b else None, act),
+            lambda x, w, *b: acts[act](F.linear(x, w, b[0] if b else None)), inputs,
+            fwd_tol=1e-5, bwd_tol=1e-5)
+
+
+def test_linear_act_batched_input():
+    x = rand(2, 3, 16, seed=74).requires_grad_()
+    w = rand(8, 16, seed=75).requires_grad_()
+    compare(lambda x, w: L.linear_act(x, w, act="silu"), lambda x, w: F.silu(F.linear(x, w)),
+            [x, w], fwd_tol=1e-5, bwd_tol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile, errors, stats
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_fullgraph(backend):
+    torch._dynamo.reset()
+
+    def block(x, r, w, wg, wu, wd, q, k, v, pos):
+        h, s = L.rms_norm(x, w, 1e-6, residual=r)
+        a = L.linear_act(h, wg, act="silu")
+        m = L.swiglu(L.linear_act(h, wu, act="none"), a)
+        qr, kr = L.rope(q, k, positions=pos)
+        o = L.flash_attn(qr, kr, v, causal=True)
+        return (F.linear(m, wd) + s).sum() + o.sum()
+
+    args = [rand(2, 5, 16, seed=81), rand(2, 5, 16, seed=82), rand(16, seed=83),
+            rand(24, 16, seed=84), rand(24, 16, seed=85), rand(16, 24, seed=86),
+            rand(2, 5, 4, 8, seed=87), rand(2, 5, 2, 8, seed=88), rand(2, 5, 2, 8, seed=89)]
+    args = [a.requires_grad_() for a in args] + [torch.arange(5)]
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    want = block(*args)
+    gwant = torch.autograd.grad(want, args[:-1])
+    got = compiled(*args)
+    ggot = torch.autograd.grad(got, args[:-1])
+    assert_close(got, want, 1e-6, "compiled loss")
+    for i, (a, b) in enumerate(zip(ggot, gwant)):
+        assert_close(a, b, 1e-6, f"compiled gradient {i}")
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: L.rms_norm(torch.ones(2, 4), torch.ones(3)), "weight is (3,)"),
+    (lambda: L.rms_norm(torch.ones(2, 4, dtype=torch.float64), torch.ones(4)), "float32"),
+    (lambda: L.flash_attn(torch.ones(1, 2, 3, 8), torch.ones(1, 2, 2, 8),
+                          torch.ones(1, 2, 2, 8)), "not a multiple"),
+    (lambda: L.flash_attn(torch.ones(3, 2, 8), torch.ones(3, 2, 8), torch.ones(3, 2, 8),
+                          cu_seqlens_q=torch.tensor([0, 2], dtype=torch.int32),
+                          cu_seqlens_k=torch.tensor([0, 3], dtype=torch.int32)), "ends at 2"),
+    (lambda: L.flash_attn(torch.ones(1, 2, 2, 8), torch.ones(1, 2, 2, 8),
+                          torch.ones(1, 2, 2, 8), window=0), "window = 0"),
+    (lambda: L.swiglu(torch.ones(2, 3), torch.ones(3, 2)), "gate is (2, 3)"),
+    (lambda: L.geglu(torch.ones(2), torch.ones(2), approximate="fast"), "approximate"),
+    (lambda: L.linear_act(torch.ones(2, 3), torch.ones(4, 5)), "weight must be [out, in]"),
+    (lambda: L.linear_act(torch.ones(2, 3), torch.ones(4, 3), act="relu"), "act = 'relu'"),
+    (lambda: L.rope(torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8), positions=torch.arange(2),
+                    style="gptj"), "style"),
+    (lambda: L.rope(torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8), positions=torch.arange(3)),
+     "does not fit"),
+    (lambda: L.rms_norm(torch.ones(2, 4, dtype=torch.float16), torch.ones(4, dtype=torch.float16)),
+     "f32 or f64"),
+])
+def test_errors(call, message):
+    with pytest.raises(llmk.Error, match=None) as e:
+        call()
+    assert message in str(e.value), str(e.value)
+
+
+def test_stats_count_kernels():
+    L.reset_stats()
+    L.swiglu(torch.ones(4), torch.ones(4))
+    L.swiglu(torch.ones(4), torch.ones(4))
+    rows = {(s["op"], s["kernel"]): s for s in L.stats()}
+    assert rows[("gated_forward", "cpu")]["calls"] == 2
+    assert rows[("gated_forward", "cpu")]["reason"] == ""
+    L.reset_stats()
+    assert L.stats() == []

@@ -53,9 +53,9 @@ void run(const Shape& s, int samples, void* flush, size_t flush_bytes, const cha
   auto* v = device_alloc<__nv_bfloat16>(static_cast<size_t>(nkv));
   auto* out = device_alloc<__nv_bfloat16>(static_cast<size_t>(nq));
   auto* cu = device_alloc<int32_t>(static_cast<size_t>(s.B) + 1);
-  fill_bf16<<<1024, 256, 0, stream>>>(q, nq, 1, 2.0f);
-  fill_bf16<<<1024, 256, 0, stream>>>(k, nkv, 2, 2.0f);
-  fill_bf16<<<1024, 256, 0, stream>>>(v, nkv, 3, 1.0f);
+  fill_bf16<<<1024, 256, 0, stream>>>(q, nq, 1, 2.0f, false);
+  fill_bf16<<<1024, 256, 0, stream>>>(k, nkv, 2, 2.0f, false);
+  fill_bf16<<<1024, 256, 0, stream>>>(v, nkv, 3, 1.0f, false);
   LLMK_CUDA_CHECK(cudaGetLastError());
   std::vector<int32_t> cu_h(static_cast<size_t>(s.B) + 1);
   for (int b = 0; b <= s.B; ++b) cu_h[static_cast<size_t>(b)] = b * s.S;

@@ -18,9 +18,10 @@
 
 namespace llmk::bench {
 
-// Deterministic pseudo-random bf16 in [-scale, scale): a hash of the index, so filling a GiB
-// costs one kernel and no host memory.
-__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale) {
+// Deterministic pseudo-random bf16: a hash of the index, so filling a GiB costs one kernel and
+// no host memory. Uniform in [-scale, scale), or (nonzero) of magnitude in [0.1, 1) * scale with a
+// random sign.
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale, bool nonzero) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint64_t z = seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
@@ -28,13 +29,18 @@ __global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scal
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    p[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
+    if (nonzero) {
+      const float mag = (0.1f + 0.9f * u) * scale;
+      p[i] = __float2bfloat16_rn((z & 1) ? mag : -mag);
+    } else {
+      p[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
+    }
   }
 }
 
-inline void fill(void* p, int64_t n, uint64_t seed, float scale) {
+inline void fill(void* p, int64_t n, uint64_t seed, float scale, bool nonzero = false) {
   fill_bf16<<<1024, 256, 0, cuda::current_stream()>>>(static_cast<__nv_bfloat16*>(p), n, seed,
-                                                      scale);
+                                                      scale, nonzero);
   cuda::check_launch("fill_bf16");
 }
 
@@ -80,6 +86,42 @@ class Events {
  private:
   cudaEvent_t a_ = nullptr, b_ = nullptr;
 };
+
+// `count` bf16 tensors of `per_set` random elements each (fill's), in one allocation; at(i)
+// rotates over them, so that timed calls do not find their inputs in the L2.
+class Pool {
+ public:
+  Pool(int64_t per_set, int count, uint64_t seed, float scale, bool nonzero = false)
+      : per_set_(per_set), count_(count) {
+    const int64_t n = per_set * count;
+    LLMK_CUDA_CHECK(cudaMalloc(&p_, static_cast<size_t>(n) * 2));
+    fill(p_, n, seed, scale, nonzero);
+  }
+  ~Pool() { cudaFree(p_); }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  __nv_bfloat16* at(int i) const { return p_ + static_cast<int64_t>(i % count_) * per_set_; }
+
+ private:
+  __nv_bfloat16* p_ = nullptr;
+  int64_t per_set_;
+  int count_;
+};
+
+// Median microseconds per call of call(i), i rotating over `sets`: each sample times a batch of
+// max(sets, 20) calls after one warm-up pass.
+template <class Call>
+double time_us(Events& ev, int samples, int sets, Call&& call) {
+  const int batch = std::max(sets, 20);
+  for (int i = 0; i < sets; ++i) call(i);
+  std::vector<float> ms;
+  for (int s = 0; s < samples; ++s) {
+    ms.push_back(ev.time([&] {
+      for (int i = 0; i < batch; ++i) call(i);
+    }));
+  }
+  return median(ms) * 1e3 / batch;
+}
 
 // Device-to-device copy rate of 1 GiB (bytes read + written per second), median of `samples`
 // after two warm-ups: the ceiling bandwidth-bound kernels are measured against.

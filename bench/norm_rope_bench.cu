@@ -51,39 +51,6 @@ int sets_for(double set_bytes) {
   return static_cast<int>(std::clamp(std::ceil(want / set_bytes), 1.0, double{kMaxSets}));
 }
 
-// `count` bf16 tensors of `per_set` random elements each, in one allocation.
-class Pool {
- public:
-  Pool(int64_t per_set, int count, uint64_t seed, float scale) : per_set_(per_set), count_(count) {
-    const int64_t n = per_set * count;
-    LLMK_CUDA_CHECK(cudaMalloc(&p_, static_cast<size_t>(n) * 2));
-    fill(p_, n, seed, scale);
-  }
-  ~Pool() { cudaFree(p_); }
-  Pool(const Pool&) = delete;
-  Pool& operator=(const Pool&) = delete;
-  __nv_bfloat16* at(int i) const { return p_ + static_cast<int64_t>(i % count_) * per_set_; }
-
- private:
-  __nv_bfloat16* p_ = nullptr;
-  int64_t per_set_;
-  int count_;
-};
-
-// Median microseconds per call of call(i), i rotating over `sets`.
-template <class Call>
-double time_us(Events& ev, int samples, int sets, Call&& call) {
-  const int batch = std::max(sets, 20);
-  for (int i = 0; i < sets; ++i) call(i);
-  std::vector<float> ms;
-  for (int s = 0; s < samples; ++s) {
-    ms.push_back(ev.time([&] {
-      for (int i = 0; i < batch; ++i) call(i);
-    }));
-  }
-  return median(ms) * 1e3 / batch;
-}
-
 void report(const Shape& s, double bytes, double us, double copy_gbs) {
   std::printf(
       "{\"kind\":\"%s\",\"T\":%lld,\"H\":%lld,\"D\":%lld,\"bytes\":%.0f,\"us\":%.2f,"

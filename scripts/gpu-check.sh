@@ -10,8 +10,12 @@
 #                                        #   PROFILE_PROMPT=N: a prefill of N tokens instead)
 #   scripts/gpu-check.sh attention       # bench/attention.py: llmk beside torch SDPA, one table
 #   scripts/gpu-check.sh long            # Llama-3-8B shapes: decode after an 8000-token prompt
+#   scripts/gpu-check.sh pyops           # llmk.ops on CUDA: tests/python/test_ops*.py and
+#                                        #   bench/torch_ops.py (the extension built by
+#                                        #   scripts/device/build-pyext.sh where .devbin/pylib
+#                                        #   is packed, else the llmk that Python imports)
 #   scripts/gpu-check.sh build test      # any subset of: build test sanitize bench e2e profile
-#                                        #   attention long (sanitize = memcheck racecheck
+#                                        #   attention long pyops (sanitize = memcheck racecheck
 #                                        #   synccheck, each also a step of its own)
 #
 # GPU_TEST_FILTER, SANITIZE_FILTER (memcheck) and RACE_FILTER (racecheck, synccheck) narrow the
@@ -127,6 +131,25 @@ if has attention; then
   rc=${PIPESTATUS[0]}
   note "attention bench: rc=$rc"
   grep -E "^\|" "$out/attention.md" >> "$summary"
+  [ $rc -ne 0 ] && status=1
+fi
+
+if has pyops; then
+  if [ -d "$devbin/pylib" ]; then
+    DEVBIN=$devbin scripts/device/build-pyext.sh >"$out/pyext.log" 2>&1 ||
+      { note "pyops: build-pyext.sh failed"; tail -n 30 "$out/pyext.log"; status=1; }
+    export PYTHONPATH=$PWD/$devbin/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider tests/python/test_ops_cuda.py \
+    tests/python/test_ops.py 2>&1 | tee "$out/pytest_ops.log" | tail -n 30
+  rc=${PIPESTATUS[0]}
+  note "pytest llmk.ops (cuda + cpu): rc=$rc, $(tail -n 1 "$out/pytest_ops.log")"
+  [ $rc -ne 0 ] && status=1
+  PYTHONUNBUFFERED=1 python3 bench/torch_ops.py --json "$out/torch_ops.json" \
+    --png "$out/torch_ops.png" ${TORCH_OPS_ARGS:-} 2>&1 | tee "$out/torch_ops.md"
+  rc=${PIPESTATUS[0]}
+  note "torch_ops bench: rc=$rc"
+  grep -E "^\|" "$out/torch_ops.md" >> "$summary"
   [ $rc -ne 0 ] && status=1
 fi
 

@@ -46,6 +46,21 @@ def _c(t: Tensor) -> Tensor:
     return t.detach().contiguous()
 
 
+def _stat_dtype(x: Tensor) -> torch.dtype:
+    """float32 for the per-row statistics of 16-bit inputs, else x's own dtype."""
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def _stream(t: Tensor) -> int:
+    """The current CUDA stream of t's device as an integer (0 on the CPU)."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    """float32 for 16-bit inputs (the CUDA kernels' log-sum-exp), else q's own."""
+    return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+
+
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise Error(msg)
@@ -78,15 +93,15 @@ def _check_float(op: str, **tensors: Optional[Tensor]) -> None:
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     x2 = _c(x).reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
-    rstd = x2.new_empty(x2.shape[0])
-    _C.rms_norm_forward(y, rstd, x2, _c(weight), eps, None, None)
+    rstd = x2.new_empty(x2.shape[0], dtype=_stat_dtype(x))
+    _C.rms_norm_forward(y, rstd, x2, _c(weight), eps, None, None, _stream(x))
     return y.view(x.shape), rstd
 
 
 @_rms_norm.register_fake
 def _(x, weight, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(
-        x.numel() // x.shape[-1])
+        x.numel() // x.shape[-1], dtype=_stat_dtype(x))
 
 
 @torch.library.custom_op("llmk::add_rms_norm", mutates_args=())
@@ -95,15 +110,16 @@ def _add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor,
     x2 = _c(x).reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
     s = torch.empty_like(x2)
-    rstd = x2.new_empty(x2.shape[0])
-    _C.rms_norm_forward(y, rstd, x2, _c(weight), eps, _c(residual).reshape(x2.shape), s)
+    rstd = x2.new_empty(x2.shape[0], dtype=_stat_dtype(x))
+    _C.rms_norm_forward(y, rstd, x2, _c(weight), eps, _c(residual).reshape(x2.shape), s,
+                        _stream(x))
     return y.view(x.shape), s.view(x.shape), rstd
 
 
 @_add_rms_norm.register_fake
 def _(x, residual, weight, eps):
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return y, torch.empty_like(y), x.new_empty(x.numel() // x.shape[-1])
+    return y, torch.empty_like(y), x.new_empty(x.numel() // x.shape[-1], dtype=_stat_dtype(x))
 
 
 @torch.library.custom_op("llmk::rms_norm_backward", mutates_args=())
@@ -113,8 +129,11 @@ def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor,
     dx = torch.empty_like(x2)
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else \
         weight.new_empty(0)
+    ws = None
+    if need_dw and x.is_cuda:
+        ws = torch.empty(_C.rms_norm_backward_workspace(x2), dtype=torch.uint8, device=x.device)
     _C.rms_norm_backward(dx, dw if need_dw else None, _c(dy).reshape(x2.shape), x2,
-                         _c(weight), _c(rstd))
+                         _c(weight), _c(rstd), ws, _stream(x))
     return dx.view(x.shape), dw
 
 
@@ -133,6 +152,7 @@ def _rms_norm_setup(ctx, inputs, output):
 
 def _rms_norm_bwd(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
+    dy = torch.zeros_like(x) if dy is None else dy
     need_dw = ctx.needs_input_grad[1]
     dx, dw = _rms_norm_backward(dy, x, weight, rstd, need_dw)
     return dx, dw if need_dw else None, None
@@ -149,6 +169,7 @@ def _add_rms_norm_setup(ctx, inputs, output):
 
 def _add_rms_norm_bwd(ctx, dy, ds, _drstd):
     s, weight, rstd = ctx.saved_tensors
+    dy = torch.zeros_like(s) if dy is None else dy
     need_dw = ctx.needs_input_grad[2]
     dsum, dw = _rms_norm_backward(dy, s, weight, rstd, need_dw)
     if ds is not None:
@@ -188,7 +209,7 @@ _ACTS = ("silu", "gelu", "gelu_tanh")
 @torch.library.custom_op("llmk::gated", mutates_args=())
 def _gated(gate: Tensor, up: Tensor, act: str) -> Tensor:
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    _C.gated_forward(out, _c(gate), _c(up), act)
+    _C.gated_forward(out, _c(gate), _c(up), act, _stream(gate))
     return out
 
 
@@ -201,7 +222,7 @@ def _(gate, up, act):
 def _gated_backward(dout: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tensor, Tensor]:
     dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     dup = torch.empty_like(dgate)
-    _C.gated_backward(dgate, dup, _c(dout), _c(gate), _c(up), act)
+    _C.gated_backward(dgate, dup, _c(dout), _c(gate), _c(up), act, _stream(gate))
     return dgate, dup
 
 
@@ -252,10 +273,16 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "tanh") -> Tensor:
 @torch.library.custom_op("llmk::rope_table", mutates_args=())
 def _rope_table(positions: Tensor, pairs: int, theta: float, freq_scale: float,
                 factors: Optional[Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    p = _c(positions).reshape(-1).to(torch.int64)
-    cos = torch.empty(p.shape[0], pairs, dtype=dtype, device=positions.device)
+    # The tables are made on the CPU (positions on the GPU are read back: pass cos_sin to keep
+    # the GPU from waiting), in float64 there when the inputs are 16-bit.
+    p = _c(positions).reshape(-1).to(device="cpu", dtype=torch.int64)
+    tdt = torch.float64 if dtype in (torch.float16, torch.bfloat16) else dtype
+    cos = torch.empty(p.shape[0], pairs, dtype=tdt)
     sin = torch.empty_like(cos)
-    _C.rope_table(cos, sin, p, theta, freq_scale, None if factors is None else _c(factors))
+    _C.rope_table(cos, sin, p, theta, freq_scale,
+                  None if factors is None else _c(factors).cpu())
+    cos = cos.to(device=positions.device, dtype=dtype)
+    sin = sin.to(device=positions.device, dtype=dtype)
     return cos.view(*positions.shape, pairs), sin.view(*positions.shape, pairs)
 
 
@@ -269,7 +296,7 @@ def _(positions, pairs, theta, freq_scale, factors, dtype):
 def _rope_rotate(x: Tensor, cos: Tensor, sin: Tensor, half_split: bool,
                  inverse: bool) -> Tensor:
     y = torch.empty_like(x)  # x's layout, permuted or not
-    _C.rope_rotate(y, _d(x), _d(cos), _d(sin), half_split, inverse)
+    _C.rope_rotate(y, _d(x), _d(cos), _d(sin), half_split, inverse, _stream(x))
     return y
 
 
@@ -417,38 +444,43 @@ def rope(q: Tensor, k: Tensor, cos_sin: Optional[tuple[Tensor, Tensor]] = None,
 
 @torch.library.custom_op("llmk::flash_attn", mutates_args=())
 def _flash_attn(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, scale: float,
-                causal: bool, window_left: int, window_right: int,
-                softcap: float) -> tuple[Tensor, Tensor]:
+                causal: bool, window_left: int, window_right: int, softcap: float,
+                max_seqlen_k: int) -> tuple[Tensor, Tensor]:
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = q.new_empty(q.shape[0], q.shape[1])
+    lse = q.new_empty(q.shape[1], q.shape[0], dtype=_lse_dtype(q))
     _C.flash_attention_forward(out, lse, _c(q), _c(k), _c(v), _c(cu_q), _c(cu_k), scale, causal,
-                               window_left, window_right, softcap)
+                               window_left, window_right, softcap, max_seqlen_k, _stream(q))
     return out, lse
 
 
 @_flash_attn.register_fake
-def _(q, k, v, cu_q, cu_k, scale, causal, window_left, window_right, softcap):
+def _(q, k, v, cu_q, cu_k, scale, causal, window_left, window_right, softcap, max_seqlen_k):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            q.new_empty(q.shape[0], q.shape[1]))
+            q.new_empty(q.shape[1], q.shape[0], dtype=_lse_dtype(q)))
 
 
 @torch.library.custom_op("llmk::flash_attn_backward", mutates_args=())
 def _flash_attn_backward(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
                          out: Tensor, lse: Tensor, cu_q: Tensor, cu_k: Tensor, scale: float,
-                         causal: bool, window_left: int, window_right: int,
-                         softcap: float) -> tuple[Tensor, Tensor, Tensor]:
+                         causal: bool, window_left: int, window_right: int, softcap: float,
+                         max_seqlen_k: int) -> tuple[Tensor, Tensor, Tensor]:
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty_like(dk)
+    ws = None
+    if q.is_cuda:
+        ws = torch.empty(_C.flash_attention_backward_workspace(q), dtype=torch.uint8,
+                         device=q.device)
     _C.flash_attention_backward(dq, dk, dv, _c(dout), None if dlse is None else _c(dlse), _c(q),
                                 _c(k), _c(v), _c(out), _c(lse), _c(cu_q), _c(cu_k), scale,
-                                causal, window_left, window_right, softcap)
+                                causal, window_left, window_right, softcap, max_seqlen_k, ws,
+                                _stream(q))
     return dq, dk, dv
 
 
 @_flash_attn_backward.register_fake
 def _(dout, dlse, q, k, v, out, lse, cu_q, cu_k, scale, causal, window_left, window_right,
-      softcap):
+      softcap, max_seqlen_k):
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     return dq, dk, torch.empty_like(dk)
@@ -463,8 +495,9 @@ def _flash_setup(ctx, inputs, output):
 
 def _flash_bwd(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dout = torch.zeros_like(out) if dout is None else dout
     dq, dk, dv = _flash_attn_backward(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.params)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 _flash_attn.register_autograd(_flash_bwd, setup_context=_flash_setup)
@@ -531,14 +564,23 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
         for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             _check(isinstance(cu, Tensor) and cu.dtype == torch.int32 and cu.dim() == 1,
                    f"llmk.ops.flash_attn: {name} must be a 1-D int32 tensor")
-        lens_q, lens_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
-        for name, m, lens in (("max_seqlen_q", max_seqlen_q, lens_q),
-                              ("max_seqlen_k", max_seqlen_k, lens_k)):
-            if m is not None and lens.numel() > 0 and not torch.compiler.is_compiling():
-                _check(int(lens.max()) <= m,
-                       f"llmk.ops.flash_attn: a sequence is longer than {name} = {m}")
-        out, lse = _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, *params)
-        return (out, lse.t()) if return_lse else out
+        _check(cu_seqlens_q.device == q.device and cu_seqlens_k.device == q.device,
+               "llmk.ops.flash_attn: cu_seqlens_q/k must be on q's device")
+        if not torch.compiler.is_compiling():
+            # On the CPU the kernels check the offsets themselves; here the lengths are checked
+            # against the maxima given (reading them waits for the GPU, as flash-attn's callers
+            # know the maxima, they pass them).
+            for name, m, cu in (("max_seqlen_q", max_seqlen_q, cu_seqlens_q),
+                                ("max_seqlen_k", max_seqlen_k, cu_seqlens_k)):
+                if m is not None and cu.numel() > 1 and not q.is_cuda:
+                    _check(int(cu.diff().max()) <= m,
+                           f"llmk.ops.flash_attn: a sequence is longer than {name} = {m}")
+        if max_seqlen_k is None:
+            _check(not torch.compiler.is_compiling() or not q.is_cuda,
+                   "llmk.ops.flash_attn: give max_seqlen_k with cu_seqlens under torch.compile")
+            max_seqlen_k = int(cu_seqlens_k.diff().max()) if cu_seqlens_k.numel() > 1 else 0
+        out, lse = _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, *params, int(max_seqlen_k))
+        return (out, lse) if return_lse else out
     B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
     _check(k.shape[0] == B, f"llmk.ops.flash_attn: q has batch {B} but k {k.shape[0]}")
     cu_q = torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int32, device=q.device)[:B + 1]
@@ -548,9 +590,9 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     if Sk == 0:
         cu_k = torch.zeros(B + 1, dtype=torch.int32, device=q.device)
     out, lse = _flash_attn(q.reshape(B * Sq, Hq, D), k.reshape(B * Sk, Hkv, D),
-                           v.reshape(B * Sk, Hkv, D), cu_q, cu_k, *params)
+                           v.reshape(B * Sk, Hkv, D), cu_q, cu_k, *params, Sk)
     out = out.view(B, Sq, Hq, D)
-    return (out, lse.view(B, Sq, Hq).transpose(1, 2)) if return_lse else out
+    return (out, lse.view(Hq, B, Sq).transpose(0, 1)) if return_lse else out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,10 @@
 #include "core/tensor.h"
 #include "ops/train.h"
 
+#ifdef LLMK_HAS_CUDA
+#include "core/cuda/stream.h"
+#endif
+
 namespace nb = nanobind;
 
 namespace llmk {
@@ -36,7 +40,7 @@ DType dtype_of(const Array& a, const char* name) {
     if (code == Code::Bfloat && t.bits == 16) return DType::BF16;
     if (code == Code::Int && t.bits == 32) return DType::I32;
     if (code == Code::Int && t.bits == 64) return DType::I64;
-    if (code == Code::Int && t.bits == 8) return DType::I8;
+    if ((code == Code::Int || code == Code::UInt) && t.bits == 8) return DType::I8;  // bytes
   }
   throw Error(fmt::format("{}: unsupported element type (DLPack code {}, {} bits, {} lanes)", name,
                           static_cast<int>(t.code), static_cast<int>(t.bits),
@@ -89,12 +93,26 @@ ops::Act act_of(const std::string& name) {
 }
 
 ops::FlashParams flash_params(double scale, bool causal, int64_t left, int64_t right,
-                              double softcap) {
+                              double softcap, int64_t max_seqlen_k) {
   return {.scale = scale,
           .causal = causal,
           .window_left = left,
           .window_right = right,
-          .softcap = softcap};
+          .softcap = softcap,
+          .max_seqlen_k = max_seqlen_k};
+}
+
+// Runs f with llmk's current stream set to the caller's (a cudaStream_t as an integer, such as
+// torch.cuda.current_stream().cuda_stream; 0 is the legacy default stream), without the GIL.
+template <class F>
+void on_stream(uintptr_t stream, F&& f) {
+  nb::gil_scoped_release released;
+#ifdef LLMK_HAS_CUDA
+  cuda::StreamGuard guard(stream == 0 ? cudaStreamLegacy : reinterpret_cast<cudaStream_t>(stream));
+#else
+  (void)stream;
+#endif
+  f();
 }
 
 }  // namespace
@@ -104,46 +122,55 @@ void register_ops(nb::module_& parent) {
 
   m.def(
       "rms_norm_forward",
-      [](Array y, Array rstd, Array x, Array w, double eps, OptArray residual, OptArray sum) {
+      [](Array y, Array rstd, Array x, Array w, double eps, OptArray residual, OptArray sum,
+         uintptr_t stream) {
         Tensor ty = tensor_of(y, "y"), tr = tensor_of(rstd, "rstd");
         std::optional<Tensor> res = opt_tensor(residual, "residual"), s = opt_tensor(sum, "sum");
-        nb::gil_scoped_release released;
-        ops::rms_norm_forward(ty, tr, tensor_of(x, "x"), tensor_of(w, "w"), eps,
-                              res ? &*res : nullptr, s ? &*s : nullptr);
+        on_stream(stream, [&] {
+          ops::rms_norm_forward(ty, tr, tensor_of(x, "x"), tensor_of(w, "w"), eps,
+                                res ? &*res : nullptr, s ? &*s : nullptr);
+        });
       },
       nb::arg("y"), nb::arg("rstd"), nb::arg("x"), nb::arg("w"), nb::arg("eps"),
-      nb::arg("residual").none(), nb::arg("sum").none());
+      nb::arg("residual").none(), nb::arg("sum").none(), nb::arg("stream"));
   m.def(
       "rms_norm_backward",
-      [](Array dx, OptArray dw, Array dy, Array x, Array w, Array rstd) {
+      [](Array dx, OptArray dw, Array dy, Array x, Array w, Array rstd, OptArray workspace,
+         uintptr_t stream) {
         Tensor tdx = tensor_of(dx, "dx");
-        std::optional<Tensor> tdw = opt_tensor(dw, "dw");
-        nb::gil_scoped_release released;
-        ops::rms_norm_backward(tdx, tdw ? &*tdw : nullptr, tensor_of(dy, "dy"), tensor_of(x, "x"),
-                               tensor_of(w, "w"), tensor_of(rstd, "rstd"));
+        std::optional<Tensor> tdw = opt_tensor(dw, "dw"), ws = opt_tensor(workspace, "workspace");
+        on_stream(stream, [&] {
+          ops::rms_norm_backward(tdx, tdw ? &*tdw : nullptr, tensor_of(dy, "dy"), tensor_of(x, "x"),
+                                 tensor_of(w, "w"), tensor_of(rstd, "rstd"), ws ? &*ws : nullptr);
+        });
       },
       nb::arg("dx"), nb::arg("dw").none(), nb::arg("dy"), nb::arg("x"), nb::arg("w"),
-      nb::arg("rstd"));
+      nb::arg("rstd"), nb::arg("workspace").none(), nb::arg("stream"));
+  m.def(
+      "rms_norm_backward_workspace",
+      [](Array x) { return ops::rms_norm_backward_workspace(tensor_of(x, "x")); }, nb::arg("x"));
   m.def(
       "gated_forward",
-      [](Array out, Array gate, Array up, const std::string& act) {
+      [](Array out, Array gate, Array up, const std::string& act, uintptr_t stream) {
         Tensor t = tensor_of(out, "out");
         const ops::Act a = act_of(act);
-        nb::gil_scoped_release released;
-        ops::gated_forward(t, tensor_of(gate, "gate"), tensor_of(up, "up"), a);
+        on_stream(stream,
+                  [&] { ops::gated_forward(t, tensor_of(gate, "gate"), tensor_of(up, "up"), a); });
       },
-      nb::arg("out"), nb::arg("gate"), nb::arg("up"), nb::arg("act"));
+      nb::arg("out"), nb::arg("gate"), nb::arg("up"), nb::arg("act"), nb::arg("stream"));
   m.def(
       "gated_backward",
-      [](Array dgate, Array dup, Array dout, Array gate, Array up, const std::string& act) {
+      [](Array dgate, Array dup, Array dout, Array gate, Array up, const std::string& act,
+         uintptr_t stream) {
         Tensor tg = tensor_of(dgate, "dgate"), tu = tensor_of(dup, "dup");
         const ops::Act a = act_of(act);
-        nb::gil_scoped_release released;
-        ops::gated_backward(tg, tu, tensor_of(dout, "dout"), tensor_of(gate, "gate"),
-                            tensor_of(up, "up"), a);
+        on_stream(stream, [&] {
+          ops::gated_backward(tg, tu, tensor_of(dout, "dout"), tensor_of(gate, "gate"),
+                              tensor_of(up, "up"), a);
+        });
       },
       nb::arg("dgate"), nb::arg("dup"), nb::arg("dout"), nb::arg("gate"), nb::arg("up"),
-      nb::arg("act"));
+      nb::arg("act"), nb::arg("stream"));
   m.def(
       "rope_table",
       [](Array cos, Array sin, Array positions, double theta, double freq_scale, OptArray factors) {
@@ -157,46 +184,63 @@ void register_ops(nb::module_& parent) {
       nb::arg("factors").none());
   m.def(
       "rope_rotate",
-      [](Array y, Array x, Array cos, Array sin, bool half_split, bool inverse) {
+      [](Array y, Array x, Array cos, Array sin, bool half_split, bool inverse, uintptr_t stream) {
         Tensor ty = tensor_of(y, "y");
-        nb::gil_scoped_release released;
-        ops::rope_rotate(ty, tensor_of(x, "x"), tensor_of(cos, "cos"), tensor_of(sin, "sin"),
-                         half_split, inverse);
+        on_stream(stream, [&] {
+          ops::rope_rotate(ty, tensor_of(x, "x"), tensor_of(cos, "cos"), tensor_of(sin, "sin"),
+                           half_split, inverse);
+        });
       },
       nb::arg("y"), nb::arg("x"), nb::arg("cos"), nb::arg("sin"), nb::arg("half_split"),
-      nb::arg("inverse"));
+      nb::arg("inverse"), nb::arg("stream"));
   m.def(
       "flash_attention_forward",
       [](Array out, Array lse, Array q, Array k, Array v, Array cu_q, Array cu_k, double scale,
-         bool causal, int64_t left, int64_t right, double softcap) {
+         bool causal, int64_t left, int64_t right, double softcap, int64_t max_seqlen_k,
+         uintptr_t stream) {
         Tensor to = tensor_of(out, "out"), tl = tensor_of(lse, "lse");
-        nb::gil_scoped_release released;
-        ops::flash_attention_forward(to, tl, tensor_of(q, "q"), tensor_of(k, "k"),
-                                     tensor_of(v, "v"), tensor_of(cu_q, "cu_seqlens_q"),
-                                     tensor_of(cu_k, "cu_seqlens_k"),
-                                     flash_params(scale, causal, left, right, softcap));
+        on_stream(stream, [&] {
+          ops::flash_attention_forward(
+              to, tl, tensor_of(q, "q"), tensor_of(k, "k"), tensor_of(v, "v"),
+              tensor_of(cu_q, "cu_seqlens_q"), tensor_of(cu_k, "cu_seqlens_k"),
+              flash_params(scale, causal, left, right, softcap, max_seqlen_k));
+        });
       },
       nb::arg("out"), nb::arg("lse"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_q"),
       nb::arg("cu_k"), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
-      nb::arg("window_right"), nb::arg("softcap"));
+      nb::arg("window_right"), nb::arg("softcap"), nb::arg("max_seqlen_k"), nb::arg("stream"));
   m.def(
       "flash_attention_backward",
       [](Array dq, Array dk, Array dv, Array dout, OptArray dlse, Array q, Array k, Array v,
          Array out, Array lse, Array cu_q, Array cu_k, double scale, bool causal, int64_t left,
-         int64_t right, double softcap) {
+         int64_t right, double softcap, int64_t max_seqlen_k, OptArray workspace,
+         uintptr_t stream) {
         Tensor tq = tensor_of(dq, "dq"), tk = tensor_of(dk, "dk"), tv = tensor_of(dv, "dv");
-        std::optional<Tensor> tdl = opt_tensor(dlse, "dlse");
-        nb::gil_scoped_release released;
-        ops::flash_attention_backward(
-            tq, tk, tv, tensor_of(dout, "dout"), tdl ? &*tdl : nullptr, tensor_of(q, "q"),
-            tensor_of(k, "k"), tensor_of(v, "v"), tensor_of(out, "out"), tensor_of(lse, "lse"),
-            tensor_of(cu_q, "cu_seqlens_q"), tensor_of(cu_k, "cu_seqlens_k"),
-            flash_params(scale, causal, left, right, softcap));
+        std::optional<Tensor> tdl = opt_tensor(dlse, "dlse"),
+                              ws = opt_tensor(workspace, "workspace");
+        on_stream(stream, [&] {
+          ops::flash_attention_backward(
+              tq, tk, tv, tensor_of(dout, "dout"), tdl ? &*tdl : nullptr, tensor_of(q, "q"),
+              tensor_of(k, "k"), tensor_of(v, "v"), tensor_of(out, "out"), tensor_of(lse, "lse"),
+              tensor_of(cu_q, "cu_seqlens_q"), tensor_of(cu_k, "cu_seqlens_k"),
+              flash_params(scale, causal, left, right, softcap, max_seqlen_k), ws ? &*ws : nullptr);
+        });
       },
       nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dout"), nb::arg("dlse").none(),
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("cu_q"),
       nb::arg("cu_k"), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
-      nb::arg("window_right"), nb::arg("softcap"));
+      nb::arg("window_right"), nb::arg("softcap"), nb::arg("max_seqlen_k"),
+      nb::arg("workspace").none(), nb::arg("stream"));
+  m.def(
+      "flash_attention_backward_workspace",
+      [](Array q) { return ops::flash_attention_backward_workspace(tensor_of(q, "q")); },
+      nb::arg("q"));
+  m.attr("cuda") =
+#ifdef LLMK_HAS_CUDA
+      true;
+#else
+      false;
+#endif
   m.def(
       "linear_act_forward",
       [](Array y, Array z, Array x, Array w, OptArray bias, const std::string& act) {

@@ -1,5 +1,6 @@
 #include "ops/train.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -8,6 +9,15 @@
 #include "kernels/cpu/attention_grad.h"
 #include "kernels/cpu/grad.h"
 #include "ops/check.h"
+
+#ifdef LLMK_HAS_CUDA
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/attention/backward.h"
+#include "kernels/cuda/grad.h"
+#endif
 
 namespace llmk::ops {
 
@@ -34,26 +44,56 @@ void count(std::string_view op, std::string_view kernel, std::string_view reason
 
 // ---- checks ----
 
-// Every tensor defined and on the CPU (the only device these ops run on yet), contiguous unless
-// listed as strided, and of the first one's dtype, which must be f32 or f64. Returns it.
-DType check_float_cpu(std::string_view op, std::initializer_list<NamedTensor> tensors,
-                      bool contiguous = true) {
-  if (on_cuda(op, tensors)) {
-    throw Error(fmt::format(
-        "ops::{}: CUDA tensors: the CUDA kernels of llmk.ops are not built yet; use CPU tensors",
-        op));
-  }
+// Where an op runs and on what: every tensor defined, on one device, contiguous unless the op
+// takes strides, and of the first one's dtype: f32 or f64 on the CPU, bf16, f16 or f32 on CUDA
+// (where cuda_built says the op has CUDA kernels).
+struct Where {
+  DType dt;
+  bool cuda;
+};
+Where check_float(std::string_view op, std::initializer_list<NamedTensor> tensors,
+                  bool contiguous = true, bool cuda_built = false) {
+  const bool cuda = on_cuda(op, tensors);
+  LLMK_CHECK(!cuda || cuda_built,
+             "ops::{}: CUDA tensors: this op's CUDA kernels are not built yet; use CPU tensors",
+             op);
   const DType dt = tensors.begin()->second->dtype();
-  LLMK_CHECK(dt == DType::F32 || dt == DType::F64, "ops::{}: {} is {}; the CPU takes f32 or f64",
-             op, tensors.begin()->first, tensors.begin()->second->str());
+  if (cuda) {
+    LLMK_CHECK(dt == DType::BF16 || dt == DType::F16 || dt == DType::F32,
+               "ops::{}: {} is {}; CUDA takes bf16, f16 or f32", op, tensors.begin()->first,
+               tensors.begin()->second->str());
+  } else {
+    LLMK_CHECK(dt == DType::F32 || dt == DType::F64, "ops::{}: {} is {}; the CPU takes f32 or f64",
+               op, tensors.begin()->first, tensors.begin()->second->str());
+  }
   for (const auto& [name, t] : tensors) {
     require_dtype(op, name, *t, dt);
     if (contiguous) {
       LLMK_CHECK(t->is_contiguous(), "ops::{}: {} ({}) must be contiguous", op, name, t->str());
     }
   }
-  return dt;
+  return {dt, cuda};
 }
+
+// check_float for the ops that run on the CPU only (yet); returns the dtype.
+DType check_float_cpu(std::string_view op, std::initializer_list<NamedTensor> tensors,
+                      bool contiguous = true) {
+  return check_float(op, tensors, contiguous).dt;
+}
+
+#ifdef LLMK_HAS_CUDA
+// Calls f.template operator()<T>() with T the CUDA storage type of dt (bf16, f16 or f32).
+template <class F>
+void with_cuda_float(DType dt, F&& f) {
+  if (dt == DType::BF16) {
+    f.template operator()<__nv_bfloat16>();
+  } else if (dt == DType::F16) {
+    f.template operator()<__half>();
+  } else {
+    f.template operator()<float>();
+  }
+}
+#endif
 
 // Calls f.template operator()<T>() with T the C++ type of dt (f32 or f64).
 template <class F>
@@ -79,11 +119,13 @@ cpu::grad::Act cpu_act(Act a) {
   return cpu::grad::Act::None;
 }
 
-// The flash-attention arguments shared by forward and backward; returns the kernel's shape
-// (its cu pointers into cu_q and cu_k).
-cpu::grad::FlashShape flash_shape(std::string_view op, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
-                                  const FlashParams& p) {
+// The flash-attention arguments shared by forward and backward, and what they resolve to.
+struct FlashCheck {
+  double scale;          // resolved: 1/sqrt(D) where 0 was given
+  int64_t max_seqlen_k;  // the most keys of a sequence (read on the host where cu_k is)
+};
+FlashCheck check_flash(std::string_view op, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& cu_q, const Tensor& cu_k, const FlashParams& p, bool cuda) {
   for (const auto& [name, t] : {NamedTensor{"q", &q}, {"k", &k}, {"v", &v}}) {
     require_ndim(op, name, *t, 3);
   }
@@ -93,7 +135,8 @@ cpu::grad::FlashShape flash_shape(std::string_view op, const Tensor& q, const Te
   LLMK_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0,
              "ops::{}: q has {} heads, not a multiple of the {} heads of k", op, Hq, Hkv);
   for (const auto& [name, t] : {NamedTensor{"cu_seqlens_q", &cu_q}, {"cu_seqlens_k", &cu_k}}) {
-    require_cpu(op, name, *t);
+    LLMK_CHECK(t->defined() && t->device() == q.device(), "ops::{}: {} must be on q's device", op,
+               name);
     require_dtype(op, name, *t, DType::I32);
     require_ndim(op, name, *t, 1);
     LLMK_CHECK(t->is_contiguous() && t->dim(0) >= 2,
@@ -103,19 +146,6 @@ cpu::grad::FlashShape flash_shape(std::string_view op, const Tensor& q, const Te
   LLMK_CHECK(cu_q.dim(0) == cu_k.dim(0),
              "ops::{}: cu_seqlens_q has {} entries but cu_seqlens_k {}: one per sequence + 1 each",
              op, cu_q.dim(0), cu_k.dim(0));
-  // The offsets are read on the host: each list starts at 0, never decreases and ends at its
-  // tensor's row count.
-  for (const auto& [name, cu, rows] :
-       {std::tuple{"cu_seqlens_q", &cu_q, q.dim(0)}, std::tuple{"cu_seqlens_k", &cu_k, k.dim(0)}}) {
-    const int32_t* c = cu->data<const int32_t>();
-    LLMK_CHECK(c[0] == 0, "ops::{}: {}[0] is {}, not 0", op, name, c[0]);
-    for (int64_t b = 1; b < cu->dim(0); ++b) {
-      LLMK_CHECK(c[b] >= c[b - 1], "ops::{}: {} decreases at {}: {} then {}", op, name, b, c[b - 1],
-                 c[b]);
-    }
-    LLMK_CHECK(c[cu->dim(0) - 1] == rows, "ops::{}: {} ends at {}, but its tensor has {} rows", op,
-               name, c[cu->dim(0) - 1], rows);
-  }
   LLMK_CHECK(std::isfinite(p.scale) && p.scale >= 0, "ops::{}: scale = {} must be finite, >= 0", op,
              p.scale);
   LLMK_CHECK(std::isfinite(p.softcap) && p.softcap >= 0,
@@ -123,14 +153,48 @@ cpu::grad::FlashShape flash_shape(std::string_view op, const Tensor& q, const Te
   LLMK_CHECK(p.window_left >= -1 && p.window_right >= -1,
              "ops::{}: window ({}, {}) needs sizes >= 0, or -1 for unbounded", op, p.window_left,
              p.window_right);
+  FlashCheck fc{p.scale > 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(D)), p.max_seqlen_k};
+  if (cuda) {
+    // The offsets stay on the device (reading them would wait for the stream): the caller vouches
+    // for them, and for max_seqlen_k.
+    LLMK_CHECK(p.max_seqlen_k >= 0 && p.max_seqlen_k <= k.dim(0),
+               "ops::{}: CUDA needs max_seqlen_k (0 .. {} keys), got {}", op, k.dim(0),
+               p.max_seqlen_k);
+    LLMK_CHECK(D % 8 == 0 && D <= 256,
+               "ops::{}: head dim {} on CUDA must be a multiple of 8, at most 256", op, D);
+    return fc;
+  }
+  // On the CPU the offsets are read: each list starts at 0, never decreases and ends at its
+  // tensor's row count.
+  int64_t max_k = 0;
+  for (const auto& [name, cu, rows] :
+       {std::tuple{"cu_seqlens_q", &cu_q, q.dim(0)}, std::tuple{"cu_seqlens_k", &cu_k, k.dim(0)}}) {
+    const int32_t* c = cu->data<const int32_t>();
+    LLMK_CHECK(c[0] == 0, "ops::{}: {}[0] is {}, not 0", op, name, c[0]);
+    for (int64_t b = 1; b < cu->dim(0); ++b) {
+      LLMK_CHECK(c[b] >= c[b - 1], "ops::{}: {} decreases at {}: {} then {}", op, name, b, c[b - 1],
+                 c[b]);
+      if (cu == &cu_k) max_k = std::max<int64_t>(max_k, c[b] - c[b - 1]);
+    }
+    LLMK_CHECK(c[cu->dim(0) - 1] == rows, "ops::{}: {} ends at {}, but its tensor has {} rows", op,
+               name, c[cu->dim(0) - 1], rows);
+  }
+  fc.max_seqlen_k = max_k;
+  return fc;
+}
+
+// The CPU kernels' shape (its cu pointers into cu_q and cu_k).
+cpu::grad::FlashShape cpu_flash_shape(const Tensor& q, const Tensor& k, const Tensor& cu_q,
+                                      const Tensor& cu_k, const FlashParams& p,
+                                      const FlashCheck& fc) {
   cpu::grad::FlashShape s;
   s.batch = cu_q.dim(0) - 1;
   s.cu_q = cu_q.data<const int32_t>();
   s.cu_k = cu_k.data<const int32_t>();
-  s.Hq = Hq;
-  s.Hkv = Hkv;
-  s.D = D;
-  s.scale = p.scale > 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(D));
+  s.Hq = q.dim(1);
+  s.Hkv = k.dim(1);
+  s.D = q.dim(2);
+  s.scale = fc.scale;
   s.causal = p.causal;
   s.window_left = p.window_left;
   s.window_right = p.causal ? 0 : p.window_right;
@@ -161,19 +225,20 @@ void rms_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w,
   constexpr std::string_view op = "rms_norm_forward";
   LLMK_CHECK((residual == nullptr) == (sum == nullptr),
              "ops::{}: residual and sum come together (the sum is x + residual)", op);
-  const DType dt = residual
-                       ? check_float_cpu(op, {{"x", &x},
-                                              {"y", &y},
-                                              {"w", &w},
-                                              {"rstd", &rstd},
-                                              {"residual", residual},
-                                              {"sum", sum}})
-                       : check_float_cpu(op, {{"x", &x}, {"y", &y}, {"w", &w}, {"rstd", &rstd}});
+  const Where at =
+      residual
+          ? check_float(op, {{"x", &x}, {"y", &y}, {"w", &w}, {"residual", residual}, {"sum", sum}},
+                        true, true)
+          : check_float(op, {{"x", &x}, {"y", &y}, {"w", &w}}, true, true);
+  const DType dt = at.dt;
+  require_dtype(op, "rstd", rstd, at.cuda ? DType::F32 : dt);
   require_ndim(op, "x", x, 2);
   const int64_t rows = x.dim(0), D = x.dim(1);
   require_shape(op, "y", y, x.shape());
   require_shape(op, "w", w, {D});
   require_shape(op, "rstd", rstd, {rows});
+  LLMK_CHECK(rstd.device() == x.device() && rstd.is_contiguous(),
+             "ops::{}: rstd must be contiguous, on x's device", op);
   LLMK_CHECK(eps >= 0 && std::isfinite(eps), "ops::{}: eps = {} must be finite, >= 0", op, eps);
   require_disjoint(op, "y", y, "x", x);
   if (residual) {
@@ -182,6 +247,18 @@ void rms_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w,
     require_disjoint(op, "sum", *sum, "x", x);
     require_disjoint(op, "sum", *sum, "residual", *residual);
     require_disjoint(op, "y", y, "sum", *sum);
+  }
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    with_cuda_float(dt, [&]<class T>() {
+      cuda::grad::rms_norm_fwd(y.data<T>(), rstd.data<float>(), x.data<const T>(),
+                               residual ? residual->data<const T>() : nullptr,
+                               sum ? sum->data<T>() : nullptr, w.data<const T>(), rows, D,
+                               static_cast<float>(eps));
+    });
+    count(op, "cuda");
+#endif
+    return;
   }
   with_float(dt, [&]<class T>() {
     const T* in = x.data<const T>();
@@ -194,13 +271,24 @@ void rms_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w,
   count(op, "cpu");
 }
 
+size_t rms_norm_backward_workspace(const Tensor& x) {
+  require_ndim("rms_norm_backward_workspace", "x", x, 2);
+#ifdef LLMK_HAS_CUDA
+  if (x.device() == Device::CUDA) return cuda::grad::rms_norm_bwd_workspace(x.dim(0), x.dim(1));
+#endif
+  return 0;
+}
+
 void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& rstd) {
+                       const Tensor& rstd, Tensor* workspace) {
   constexpr std::string_view op = "rms_norm_backward";
-  const DType dt =
-      dw ? check_float_cpu(
-               op, {{"x", &x}, {"dx", &dx}, {"dw", dw}, {"dy", &dy}, {"w", &w}, {"rstd", &rstd}})
-         : check_float_cpu(op, {{"x", &x}, {"dx", &dx}, {"dy", &dy}, {"w", &w}, {"rstd", &rstd}});
+  const Where at =
+      dw ? check_float(op, {{"x", &x}, {"dx", &dx}, {"dw", dw}, {"dy", &dy}, {"w", &w}}, true, true)
+         : check_float(op, {{"x", &x}, {"dx", &dx}, {"dy", &dy}, {"w", &w}}, true, true);
+  const DType dt = at.dt;
+  require_dtype(op, "rstd", rstd, at.cuda ? DType::F32 : dt);
+  LLMK_CHECK(rstd.device() == x.device() && rstd.is_contiguous(),
+             "ops::{}: rstd must be contiguous, on x's device", op);
   require_ndim(op, "x", x, 2);
   const int64_t rows = x.dim(0), D = x.dim(1);
   for (const auto& [name, t] : {NamedTensor{"dx", &dx}, {"dy", &dy}}) {
@@ -212,6 +300,24 @@ void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x
     require_disjoint(op, "dx", dx, name, *t);
   }
   if (dw) require_shape(op, "dw", *dw, {D});
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    const size_t need = dw ? cuda::grad::rms_norm_bwd_workspace(rows, D) : 0;
+    LLMK_CHECK(need == 0 ||
+                   (workspace != nullptr && workspace->device() == Device::CUDA &&
+                    workspace->is_contiguous() && static_cast<size_t>(workspace->nbytes()) >= need),
+               "ops::{}: dw on CUDA needs a contiguous CUDA workspace of {} bytes", op, need);
+    with_cuda_float(dt, [&]<class T>() {
+      cuda::grad::rms_norm_bwd(dx.data<T>(), dw ? dw->data<T>() : nullptr,
+                               need ? workspace->data() : nullptr, dy.data<const T>(),
+                               x.data<const T>(), w.data<const T>(), rstd.data<const float>(), rows,
+                               D);
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
+  (void)workspace;
   with_float(dt, [&]<class T>() {
     cpu::grad::rms_norm_bwd(dx.data<T>(), dw ? dw->data<T>() : nullptr, dy.data<const T>(),
                             x.data<const T>(), w.data<const T>(), rstd.data<const T>(), rows, D);
@@ -223,11 +329,22 @@ void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x
 
 void gated_forward(Tensor& out, const Tensor& gate, const Tensor& up, Act act) {
   constexpr std::string_view op = "gated_forward";
-  const DType dt = check_float_cpu(op, {{"gate", &gate}, {"up", &up}, {"out", &out}});
+  const Where at = check_float(op, {{"gate", &gate}, {"up", &up}, {"out", &out}}, true, true);
+  const DType dt = at.dt;
   require_shape(op, "up", up, gate.shape());
   require_shape(op, "out", out, gate.shape());
   LLMK_CHECK(act != Act::None, "ops::{}: the gate needs an activation (none given)", op);
   const cpu::grad::Act g = cpu_act(act);
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    with_cuda_float(dt, [&]<class T>() {
+      cuda::grad::gated_fwd(out.data<T>(), gate.data<const T>(), up.data<const T>(), gate.numel(),
+                            g);
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
   with_float(dt, [&]<class T>() {
     cpu::grad::gated_fwd(out.data<T>(), gate.data<const T>(), up.data<const T>(), gate.numel(), g);
   });
@@ -237,8 +354,10 @@ void gated_forward(Tensor& out, const Tensor& gate, const Tensor& up, Act act) {
 void gated_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
                     const Tensor& up, Act act) {
   constexpr std::string_view op = "gated_backward";
-  const DType dt = check_float_cpu(
-      op, {{"gate", &gate}, {"up", &up}, {"dout", &dout}, {"dgate", &dgate}, {"dup", &dup}});
+  const Where at = check_float(
+      op, {{"gate", &gate}, {"up", &up}, {"dout", &dout}, {"dgate", &dgate}, {"dup", &dup}}, true,
+      true);
+  const DType dt = at.dt;
   for (const auto& [name, t] :
        {NamedTensor{"up", &up}, {"dout", &dout}, {"dgate", &dgate}, {"dup", &dup}}) {
     require_shape(op, name, *t, gate.shape());
@@ -246,6 +365,16 @@ void gated_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor
   require_disjoint(op, "dgate", dgate, "dup", dup);
   LLMK_CHECK(act != Act::None, "ops::{}: the gate needs an activation (none given)", op);
   const cpu::grad::Act g = cpu_act(act);
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    with_cuda_float(dt, [&]<class T>() {
+      cuda::grad::gated_bwd(dgate.data<T>(), dup.data<T>(), dout.data<const T>(),
+                            gate.data<const T>(), up.data<const T>(), gate.numel(), g);
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
   with_float(dt, [&]<class T>() {
     cpu::grad::gated_bwd(dgate.data<T>(), dup.data<T>(), dout.data<const T>(), gate.data<const T>(),
                          up.data<const T>(), gate.numel(), g);
@@ -288,7 +417,15 @@ void rope_table(Tensor& cos, Tensor& sin, const Tensor& positions, double theta,
 void rope_rotate(Tensor& y, const Tensor& x, const Tensor& cos, const Tensor& sin, bool half_split,
                  bool inverse) {
   constexpr std::string_view op = "rope_rotate";
-  const DType dt = check_float_cpu(op, {{"x", &x}, {"y", &y}, {"cos", &cos}, {"sin", &sin}}, false);
+  const Where at = check_float(op, {{"x", &x}, {"y", &y}}, false, true);
+  const DType dt = at.dt;
+  // The tables: x's dtype, or f32 on CUDA (the kernels read either).
+  LLMK_CHECK(cos.device() == x.device() && sin.device() == x.device(),
+             "ops::{}: cos and sin must be on x's device", op);
+  LLMK_CHECK(
+      cos.dtype() == sin.dtype() && (cos.dtype() == dt || (at.cuda && cos.dtype() == DType::F32)),
+      "ops::{}: cos is {} and sin {}, x {}: the tables take x's dtype{}", op, cos.str(), sin.str(),
+      x.str(), at.cuda ? " or f32" : "");
   require_ndim(op, "x", x, 4);
   require_shape(op, "y", y, x.shape());
   require_no_partial_overlap(op, "y", y, "x", x);
@@ -319,6 +456,21 @@ void rope_rotate(Tensor& y, const Tensor& x, const Tensor& cos, const Tensor& si
   s.cs_s = cos.stride(1);
   s.rot_dim = static_cast<int>(2 * R);
   s.half_split = half_split;
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    with_cuda_float(dt, [&]<class T>() {
+      if (cos.dtype() == DType::F32) {
+        cuda::grad::rope_rotate(y.data<T>(), x.data<const T>(), cos.data<const float>(),
+                                sin.data<const float>(), s, inverse);
+      } else {
+        cuda::grad::rope_rotate(y.data<T>(), x.data<const T>(), cos.data<const T>(),
+                                sin.data<const T>(), s, inverse);
+      }
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
   with_float(dt, [&]<class T>() {
     cpu::grad::rope_rotate(y.data<T>(), x.data<const T>(), cos.data<const T>(), sin.data<const T>(),
                            s, inverse);
@@ -332,54 +484,110 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
                              const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
                              const FlashParams& p) {
   constexpr std::string_view op = "flash_attention_forward";
-  const DType dt =
-      check_float_cpu(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
-  const cpu::grad::FlashShape s = flash_shape(op, q, k, v, cu_q, cu_k, p);
+  const Where at = check_float(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, true, true);
+  LLMK_CHECK(!at.cuda || at.dt != DType::F32, "ops::{}: CUDA attention takes bf16 or f16, not f32",
+             op);
+  const DType lse_dt = at.cuda ? DType::F32 : at.dt;
+  require_dtype(op, "lse", lse, lse_dt);
+  LLMK_CHECK(lse.device() == q.device() && lse.is_contiguous(),
+             "ops::{}: lse must be contiguous, on q's device", op);
+  const FlashCheck fc = check_flash(op, q, k, v, cu_q, cu_k, p, at.cuda);
   require_shape(op, "out", out, q.shape());
-  require_shape(op, "lse", lse, {q.dim(0), q.dim(1)});
+  require_shape(op, "lse", lse, {q.dim(1), q.dim(0)});
   for (const auto& [name, t] : {NamedTensor{"q", &q}, {"k", &k}, {"v", &v}}) {
     require_disjoint(op, "out", out, name, *t);
     require_disjoint(op, "lse", lse, name, *t);
   }
-  with_float(dt, [&]<class T>() {
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    if (q.dim(0) == 0) return;
+    LLMK_CHECK(p.causal || (p.window_left < 0 && p.window_right < 0),
+               "ops::{}: a window without the causal mask has no CUDA kernel yet", op);
+    const int64_t H = q.dim(1), Hkv = k.dim(1), D = q.dim(2);
+    cuda::AttentionArgs a;
+    a.out = out.data<__nv_bfloat16>();
+    a.out_t = H * D;
+    a.out_h = D;
+    a.q = q.data<const __nv_bfloat16>();
+    a.q_t = H * D;
+    a.q_h = D;
+    a.k = k.data<const __nv_bfloat16>();
+    a.k_t = Hkv * D;
+    a.k_h = D;
+    a.v = v.data<const __nv_bfloat16>();
+    a.v_t = Hkv * D;
+    a.v_h = D;
+    a.fp16 = at.dt == DType::F16;
+    a.lse = lse.data<float>();
+    a.T = static_cast<int>(q.dim(0));
+    a.Hq = static_cast<int>(H);
+    a.Hkv = static_cast<int>(Hkv);
+    a.D = static_cast<int>(D);
+    a.L = k.dim(0);
+    a.B = static_cast<int>(cu_q.dim(0) - 1);
+    a.cu_q = cu_q.data<const int32_t>();
+    a.cu_k = cu_k.data<const int32_t>();
+    a.scale = static_cast<float>(fc.scale);
+    a.softcap = static_cast<float>(p.softcap);
+    a.causal = p.causal;
+    a.window = p.causal && p.window_left >= 0 ? static_cast<int>(p.window_left + 1) : 0;
+    if (cuda::attention_head_dim_supported(a.D)) {
+      cuda::attention_prefill(a);
+      count(op, "cuda prefill");
+    } else {
+      cuda::attention_generic(a);
+      count(op, "cuda generic", fmt::format("head dim {} has no tensor-core kernel", D));
+    }
+#endif
+    return;
+  }
+  const cpu::grad::FlashShape s = cpu_flash_shape(q, k, cu_q, cu_k, p, fc);
+  with_float(at.dt, [&]<class T>() {
     cpu::grad::flash_fwd(out.data<T>(), lse.data<T>(), q.data<const T>(), k.data<const T>(),
                          v.data<const T>(), s);
   });
   count(op, "cpu");
 }
 
+size_t flash_attention_backward_workspace(const Tensor& q) {
+  require_ndim("flash_attention_backward_workspace", "q", q, 3);
+#ifdef LLMK_HAS_CUDA
+  if (q.device() == Device::CUDA) {
+    return cuda::attention_backward_workspace(q.dim(0), q.dim(1), q.dim(2));
+  }
+#endif
+  return 0;
+}
+
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor* dlse, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& cu_q,
-                              const Tensor& cu_k, const FlashParams& p) {
+                              const Tensor& cu_k, const FlashParams& p, Tensor* workspace) {
   constexpr std::string_view op = "flash_attention_backward";
-  const DType dt = dlse ? check_float_cpu(op, {{"q", &q},
-                                               {"k", &k},
-                                               {"v", &v},
-                                               {"out", &out},
-                                               {"lse", &lse},
-                                               {"dout", &dout},
-                                               {"dlse", dlse},
-                                               {"dq", &dq},
-                                               {"dk", &dk},
-                                               {"dv", &dv}})
-                        : check_float_cpu(op, {{"q", &q},
-                                               {"k", &k},
-                                               {"v", &v},
-                                               {"out", &out},
-                                               {"lse", &lse},
-                                               {"dout", &dout},
-                                               {"dq", &dq},
-                                               {"dk", &dk},
-                                               {"dv", &dv}});
-  const cpu::grad::FlashShape s = flash_shape(op, q, k, v, cu_q, cu_k, p);
+  const Where at = check_float(op,
+                               {{"q", &q},
+                                {"k", &k},
+                                {"v", &v},
+                                {"out", &out},
+                                {"dout", &dout},
+                                {"dq", &dq},
+                                {"dk", &dk},
+                                {"dv", &dv}},
+                               true, true);
+  const DType lse_dt = at.cuda ? DType::F32 : at.dt;
+  const FlashCheck fc = check_flash(op, q, k, v, cu_q, cu_k, p, at.cuda);
   require_shape(op, "out", out, q.shape());
   require_shape(op, "dout", dout, q.shape());
   require_shape(op, "dq", dq, q.shape());
   require_shape(op, "dk", dk, k.shape());
   require_shape(op, "dv", dv, k.shape());
-  require_shape(op, "lse", lse, {q.dim(0), q.dim(1)});
-  if (dlse) require_shape(op, "dlse", *dlse, lse.shape());
+  for (const auto& [name, t] : {NamedTensor{"lse", &lse}, {"dlse", dlse}}) {
+    if (t == nullptr) continue;
+    require_dtype(op, name, *t, lse_dt);
+    require_shape(op, name, *t, {q.dim(1), q.dim(0)});
+    LLMK_CHECK(t->device() == q.device() && t->is_contiguous(),
+               "ops::{}: {} must be contiguous, on q's device", op, name);
+  }
   const NamedTensor inputs[] = {{"q", &q},     {"k", &k},     {"v", &v},
                                 {"out", &out}, {"lse", &lse}, {"dout", &dout}};
   for (const auto& [gname, g] : {NamedTensor{"dq", &dq}, {"dk", &dk}, {"dv", &dv}}) {
@@ -389,7 +597,67 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
   require_disjoint(op, "dq", dq, "dk", dk);
   require_disjoint(op, "dq", dq, "dv", dv);
   require_disjoint(op, "dk", dk, "dv", dv);
-  with_float(dt, [&]<class T>() {
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    const int64_t H = q.dim(1), Hkv = k.dim(1), D = q.dim(2);
+    LLMK_CHECK(cuda::attention_backward_supported(static_cast<int>(D)),
+               "ops::{}: head dim {} has no CUDA backward yet (64 to 128, multiples of 16)", op, D);
+    const size_t need = cuda::attention_backward_workspace(q.dim(0), H, D);
+    LLMK_CHECK(workspace != nullptr && workspace->device() == Device::CUDA &&
+                   workspace->is_contiguous() && static_cast<size_t>(workspace->nbytes()) >= need,
+               "ops::{}: the CUDA backward needs a contiguous CUDA workspace of {} bytes", op,
+               need);
+    cuda::AttentionBwdArgs b;
+    b.q = q.data();
+    b.q_t = H * D;
+    b.q_h = D;
+    b.k = k.data();
+    b.k_t = Hkv * D;
+    b.k_h = D;
+    b.v = v.data();
+    b.v_t = Hkv * D;
+    b.v_h = D;
+    b.out = out.data();
+    b.out_t = H * D;
+    b.out_h = D;
+    b.dout = dout.data();
+    b.dout_t = H * D;
+    b.dout_h = D;
+    b.dq = dq.data();
+    b.dq_t = H * D;
+    b.dq_h = D;
+    b.dk = dk.data();
+    b.dk_t = Hkv * D;
+    b.dk_h = D;
+    b.dv = dv.data();
+    b.dv_t = Hkv * D;
+    b.dv_h = D;
+    b.fp16 = at.dt == DType::F16;
+    b.lse = lse.data<const float>();
+    b.dlse = dlse ? dlse->data<const float>() : nullptr;
+    b.workspace = workspace->data();
+    b.T = static_cast<int>(q.dim(0));
+    b.Tk = static_cast<int>(k.dim(0));
+    b.Hq = static_cast<int>(H);
+    b.Hkv = static_cast<int>(Hkv);
+    b.D = static_cast<int>(D);
+    b.B = static_cast<int>(cu_q.dim(0) - 1);
+    b.cu_q = cu_q.data<const int32_t>();
+    b.cu_k = cu_k.data<const int32_t>();
+    b.max_tk = static_cast<int>(fc.max_seqlen_k);
+    b.scale = static_cast<float>(fc.scale);
+    b.softcap = static_cast<float>(p.softcap);
+    b.causal = p.causal;
+    b.window_left = static_cast<int>(p.window_left);
+    b.window_right = static_cast<int>(p.window_right);
+    cuda::attention_backward(b);
+    count(op, "cuda");
+#endif
+    return;
+  }
+  (void)workspace;  // the CPU kernels need none
+  const cpu::grad::FlashShape s = cpu_flash_shape(q, k, cu_q, cu_k, p, fc);
+  with_float(at.dt, [&]<class T>() {
     cpu::grad::flash_bwd(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<const T>(),
                          dlse ? dlse->data<const T>() : nullptr, q.data<const T>(),
                          k.data<const T>(), v.data<const T>(), out.data<const T>(),

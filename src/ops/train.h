@@ -3,8 +3,9 @@
 // forward ops keep what their backward reads (rstd, lse, the pre-activation).
 //
 // Tensors are contiguous unless said otherwise, all on one device. CPU: f32 or f64 (every tensor
-// of a call the same, except the i32/i64 index tensors); the kernels sum in double. The CUDA
-// kernels of these ops are not built yet: CUDA tensors throw.
+// of a call the same, except the i32/i64 index tensors); the kernels sum in double. CUDA: bf16 or
+// f16 (f32 too where said), fp32 accumulation, on cuda::current_stream(); rope_table and
+// linear_act have no CUDA kernels yet (CUDA tensors throw).
 #pragma once
 
 #include <cstdint>
@@ -15,15 +16,17 @@
 
 namespace llmk::ops {
 
-// y = x / sqrt(mean(x^2) + eps) * w per row. x, y: [rows, D]; w: [D]; rstd: [rows], written for
-// the backward. With residual (not null): sum = x + residual is written and normalised instead
-// (the pre-norm residual step: the new residual stream and its norm in one op).
+// y = x / sqrt(mean(x^2) + eps) * w per row. x, y: [rows, D]; w: [D]; rstd: [rows] (f32 on CUDA),
+// written for the backward. With residual (not null): sum = x + residual is written and normalised
+// instead (the pre-norm residual step: the new residual stream and its norm in one op).
 void rms_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps,
                       const Tensor* residual = nullptr, Tensor* sum = nullptr);
 // dx from dy through the norm of x (the sum, when the forward had a residual), rstd from the
-// forward; dw (optional) summed over rows. dx may not alias anything.
+// forward; dw (optional) summed over rows, deterministically. dx may not alias anything. CUDA:
+// dw needs rms_norm_backward_workspace(x) bytes of CUDA memory from the caller.
 void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& rstd);
+                       const Tensor& rstd, Tensor* workspace = nullptr);
+size_t rms_norm_backward_workspace(const Tensor& x);
 
 enum class Act : uint8_t {
   None,      // identity (linear_act only)
@@ -44,7 +47,8 @@ void rope_table(Tensor& cos, Tensor& sin, const Tensor& positions, double theta,
                 double freq_scale = 1.0, const Tensor* factors = nullptr);
 // y = x rotated (inverse: by the negative angle, the backward). x, y: [B, S, H, D], any strides
 // (y may be x exactly); cos, sin: [B or 1, S, R] with R = rot_dim / 2 <= D / 2, the last dim
-// contiguous. half_split: pairs (i, i + R) (NeoX, Hugging Face), else (2i, 2i + 1).
+// contiguous, of x's dtype (or f32 on CUDA). half_split: pairs (i, i + R) (NeoX, Hugging Face),
+// else (2i, 2i + 1).
 void rope_rotate(Tensor& y, const Tensor& x, const Tensor& cos, const Tensor& sin, bool half_split,
                  bool inverse);
 
@@ -55,19 +59,28 @@ struct FlashParams {
   // i + sk - sq + right; -1: unbounded on that side. causal makes right 0.
   int64_t window_left = -1, window_right = -1;
   double softcap = 0;  // > 0: scores = softcap * tanh(scores / softcap)
+  // The most keys of any sequence: CUDA needs it (the offsets stay on the device); the CPU reads
+  // it from cu_k.
+  int64_t max_seqlen_k = -1;
 };
 // Variable-length batches in flash-attn's layout: q, out: [total_q, Hq, D]; k, v: [total_k, Hkv,
-// D]; cu_q, cu_k: [batch + 1] i32 (0, then running totals); lse: [total_q, Hq] (natural log;
-// -inf where a query sees no key, its output 0).
+// D]; cu_q, cu_k: [batch + 1] i32 (0, then running totals), on q's device; lse: [Hq, total_q]
+// (natural log; -inf where a query sees no key, its output 0; f32 on CUDA). CUDA: head dims with
+// a tensor-core prefill kernel run it, other multiples of 8 up to 256 the generic kernel (counted
+// as a fallback); windows need the causal mask there.
 void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
                              const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
                              const FlashParams& p);
 // dq, dk, dv from dout (and dlse, optional) given the forward's out and lse; dk and dv summed
-// over each group of query heads. Deterministic.
+// over each group of query heads. CPU: deterministic. CUDA: dk and dv deterministic, dq summed
+// with fp32 atomics; workspace: flash_attention_backward_workspace(q) bytes of CUDA memory from
+// the caller (stream-ordered with the call).
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor* dlse, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& cu_q,
-                              const Tensor& cu_k, const FlashParams& p);
+                              const Tensor& cu_k, const FlashParams& p,
+                              Tensor* workspace = nullptr);
+size_t flash_attention_backward_workspace(const Tensor& q);
 
 // y = act(z), z = x w^T + bias. x: [M, K]; w: [N, K]; bias: optional [N]; y, z: [M, N] (z kept
 // for the backward).

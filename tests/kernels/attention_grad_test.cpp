@@ -142,7 +142,7 @@ Forward reference_fwd(const Problem<T>& p) {
           max = std::max(max, x);
         }
         double* o = &f.out[static_cast<size_t>(((q0 + i) * c.Hq + h) * D)];
-        double& lse = f.lse[static_cast<size_t>((q0 + i) * c.Hq + h)];
+        double& lse = f.lse[static_cast<size_t>(h * p.total_q + q0 + i)];
         if (max == -kInf) {
           lse = -kInf;  // sees no key; out stays 0
           continue;
@@ -186,7 +186,7 @@ void check_forward(const Case& c, uint32_t seed, int64_t* empty_rows, int64_t* f
   const Tol tol = kFwdTol<T>;
   for (int64_t r = 0; r < p.total_q; ++r) {
     for (int64_t h = 0; h < c.Hq; ++h) {
-      const size_t li = static_cast<size_t>(r * c.Hq + h);
+      const size_t li = static_cast<size_t>(h * p.total_q + r);
       const double wl = want.lse[li];
       if (wl == -kInf) {
         ASSERT_EQ(static_cast<double>(lse[li]), -kInf) << name(c) << " row=" << r << " h=" << h;
@@ -197,7 +197,7 @@ void check_forward(const Case& c, uint32_t seed, int64_t* empty_rows, int64_t* f
         ++*full_rows;
       }
       for (int64_t d = 0; d < D; ++d) {
-        const size_t oi = li * static_cast<size_t>(D) + static_cast<size_t>(d);
+        const size_t oi = static_cast<size_t>((r * c.Hq + h) * D + d);
         const double w = want.out[oi];
         if (wl == -kInf) {
           ASSERT_EQ(out[oi], T(0)) << name(c) << " row=" << r << " h=" << h << " d=" << d;
@@ -482,14 +482,17 @@ TEST(AttentionGrad, RowsWithInfiniteLseContributeNothing) {
                          p.k.data(), p.v.data(), out.data(), L.data(), s);
     return g;
   };
-  // Rows 3 (head 1) and 12 (head 2) see keys; they are marked with -inf and +inf.
-  const size_t marked[2] = {3 * 4 + 1, 12 * 4 + 2};
+  // Rows 3 (head 1) and 12 (head 2) see keys; they are marked with -inf and +inf (lse is
+  // [heads, rows], dout [rows, heads, D]).
+  const size_t marked[2] = {1 * 14 + 3, 2 * 14 + 12};
+  const size_t marked_rows[2] = {3 * 4 + 1, 12 * 4 + 2};
+  ASSERT_EQ(p.total_q, 14);
   ASSERT_TRUE(std::isfinite(lse[marked[0]]) && std::isfinite(lse[marked[1]]));
   std::vector<double> L = lse, G = w.G, H = w.H;
   L[marked[0]] = -kInf;
   L[marked[1]] = kInf;
-  for (size_t r : marked) {
-    H[r] = 0;
+  for (size_t r : marked) H[r] = 0;
+  for (size_t r : marked_rows) {
     std::fill(G.begin() + static_cast<std::ptrdiff_t>(r * 16),
               G.begin() + static_cast<std::ptrdiff_t>((r + 1) * 16), 0.0);
   }

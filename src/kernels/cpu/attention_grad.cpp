@@ -106,10 +106,12 @@ Score score(const T* q, const T* k, const FlashShape& sh) {
   return {sh.softcap * t, 1.0 - t * t};
 }
 
-// Row strides of the [rows, heads, D] tensors and the [rows, heads] lse.
+// Row strides of the [rows, heads, D] tensors, and the head stride of the [heads, rows] lse (the
+// total of query rows).
 struct Strides {
   int64_t q, kv, lse;
-  explicit Strides(const FlashShape& s) : q(s.Hq * s.D), kv(s.Hkv * s.D), lse(s.Hq) {}
+  explicit Strides(const FlashShape& s)
+      : q(s.Hq * s.D), kv(s.Hkv * s.D), lse(s.batch > 0 ? s.cu_q[s.batch] : 0) {}
 };
 
 void check_shape(const FlashShape& s) {
@@ -143,7 +145,7 @@ void flash_fwd(T* out, T* lse, const T* q, const T* k, const T* v, const FlashSh
       for (int64_t i = blk.begin; i < blk.end; ++i) {
         const T* qi = q + (q0 + i) * st.q + h * D;
         T* oi = out + (q0 + i) * st.q + h * D;
-        T& li = lse[(q0 + i) * st.lse + h];
+        T& li = lse[h * st.lse + q0 + i];
         const Span keys = mask.keys_seen_by(i);
         if (keys.empty()) {
           std::fill(oi, oi + D, T(0));
@@ -199,14 +201,14 @@ void flash_bwd(T* dq, T* dk, T* dv, const T* dout, const T* dlse, const T* q, co
             const T* qi = q + row * st.q + h * D;
             const T* doi = dout + row * st.q + h * D;
             T* dqi = dq + row * st.q + h * D;
-            const double li = static_cast<double>(lse[row * st.lse + h]);
+            const double li = static_cast<double>(lse[h * st.lse + row]);
             const Span keys = mask.keys_seen_by(i);
             if (keys.empty() || std::isinf(li)) {
               std::fill(dqi, dqi + D, T(0));
               continue;
             }
             const double di = dot(doi, out + row * st.q + h * D, D) -
-                              (dlse != nullptr ? static_cast<double>(dlse[row * st.lse + h]) : 0.0);
+                              (dlse != nullptr ? static_cast<double>(dlse[h * st.lse + row]) : 0.0);
             delta[static_cast<size_t>(row * s.Hq + h)] = di;
             std::fill(acc.begin(), acc.end(), 0.0);
             for (int64_t j = keys.begin; j < keys.end; ++j) {
@@ -241,7 +243,7 @@ void flash_bwd(T* dq, T* dk, T* dv, const T* dout, const T* dlse, const T* q, co
             for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
               for (int64_t i = queries.begin; i < queries.end; ++i) {
                 const int64_t qrow = q0 + i;
-                const double li = static_cast<double>(lse[qrow * st.lse + h]);
+                const double li = static_cast<double>(lse[h * st.lse + qrow]);
                 if (std::isinf(li)) continue;
                 const T* qi = q + qrow * st.q + h * D;
                 const T* doi = dout + qrow * st.q + h * D;

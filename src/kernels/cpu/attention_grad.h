@@ -27,9 +27,10 @@ struct FlashShape {
   double softcap = 0;  // > 0: s = softcap * tanh(scale * q.k / softcap)
 };
 
-// q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; out: [total_q, Hq, D]; lse: [total_q, Hq].
+// q: [total_q, Hq, D]; k, v: [total_k, Hkv, D]; out: [total_q, Hq, D]; lse: [Hq, total_q]
+// (flash-attn's varlen layout).
 // Query head h uses kv head h / (Hq / Hkv). out[i][h] = sum_j p_ij v_j with
-// p_ij = exp(s_ij - lse[i][h]) and lse[i][h] = log(sum_j exp(s_ij)) over the visible keys, in
+// p_ij = exp(s_ij - lse[h][i]) and lse[h][i] = log(sum_j exp(s_ij)) over the visible keys, in
 // natural log. A query that sees no key gets out = 0 and lse = -infinity. Rows of out and lse
 // outside every sequence are not written.
 // Work is spread over (block of a sequence's queries, query head) pairs.
@@ -38,7 +39,7 @@ template <class T>
 void flash_fwd(T* out, T* lse, const T* q, const T* k, const T* v, const FlashShape& s);
 
 // Gradients of the loss through out (dout: [total_q, Hq, D]) and, optionally, through lse
-// (dlse: [total_q, Hq]; null means zero) to dq ([total_q, Hq, D]), dk and dv ([total_k, Hkv,
+// (dlse: [Hq, total_q]; null means zero) to dq ([total_q, Hq, D]), dk and dv ([total_k, Hkv,
 // D]), from the forward's out and lse. All three are written, not accumulated; dk and dv sum
 // over the query heads of a group and over queries. With p_ij = exp(s_ij - lse_i),
 // delta_i = dout_i . out_i - dlse_i and ds_ij = p_ij (dout_i . v_j - delta_i):

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""llmk.ops beside torch on the GPU: attention forward and backward against SDPA (flash backend).
+
+    PYTHONPATH=<llmk with CUDA> python3 bench/torch_ops.py [--json FILE] [--png FILE] [--quick]
+
+Inputs are random bf16 in flash-attn's layout [B, S, H, D] (SDPA gets [B, H, S, D] views).
+Each sample is one call between CUDA events after a 256 MiB write that flushes the L2; the figure
+is the median of the samples, after warm-up; llmk and torch alternate shape by shape in one
+process. Forward: the op alone. Backward: torch.autograd.grad of the op's output with a fixed
+random dO (the forward is outside the events). TFLOP/s counts 4 B H S^2 D for the forward and
+2.5 times that for the backward, both halved when causal (FA2's convention).
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import llmk.ops as L
+
+ATTENTION = [  # B, Hq, Hkv, S, D, causal
+    (4, 32, 32, 2048, 128, True),
+    (2, 32, 32, 8192, 128, True),
+    (1, 32, 32, 16384, 128, True),
+    (4, 32, 8, 2048, 128, True),
+    (4, 32, 32, 2048, 64, True),
+    (2, 32, 32, 4096, 96, True),
+]
+
+
+def timed(fn, samples, flush):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(samples):
+        flush.fill_(1)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)  # us
+    return statistics.median(times)
+
+
+def attention_row(B, Hq, Hkv, S, D, causal, samples, flush):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda h: torch.randn(B, S, h, D, generator=g, device="cuda",  # noqa: E731
+                               dtype=torch.bfloat16).requires_grad_()
+    q, k, v = mk(Hq), mk(Hkv), mk(Hkv)
+    dout = torch.randn(B, S, Hq, D, generator=g, device="cuda", dtype=torch.bfloat16)
+    flops = 4.0 * B * Hq * S * S * D * (0.5 if causal else 1.0)
+
+    def sdpa(q, k, v):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2), is_causal=causal,
+                                               enable_gqa=Hq != Hkv)
+        return o.transpose(1, 2)
+
+    def llmk(q, k, v):
+        return L.flash_attn(q, k, v, causal=causal)
+
+    row = {"B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "causal": causal}
+    for name, fn in (("llmk", llmk), ("sdpa", sdpa)):
+        with torch.no_grad():
+            fwd = timed(lambda: fn(q, k, v), samples, flush)
+        out = fn(q, k, v)
+        bwd = timed(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                    samples, flush)
+        row[f"{name}_fwd_us"] = round(fwd, 1)
+        row[f"{name}_bwd_us"] = round(bwd, 1)
+        row[f"{name}_fwd_tflops"] = round(flops / fwd / 1e6, 1)
+        row[f"{name}_bwd_tflops"] = round(2.5 * flops / bwd / 1e6, 1)
+    row["fwd_speedup"] = round(row["sdpa_fwd_us"] / row["llmk_fwd_us"], 3)
+    row["bwd_speedup"] = round(row["sdpa_bwd_us"] / row["llmk_bwd_us"], 3)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--png", help="draw the speedups here (needs matplotlib)")
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="the first two shapes only")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("torch_ops: needs a GPU")
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    rows = []
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| B | Hq | Hkv | S | D | fwd llmk us (TFLOP/s) | fwd SDPA | x | bwd llmk us (TFLOP/s) "
+          "| bwd SDPA | x |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape in ATTENTION[:2] if args.quick else ATTENTION:
+        r = attention_row(*shape, args.samples, flush)
+        rows.append(r)
+        print(f"| {r['B']} | {r['Hq']} | {r['Hkv']} | {r['S']} | {r['D']} | "
+              f"{r['llmk_fwd_us']} ({r['llmk_fwd_tflops']}) | {r['sdpa_fwd_us']} "
+              f"({r['sdpa_fwd_tflops']}) | {r['fwd_speedup']} | {r['llmk_bwd_us']} "
+              f"({r['llmk_bwd_tflops']}) | {r['sdpa_bwd_us']} ({r['sdpa_bwd_tflops']}) | "
+              f"{r['bwd_speedup']} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "attention": rows}, f, indent=1)
+    if args.png:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("torch_ops: no matplotlib, no chart", file=sys.stderr)
+            return
+        labels = [f"S{r['S']} D{r['D']} {r['Hq']}/{r['Hkv']}" for r in rows]
+        x = range(len(rows))
+        plt.figure(figsize=(9, 4))
+        plt.bar([i - 0.2 for i in x], [r["fwd_speedup"] for r in rows], 0.4, label="forward")
+        plt.bar([i + 0.2 for i in x], [r["bwd_speedup"] for r in rows], 0.4, label="backward")
+        plt.axhline(1.0, color="k", lw=0.8)
+        plt.xticks(list(x), labels, rotation=20)
+        plt.ylabel("speedup over SDPA (flash)")
+        plt.title(f"llmk.ops.flash_attn, bf16, causal ({torch.cuda.get_device_name()})")
+        plt.legend()
+        plt.tight_layout()
+        plt.savefig(args.png)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""llmk.ops on CUDA tensors (bf16, fp16) against float64 references on the same values.
+
+Skipped without a GPU or without a CUDA build of llmk._C. A tolerance here is relative to what
+torch itself gets wrong in the same dtype: llmk's error against the float64 reference must stay
+within twice the error of the same math in torch at the input dtype (flash-attn's criterion), plus
+the input dtype's unit roundoff times the reference's scale."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import llmk.ops as L  # noqa: E402
+from llmk._C import ops as _C  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _C.cuda),
+                                reason="needs a GPU and a CUDA build of llmk")
+
+DT = [torch.bfloat16, torch.float16]
+EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+def rand(*shape, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def attention_math(q, k, v, causal, left, right, softcap, scale, upcast):
+    """Batched [B, S, H, D] attention with flash-attn's masks; upcast: in float64, else in the
+    inputs' dtype (torch's own low-precision error, the yardstick)."""
+    dt = torch.float64 if upcast else q.dtype
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(Hq // Hkv, dim=2)
+    v = v.repeat_interleave(Hq // Hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(Sq, device=q.device).unsqueeze(1) + Sk - Sq
+    j = torch.arange(Sk, device=q.device).unsqueeze(0)
+    ok = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
+    r = 0 if causal else right
+    if left >= 0:
+        ok &= j >= i - left
+    if r >= 0:
+        ok &= j <= i + r
+    s = s.masked_fill(~ok, -math.inf)
+    p = torch.softmax(s.float() if not upcast else s, -1).nan_to_num(0.0).to(dt)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def check(got, want, base, dtype, what, floor=0.0):
+    """|got - want| <= 2 |base - want| + eps(dtype) * max(max|want|, floor), in max norm. floor:
+    the size of the terms a result sums, where it can cancel to near zero (the gradient of q over
+    one key is exactly 0, formed from O(1) terms that round)."""
+    got, want, base = got.double(), want.double(), base.double()
+    err = (got - want).abs().max().item()
+    ref = (base - want).abs().max().item()
+    scale = max(want.abs().max().item(), floor)
+    assert torch.isfinite(got).all(), f"{what}: non-finite"
+    assert err <= 2 * ref + EPS[dtype] * scale, \
+        f"{what}: error {err:.3e}, torch {dtype} error {ref:.3e}, scale {scale:.3e}"
+
+
+CASES = [
+    # B, Sq, Sk, Hq, Hkv, D, causal, window, softcap
+    (2, 129, 129, 8, 2, 64, True, None, None),
+    (1, 300, 300, 7, 1, 96, True, None, None),
+    (1, 77, 200, 4, 4, 128, True, 33, None),
+    (2, 64, 64, 4, 1, 80, False, None, 30.0),
+    (1, 200, 70, 2, 1, 112, True, None, None),  # fewer keys than queries
+    (1, 1, 1, 1, 1, 64, True, None, None),
+]
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D,causal,window,softcap", CASES)
+def test_flash_attn_cuda(dtype, B, Sq, Sk, Hq, Hkv, D, causal, window, softcap):
+    q = rand(B, Sq, Hq, D, dtype=dtype, seed=1).requires_grad_()
+    k = rand(B, Sk, Hkv, D, dtype=dtype, seed=2).requires_grad_()
+    v = rand(B, Sk, Hkv, D, dtype=dtype, seed=3).requires_grad_()
+    dout = rand(B, Sq, Hq, D, dtype=dtype, seed=4)
+    scale = 1 / math.sqrt(D)
+    left, right = L._window(window, causal)
+
+    def grads(fn, *xs):
+        out = fn(*xs)
+        return (out, *torch.autograd.grad(out, xs, dout.to(out.dtype)))
+
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    leavesd = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    want = grads(lambda *x: attention_math(*x, causal, left, right, softcap, scale, True),
+                 *leaves64)
+    base = grads(lambda *x: attention_math(*x, causal, left, right, softcap, scale, False),
+                 *leavesd)
+    L.reset_stats()
+    got = grads(lambda *x: L.flash_attn(*x, causal=causal, window=window, softcap=softcap),
+                q, k, v)
+    for name, g, w, b in zip(("out", "dq", "dk", "dv"), got, want, base):
+        assert g.dtype == dtype
+        check(g, w, b, dtype, f"{name} {dtype}", floor=1.0)  # inputs and dO are N(0, 1)
+    ops = {s["op"]: s for s in L.stats()}
+    assert ops["flash_attention_forward"]["kernel"] == "cuda prefill"
+    assert ops["flash_attention_backward"]["kernel"] == "cuda"
+
+
+@pytest.mark.parametrize("dtype", DT)
+def test_flash_attn_cuda_varlen(dtype):
+    lens_q, lens_k = [5, 0, 130, 1, 64], [9, 3, 130, 1, 0]
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    Hq, Hkv, D = 6, 2, 64
+    q = rand(sum(lens_q), Hq, D, dtype=dtype, seed=5).requires_grad_()
+    k = rand(sum(lens_k), Hkv, D, dtype=dtype, seed=6).requires_grad_()
+    v = rand(sum(lens_k), Hkv, D, dtype=dtype, seed=7).requires_grad_()
+    dout = rand(sum(lens_q), Hq, D, dtype=dtype, seed=8)
+    out = L.flash_attn(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                       max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    got = (out, *torch.autograd.grad(out, (q, k, v), dout))
+    # Per sequence through the batched path of the reference.
+    parts = {n: [] for n in ("want", "base")}
+    for b in range(len(lens_q)):
+        sq = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        sk = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        for kind, up in (("want", True), ("base", False)):
+            xs = [t.detach()[s].unsqueeze(0).to(torch.float64 if up else dtype).requires_grad_()
+                  for t, s in ((q, sq), (k, sk), (v, sk))]
+            o = attention_math(*xs, True, -1, -1, None, 1 / math.sqrt(D), up)
+            gs = torch.autograd.grad(o, xs, dout[sq].unsqueeze(0).to(o.dtype), allow_unused=True)
+            gs = [torch.zeros_like(x) if g is None else g for g, x in zip(gs, xs)]
+            parts[kind].append([o.squeeze(0)] + [g.squeeze(0) for g in gs])
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        w = torch.cat([p[i] for p in parts["want"]])
+        bse = torch.cat([p[i] for p in parts["base"]])
+        check(got[i], w, bse, dtype, f"varlen {name} {dtype}")
+
+
+def test_flash_attn_cuda_lse_gradient_and_layout():
+    q = rand(2, 33, 4, 64, dtype=torch.bfloat16, seed=9).requires_grad_()
+    k = rand(2, 40, 2, 64, dtype=torch.bfloat16, seed=10).requires_grad_()
+    v = rand(2, 40, 2, 64, dtype=torch.bfloat16, seed=11).requires_grad_()
+    out, lse = L.flash_attn(q, k, v, causal=True, return_lse=True)
+    assert lse.shape == (2, 4, 33) and lse.dtype == torch.float32
+    g = torch.autograd.grad(lse.sum(), (q, k))
+    x64 = [t.detach().double().requires_grad_() for t in (q, k)]
+    s = torch.einsum("bqhd,bkhd->bhqk", x64[0], x64[1].repeat_interleave(2, dim=2)) / 8.0
+    i = torch.arange(33, device="cuda").unsqueeze(1) + 7
+    s = s.masked_fill(torch.arange(40, device="cuda").unsqueeze(0) > i, -math.inf)
+    lse64 = torch.logsumexp(s, -1)
+    assert (lse.double() - lse64).abs().max().item() < 1e-4 * lse64.abs().max().item() + 1e-4
+    w = torch.autograd.grad(lse64.sum(), x64)
+    for a, b_ in zip(g, w):
+        assert (a.double() - b_).abs().max().item() <= 2.0**-7 * b_.abs().max().item()
+
+
+def test_flash_attn_cuda_fallbacks_and_errors():
+    q = rand(1, 20, 2, 40, dtype=torch.bfloat16, seed=12)
+    L.reset_stats()
+    out = L.flash_attn(q, q, q, causal=True)
+    want = attention_math(q, q, q, True, -1, -1, None, 1 / math.sqrt(40), True)
+    base = attention_math(q, q, q, True, -1, -1, None, 1 / math.sqrt(40), False)
+    check(out, want, base, torch.bfloat16, "generic forward")
+    (row,) = [s for s in L.stats() if s["op"] == "flash_attention_forward"]
+    assert row["kernel"] == "cuda generic" and "head dim 40" in row["reason"]
+    qg = q.clone().requires_grad_()
+    with pytest.raises(Exception, match="head dim 40 has no CUDA backward"):
+        L.flash_attn(qg, qg, qg, causal=True).sum().backward()
+    with pytest.raises(Exception, match="window without the causal mask"):
+        L.flash_attn(q, q, q, window=(3, 3))
+
+
+def test_flash_attn_cuda_runs_on_torch_stream():
+    """Work queued on a side stream is ordered with torch's work on that stream."""
+    s = torch.cuda.Stream()
+    q = rand(1, 2048, 8, 128, dtype=torch.bfloat16, seed=13)
+    ref = L.flash_attn(q, q, q, causal=True)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        x = q * 1  # queued on s
+        out = L.flash_attn(x, x, x, causal=True)
+        y = out.clone()
+    s.synchronize()
+    assert torch.equal(y, ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm, gated activations, RoPE: forward and backward
+
+
+def run_both(fn, ref, inputs, dtype, grad_seed):
+    """Outputs and input gradients of fn (llmk, at dtype), of ref in float64 and of ref at dtype
+    (torch's own error), with the same random output gradients."""
+    def go(f, dt):
+        xs = [t.detach().to(dt).requires_grad_() if t.is_floating_point() else t for t in inputs]
+        outs = f(*xs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        gs = [rand(*o.shape, dtype=torch.float32, seed=grad_seed + i).to(o.dtype)
+              for i, o in enumerate(outs)]
+        leaves = [x for x in xs if x.is_floating_point()]
+        return list(outs) + list(torch.autograd.grad(outs, leaves, gs))
+    return go(fn, dtype), go(ref, torch.float64), go(ref, dtype)
+
+
+def check_all(results, dtype, what):
+    got, want, base = results
+    for i, (g, w, b) in enumerate(zip(got, want, base)):
+        assert g.dtype == dtype, f"{what} {i}: {g.dtype}"
+        check(g, w, b, dtype, f"{what} {i}")
+
+
+DT3 = [torch.bfloat16, torch.float16, torch.float32]
+# float32: the kernels' exp and tanh are the hardware approximations (relative error about 2^-22
+# each, a few per element), where torch's are correctly rounded to about 2^-24.
+EPS[torch.float32] = 2.0**-21
+
+
+def rms_ref(x, w, eps):
+    """As Hugging Face's Llama RMSNorm: float32 math for 16-bit x (float64 for float64)."""
+    xf = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+@pytest.mark.parametrize("dtype", DT3)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 100), (3, 33, 4096), (8192 + 1, 96)])
+def test_rms_norm_cuda(dtype, shape):
+    x = rand(*shape, dtype=dtype, seed=21)
+    w = 1 + 0.1 * rand(shape[-1], dtype=dtype, seed=22)
+    L.reset_stats()
+    check_all(run_both(lambda x, w: L.rms_norm(x, w, 1e-5), lambda x, w: rms_ref(x, w, 1e-5),
+                       [x, w], dtype, 23), dtype, f"rms_norm {shape}")
+    assert {s["op"]: s["kernel"] for s in L.stats()}["rms_norm_forward"] == "cuda"
+
+
+@pytest.mark.parametrize("dtype", DT3)
+def test_rms_norm_residual_cuda(dtype):
+    x, r = rand(5, 7, 512, dtype=dtype, seed=24), rand(5, 7, 512, dtype=dtype, seed=25)
+    w = rand(512, dtype=dtype, seed=26)
+
+    def ref(x, r, w):
+        s = x + r
+        return rms_ref(s, w, 1e-6), s
+
+    check_all(run_both(lambda x, r, w: L.rms_norm(x, w, 1e-6, residual=r), ref, [x, r, w],
+                       dtype, 27), dtype, "rms_norm + residual")
+
+
+@pytest.mark.parametrize("dtype", DT3)
+@pytest.mark.parametrize("kind", ["swiglu", "geglu", "geglu_erf"])
+@pytest.mark.parametrize("shape", [(1,), (3, 1001), (64, 14336)])
+def test_gated_cuda(dtype, kind, shape):
+    g, u = rand(*shape, dtype=dtype, seed=31) * 3, rand(*shape, dtype=dtype, seed=32)
+    import torch.nn.functional as F
+    fn, ref = {
+        "swiglu": (L.swiglu, lambda g, u: F.silu(g) * u),
+        "geglu": (L.geglu, lambda g, u: F.gelu(g, approximate="tanh") * u),
+        "geglu_erf": (lambda g, u: L.geglu(g, u, approximate="none"), lambda g, u: F.gelu(g) * u),
+    }[kind]
+    check_all(run_both(fn, ref, [g, u], dtype, 33), dtype, f"{kind} {shape}")
+
+
+def rope_math(x, cos, sin, half):
+    R = cos.shape[-1]
+    c, s = cos.unsqueeze(2).to(x.dtype), sin.unsqueeze(2).to(x.dtype)
+    rot, rest = x[..., :2 * R], x[..., 2 * R:]
+    if half:
+        a, b = rot[..., :R], rot[..., R:]
+        out = torch.cat([a * c - b * s, a * s + b * c], -1)
+    else:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack([a * c - b * s, a * s + b * c], -1).flatten(-2)
+    return torch.cat([out, rest], -1)
+
+
+@pytest.mark.parametrize("dtype", DT3)
+@pytest.mark.parametrize("style", ["neox", "interleaved"])
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_rope_cuda(dtype, style, heads_first):
+    B, S, Hq, Hk, D, R = 2, 77, 8, 2, 128, 32  # rot_dim 64 < D
+    shape = (lambda h: (B, h, S, D)) if heads_first else (lambda h: (B, S, h, D))
+    q, k = rand(*shape(Hq), dtype=dtype, seed=41), rand(*shape(Hk), dtype=dtype, seed=42)
+    ang = torch.arange(S, device="cuda", dtype=torch.float64).unsqueeze(-1) * \
+        10000.0 ** (-torch.arange(R, device="cuda", dtype=torch.float64) / R)
+    cos, sin = ang.cos(), ang.sin()
+    half = style == "neox"
+
+    def fn(q, k):
+        return L.rope(q, k, (cos.to(q.dtype), sin.to(q.dtype)), style=style,
+                      heads_first=heads_first)
+
+    def ref(q, k):
+        def one(t):
+            t4 = t.transpose(1, 2) if heads_first else t
+            o = rope_math(t4, cos.unsqueeze(0).to(t.dtype), sin.unsqueeze(0).to(t.dtype), half)
+            return o.transpose(1, 2) if heads_first else o
+        return one(q), one(k)
+
+    check_all(run_both(fn, ref, [q, k], dtype, 43), dtype, f"rope {style}")

@@ -21,10 +21,11 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The Python package's build (scikit-build-core, nanobind) and tests (pytest; torch for llmk.ops),
-# from PyPI, where missing.
+# The Python package's build (scikit-build-core, nanobind) and tests (pytest; torch for llmk.ops,
+# transformers for llmk.hf), from PyPI, where missing.
 py_missing=()
-for m in scikit_build_core:scikit-build-core nanobind:nanobind pytest:pytest torch:torch; do
+for m in scikit_build_core:scikit-build-core nanobind:nanobind pytest:pytest torch:torch \
+         transformers:transformers; do
   python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m#*:}")
 done
 if ((${#py_missing[@]})); then

@@ -684,12 +684,26 @@ def linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
 # Stats
 
 
+_python_counts: dict[tuple[str, str, str], int] = {}
+
+
+def _count_python(op: str, kernel: str, reason: str = "") -> None:
+    """Counts a path chosen in Python (llmk.nn, llmk.hf) beside the C++ ops' counts."""
+    key = (op, kernel, reason)
+    _python_counts[key] = _python_counts.get(key, 0) + 1
+
+
 def stats() -> list[dict]:
     """Which kernel ran how often per op since the last reset_stats() (process-wide): a list of
-    {"op", "kernel", "calls", "reason"}, reason naming why a fallback ran ("" otherwise)."""
-    return [{"op": op, "kernel": kernel, "calls": calls, "reason": reason}
+    {"op", "kernel", "calls", "reason"}, reason naming why a fallback or reference path ran
+    ("" otherwise)."""
+    rows = [{"op": op, "kernel": kernel, "calls": calls, "reason": reason}
             for op, kernel, reason, calls in _C.stats()]
+    rows += [{"op": op, "kernel": kernel, "calls": calls, "reason": reason}
+             for (op, kernel, reason), calls in sorted(_python_counts.items())]
+    return rows
 
 
 def reset_stats() -> None:
     _C.reset_stats()
+    _python_counts.clear()

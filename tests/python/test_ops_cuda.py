@@ -299,3 +299,43 @@ def test_rope_cuda(dtype, style, heads_first):
         return one(q), one(k)
 
     check_all(run_both(fn, ref, [q, k], dtype, 43), dtype, f"rope {style}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face models patched by llmk.hf, in bf16
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3", "gemma3"])
+def test_hf_models_bf16(family):
+    """Loss and gradients of a tiny model through llmk.hf.apply in bf16 against the float64
+    model, within twice the error of transformers' own bf16 path (SDPA) plus bf16's roundoff."""
+    transformers = pytest.importorskip("transformers")
+    import copy
+
+    import llmk.hf
+
+    common = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = {"llama": lambda: transformers.LlamaConfig(**common),
+           "qwen2": lambda: transformers.Qwen2Config(**common),
+           "phi3": lambda: transformers.Phi3Config(**common, pad_token_id=0),
+           "gemma3": lambda: transformers.Gemma3TextConfig(
+               **common, head_dim=64, sliding_window=64,
+               layer_types=["sliding_attention", "full_attention"])}[family]()
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg).to("cuda", torch.float64)
+    base = copy.deepcopy(ref).to(torch.bfloat16)
+    ours = llmk.hf.apply(copy.deepcopy(ref).to(torch.bfloat16))
+    ids = torch.randint(1, 1000, (2, 200), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(1))
+
+    def run(m):
+        m.zero_grad()
+        loss = m(ids, labels=ids).loss
+        loss.backward()
+        return [loss.detach()] + [p.grad.detach() for p in m.parameters()]
+
+    want, b, got = run(ref), run(base), run(ours)
+    for i, (g, w, bb) in enumerate(zip(got, want, b)):
+        check(g, w, bb, torch.bfloat16, f"{family} {'loss' if i == 0 else f'grad {i}'}")

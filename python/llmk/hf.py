@@ -29,7 +29,10 @@ import llmk.ops as L
 __all__ = ["register", "apply", "attention_forward"]
 
 FAMILIES = ("llama", "qwen2", "phi3", "gemma3")
-_original_rope: dict = {}
+# RoPE is a module-level function of each family's modeling file, not a module: apply() wraps it
+# once, and the wrapper runs llmk's kernel only inside the forward of a model apply() was given
+# (its forward hooks count the depth), so other models of the family keep transformers' code.
+_rope_depth = 0
 
 
 def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
@@ -86,6 +89,8 @@ def register() -> None:
 
 def _rope(original):
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if _rope_depth == 0:
+            return original(q, k, cos, sin, *args, **kwargs)
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
         if (unsqueeze_dim != 1 or cos.dim() not in (2, 3) or cos.shape[-1] % 2
                 or cos.shape[-2] != q.shape[2]):
@@ -103,8 +108,17 @@ def _patch_rope() -> None:
         mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
         fn = getattr(mod, "apply_rotary_pos_emb", None)
         if fn is not None and not getattr(fn, "llmk", False):
-            _original_rope[family] = fn
             mod.apply_rotary_pos_emb = _rope(fn)
+
+
+def _enter_rope(module, args, kwargs=None):
+    global _rope_depth
+    _rope_depth += 1
+
+
+def _leave_rope(module, args, output):
+    global _rope_depth
+    _rope_depth -= 1
 
 
 def _norm_forward(offset: float):
@@ -151,8 +165,11 @@ def apply(model: nn.Module, attention: bool = True, norm: bool = True, rope: boo
             model.set_attn_implementation("llmk")
         else:
             config._attn_implementation = "llmk"
-    if rope:
+    if rope and not getattr(model, "_llmk_rope", False):
         _patch_rope()
+        model.register_forward_pre_hook(_enter_rope)
+        model.register_forward_hook(_leave_rope, always_call=True)
+        model._llmk_rope = True
     offset = 1.0 if family == "gemma3" else 0.0
     for m in model.modules():
         name = type(m).__name__

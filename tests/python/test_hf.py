@@ -70,8 +70,9 @@ def test_apply_matches_transformers(family):
     ours = llmk.hf.apply(copy.deepcopy(model))
     exact_norms(model, 1.0 if family == "gemma3" else 0.0)
     ids = torch.randint(1, 97, (2, 11), generator=torch.Generator().manual_seed(1))
-    want = loss_and_grads(model, ids)
     L.reset_stats()
+    want = loss_and_grads(model, ids)
+    assert L.stats() == [], "the reference ran llmk's ops"  # the RoPE patch is per model
     got = loss_and_grads(ours, ids)
     ran = {s["op"] for s in L.stats()}
     assert {"flash_attention_forward", "flash_attention_backward", "rms_norm_forward",

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""llmk.ops beside torch on the GPU: attention forward and backward against SDPA (flash backend).
+"""llmk.ops beside torch on the GPU: attention forward and backward against SDPA (flash backend),
+linear_act against F.linear (+ F.gelu), and a Llama-3-8B-shape decoder layer (forward + backward)
+under llmk.hf.apply against transformers' own with SDPA.
 
     PYTHONPATH=<llmk with CUDA> python3 bench/torch_ops.py [--json FILE] [--png FILE] [--quick]
 
@@ -80,6 +82,65 @@ def attention_row(B, Hq, Hkv, S, D, causal, samples, flush):
     return row
 
 
+LINEAR = [  # M, K, N: the issue's 128 x 4096 x 16384, and a training-sized batch
+    (128, 4096, 16384),
+    (8192, 4096, 14336),
+]
+
+
+def linear_row(M, K, N, samples, flush):
+    """linear_act (gelu) forward against torch's F.linear alone and F.linear + F.gelu."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(M, K, generator=g, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, generator=g, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    with torch.no_grad():
+        lin = timed(lambda: F.linear(x, w), samples, flush)
+        torch_gelu = timed(lambda: F.gelu(F.linear(x, w)), samples, flush)
+        ours = timed(lambda: L.linear_act(x, w, act="gelu"), samples, flush)
+    return {"M": M, "K": K, "N": N, "linear_us": round(lin, 1),
+            "torch_linear_gelu_us": round(torch_gelu, 1), "llmk_linear_act_us": round(ours, 1),
+            "llmk_over_linear": round(ours / lin, 3), "torch_over_linear": round(torch_gelu / lin, 3)}
+
+
+def layer_row(samples, flush, B=4, S=2048):
+    """A Llama-3-8B-shape decoder layer (transformers), forward + backward in bf16: transformers'
+    eager layer with SDPA against the same layer under llmk.hf.apply."""
+    import copy
+
+    import transformers
+    import llmk.hf
+
+    cfg = transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336,
+                                   num_attention_heads=32, num_key_value_heads=8,
+                                   num_hidden_layers=1, vocab_size=128, rope_theta=5e5)
+    cfg._attn_implementation = "sdpa"
+
+    class One(torch.nn.Module):  # a layer with a config, which llmk.hf.apply takes
+        def __init__(self):
+            super().__init__()
+            self.config = cfg
+            self.layer = transformers.models.llama.modeling_llama.LlamaDecoderLayer(cfg, 0)
+            self.rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(cfg)
+
+        def forward(self, h):
+            pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+            out = self.layer(h, position_embeddings=self.rotary(h, pos))
+            return out[0] if isinstance(out, tuple) else out
+
+    torch.manual_seed(0)
+    base = One().to("cuda", torch.bfloat16)
+    ours = llmk.hf.apply(copy.deepcopy(base))
+    h = torch.randn(B, S, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(B, S, 4096, device="cuda", dtype=torch.bfloat16)
+    row = {"B": B, "S": S}
+    for name, m in (("transformers_sdpa", base), ("llmk", ours)):
+        params = [h] + list(m.parameters())
+        row[f"{name}_fwd_bwd_ms"] = round(timed(
+            lambda: torch.autograd.grad(m(h), params, g), samples, flush) / 1e3, 2)
+    row["speedup"] = round(row["transformers_sdpa_fwd_bwd_ms"] / row["llmk_fwd_bwd_ms"], 3)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write the rows here")
@@ -103,10 +164,26 @@ def main():
               f"({r['sdpa_fwd_tflops']}) | {r['fwd_speedup']} | {r['llmk_bwd_us']} "
               f"({r['llmk_bwd_tflops']}) | {r['sdpa_bwd_us']} ({r['sdpa_bwd_tflops']}) | "
               f"{r['bwd_speedup']} |", flush=True)
+    print()
+    print("| M | K | N | F.linear us | + F.gelu | x | llmk linear_act (gelu) | x |")
+    print("|---|---|---|---|---|---|---|---|")
+    lrows = []
+    for shape in LINEAR:
+        r = linear_row(*shape, args.samples, flush)
+        lrows.append(r)
+        print(f"| {r['M']} | {r['K']} | {r['N']} | {r['linear_us']} | "
+              f"{r['torch_linear_gelu_us']} | {r['torch_over_linear']} | "
+              f"{r['llmk_linear_act_us']} | {r['llmk_over_linear']} |", flush=True)
+    layer = layer_row(max(5, args.samples // 2), flush)
+    print()
+    print("| Llama-3-8B layer, B x S | transformers (SDPA) fwd+bwd ms | llmk.hf.apply | x |")
+    print("|---|---|---|---|")
+    print(f"| {layer['B']} x {layer['S']} | {layer['transformers_sdpa_fwd_bwd_ms']} | "
+          f"{layer['llmk_fwd_bwd_ms']} | {layer['speedup']} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "attention": rows}, f, indent=1)
+                       "attention": rows, "linear_act": lrows, "layer": layer}, f, indent=1)
     if args.png:
         try:
             import matplotlib

@@ -606,7 +606,8 @@ def _linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor],
     N = weight.shape[0]
     y = x2.new_empty(x2.shape[0], N)
     z = torch.empty_like(y)
-    _C.linear_act_forward(y, z, x2, _c(weight), None if bias is None else _c(bias), act)
+    _C.linear_act_forward(y, z, x2, _c(weight), None if bias is None else _c(bias), act,
+                          _stream(x))
     return y.view(*x.shape[:-1], N), z
 
 
@@ -626,9 +627,10 @@ def _linear_act_backward(dy: Tensor, x: Tensor, weight: Tensor, z: Tensor, act: 
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else \
         weight.new_empty(0)
     db = weight.new_empty(N) if need_db else weight.new_empty(0)
+    dz = torch.empty_like(z) if x.is_cuda else None
     _C.linear_act_backward(dx if need_dx else None, dw if need_dw else None,
                            db if need_db else None, _c(dy).reshape(-1, N), x2, _c(weight), _c(z),
-                           act)
+                           act, dz, _stream(x))
     return (dx.view(x.shape) if need_dx else dx), dw, db
 
 

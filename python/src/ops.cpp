@@ -243,29 +243,33 @@ void register_ops(nb::module_& parent) {
 #endif
   m.def(
       "linear_act_forward",
-      [](Array y, Array z, Array x, Array w, OptArray bias, const std::string& act) {
+      [](Array y, Array z, Array x, Array w, OptArray bias, const std::string& act,
+         uintptr_t stream) {
         Tensor ty = tensor_of(y, "y"), tz = tensor_of(z, "z");
         std::optional<Tensor> b = opt_tensor(bias, "bias");
         const ops::Act a = act_of(act);
-        nb::gil_scoped_release released;
-        ops::linear_act_forward(ty, tz, tensor_of(x, "x"), tensor_of(w, "w"), b ? &*b : nullptr, a);
+        on_stream(stream, [&] {
+          ops::linear_act_forward(ty, tz, tensor_of(x, "x"), tensor_of(w, "w"), b ? &*b : nullptr,
+                                  a);
+        });
       },
       nb::arg("y"), nb::arg("z"), nb::arg("x"), nb::arg("w"), nb::arg("bias").none(),
-      nb::arg("act"));
+      nb::arg("act"), nb::arg("stream"));
   m.def(
       "linear_act_backward",
       [](OptArray dx, OptArray dw, OptArray db, Array dy, Array x, Array w, Array z,
-         const std::string& act) {
+         const std::string& act, OptArray dz_buffer, uintptr_t stream) {
         std::optional<Tensor> tdx = opt_tensor(dx, "dx"), tdw = opt_tensor(dw, "dw"),
-                              tdb = opt_tensor(db, "db");
+                              tdb = opt_tensor(db, "db"), tdz = opt_tensor(dz_buffer, "dz_buffer");
         const ops::Act a = act_of(act);
-        nb::gil_scoped_release released;
-        ops::linear_act_backward(tdx ? &*tdx : nullptr, tdw ? &*tdw : nullptr,
-                                 tdb ? &*tdb : nullptr, tensor_of(dy, "dy"), tensor_of(x, "x"),
-                                 tensor_of(w, "w"), tensor_of(z, "z"), a);
+        on_stream(stream, [&] {
+          ops::linear_act_backward(tdx ? &*tdx : nullptr, tdw ? &*tdw : nullptr,
+                                   tdb ? &*tdb : nullptr, tensor_of(dy, "dy"), tensor_of(x, "x"),
+                                   tensor_of(w, "w"), tensor_of(z, "z"), a, tdz ? &*tdz : nullptr);
+        });
       },
       nb::arg("dx").none(), nb::arg("dw").none(), nb::arg("db").none(), nb::arg("dy"), nb::arg("x"),
-      nb::arg("w"), nb::arg("z"), nb::arg("act"));
+      nb::arg("w"), nb::arg("z"), nb::arg("act"), nb::arg("dz_buffer").none(), nb::arg("stream"));
   m.def("stats", [] {
     std::vector<std::tuple<std::string, std::string, std::string, uint64_t>> out;
     for (const ops::KernelCount& c : ops::train_op_stats()) {

@@ -16,6 +16,7 @@
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/backward.h"
+#include "kernels/cuda/gemm/linear.h"
 #include "kernels/cuda/grad.h"
 #endif
 
@@ -668,12 +669,42 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
 
 // ---- linear + activation ----
 
+namespace {
+
+#ifdef LLMK_HAS_CUDA
+// cuda::linear's arguments for out [M, N] = x [M, K] @ w^T with the operands' storage described
+// by x_trans (x stored [K, M]) and w_trans (w stored [K, N]); all bf16 and contiguous.
+void cuda_matmul(void* out, const void* x, bool x_trans, const void* w, bool w_trans,
+                 const void* bias, int64_t M, int64_t N, int64_t K) {
+  cuda::LinearArgs a;
+  a.out = out;
+  a.ldo = N;
+  a.x = x;
+  a.x_trans = x_trans;
+  a.ldx = x_trans ? M : K;
+  a.w = w;
+  a.w_trans = w_trans;
+  a.ldw = w_trans ? N : K;
+  a.bias = bias;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  cuda::linear(a);
+}
+#endif
+
+}  // namespace
+
 void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor* bias,
                         Act act) {
   constexpr std::string_view op = "linear_act_forward";
-  const DType dt =
-      bias ? check_float_cpu(op, {{"x", &x}, {"w", &w}, {"bias", bias}, {"y", &y}, {"z", &z}})
-           : check_float_cpu(op, {{"x", &x}, {"w", &w}, {"y", &y}, {"z", &z}});
+  const Where at =
+      bias ? check_float(op, {{"x", &x}, {"w", &w}, {"bias", bias}, {"y", &y}, {"z", &z}}, true,
+                         true)
+           : check_float(op, {{"x", &x}, {"w", &w}, {"y", &y}, {"z", &z}}, true, true);
+  const DType dt = at.dt;
+  LLMK_CHECK(!at.cuda || dt == DType::BF16, "ops::{}: CUDA takes bf16 here (cuBLASLt), not {}", op,
+             dtype_name(dt));
   require_ndim(op, "x", x, 2);
   require_ndim(op, "w", w, 2);
   const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
@@ -687,6 +718,16 @@ void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, 
     require_disjoint(op, "y", y, name, *t);
     require_disjoint(op, "z", z, name, *t);
   }
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    // z = x w^T + bias (bias in cuBLASLt's epilogue), then y = act(z).
+    cuda_matmul(z.data(), x.data(), false, w.data(), false, bias ? bias->data() : nullptr, M, N, K);
+    cuda::grad::act_fwd(y.data<__nv_bfloat16>(), z.data<const __nv_bfloat16>(), M * N,
+                        cpu_act(act));
+    count(op, "cuda", "the activation runs after the GEMM (no fused epilogue yet)");
+#endif
+    return;
+  }
   with_float(dt, [&]<class T>() {
     cpu::grad::gemm<T>(z.data<T>(), N, x.data<const T>(), K, false, w.data<const T>(), K, true, M,
                        N, K, T(1), T(0));
@@ -697,9 +738,12 @@ void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, 
 }
 
 void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x,
-                         const Tensor& w, const Tensor& z, Act act) {
+                         const Tensor& w, const Tensor& z, Act act, Tensor* dz_buffer) {
   constexpr std::string_view op = "linear_act_backward";
-  const DType dt = check_float_cpu(op, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"z", &z}});
+  const Where at = check_float(op, {{"x", &x}, {"w", &w}, {"dy", &dy}, {"z", &z}}, true, true);
+  const DType dt = at.dt;
+  LLMK_CHECK(!at.cuda || dt == DType::BF16, "ops::{}: CUDA takes bf16 here (cuBLASLt), not {}", op,
+             dtype_name(dt));
   require_ndim(op, "x", x, 2);
   require_ndim(op, "w", w, 2);
   const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
@@ -712,13 +756,36 @@ void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, c
   for (int i = 0; i < 3; ++i) {
     Tensor* g = grads[i].first;
     if (!g) continue;
-    check_float_cpu(op, {{names[i], g}});
+    LLMK_CHECK(g->device() == x.device() && g->is_contiguous(),
+               "ops::{}: {} must be contiguous, on x's device", op, names[i]);
     require_dtype(op, names[i], *g, dt);
     require_shape(op, names[i], *g, grads[i].second);
     for (const auto& [name, t] : {NamedTensor{"x", &x}, {"w", &w}, {"dy", &dy}, {"z", &z}}) {
       require_disjoint(op, names[i], *g, name, *t);
     }
   }
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    LLMK_CHECK(dz_buffer != nullptr && dz_buffer->device() == Device::CUDA &&
+                   dz_buffer->dtype() == dt && dz_buffer->is_contiguous() &&
+                   dz_buffer->numel() >= M * N,
+               "ops::{}: CUDA needs a contiguous bf16 buffer of {} elements for dz", op, M * N);
+    for (const auto& [name, t] : {NamedTensor{"x", &x}, {"w", &w}, {"dy", &dy}, {"z", &z}}) {
+      require_disjoint(op, "dz buffer", *dz_buffer, name, *t);
+    }
+    auto* dz = dz_buffer->data<__nv_bfloat16>();
+    cuda::grad::act_bwd(dz, dy.data<const __nv_bfloat16>(), z.data<const __nv_bfloat16>(), M * N,
+                        cpu_act(act));
+    // dx [M, K] = dz [M, N] @ w [N, K]: w read as stored, transposed for the linear's form.
+    if (dx) cuda_matmul(dx->data(), dz, false, w.data(), true, nullptr, M, K, N);
+    // dw [N, K] = dz^T @ x: both read transposed.
+    if (dw) cuda_matmul(dw->data(), dz, true, x.data(), true, nullptr, N, K, M);
+    if (db) cuda::grad::col_sum(db->data<__nv_bfloat16>(), dz, M, N);
+    count(op, "cuda");
+#endif
+    return;
+  }
+  (void)dz_buffer;
   with_float(dt, [&]<class T>() {
     // dz in a buffer of its own: dy belongs to the caller.
     Tensor dz = Tensor::empty({M, N}, dt);

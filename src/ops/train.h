@@ -4,8 +4,8 @@
 //
 // Tensors are contiguous unless said otherwise, all on one device. CPU: f32 or f64 (every tensor
 // of a call the same, except the i32/i64 index tensors); the kernels sum in double. CUDA: bf16 or
-// f16 (f32 too where said), fp32 accumulation, on cuda::current_stream(); rope_table and
-// linear_act have no CUDA kernels yet (CUDA tensors throw).
+// f16 (f32 too where said), fp32 accumulation, on cuda::current_stream(); rope_table has no
+// CUDA kernel (CUDA tensors throw).
 #pragma once
 
 #include <cstdint>
@@ -83,13 +83,13 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
 size_t flash_attention_backward_workspace(const Tensor& q);
 
 // y = act(z), z = x w^T + bias. x: [M, K]; w: [N, K]; bias: optional [N]; y, z: [M, N] (z kept
-// for the backward).
+// for the backward). CUDA: bf16, z from cuBLASLt (bias in its epilogue), then the activation.
 void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor* bias,
                         Act act);
-// With dz = dy * act'(z): dx = dz w, dw = dz^T x, db = the column sums of dz (each optional but
-// dx). dy is not modified.
+// With dz = dy * act'(z): dx = dz w, dw = dz^T x, db = the column sums of dz (each optional).
+// dy is not modified. CUDA (bf16, cuBLASLt): dz goes to dz_buffer, [M, N] bf16 from the caller.
 void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x,
-                         const Tensor& w, const Tensor& z, Act act);
+                         const Tensor& w, const Tensor& z, Act act, Tensor* dz_buffer = nullptr);
 
 // Which kernel ran how often for these ops since the last reset (process-wide): one entry per
 // (op, kernel), with the reason when the kernel is a fallback.

@@ -339,3 +339,27 @@ def test_hf_models_bf16(family):
     want, b, got = run(ref), run(base), run(ours)
     for i, (g, w, bb) in enumerate(zip(got, want, b)):
         check(g, w, bb, torch.bfloat16, f"{family} {'loss' if i == 0 else f'grad {i}'}")
+
+
+# ---------------------------------------------------------------------------------------------
+# linear_act (bf16 on cuBLASLt)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "none"])
+@pytest.mark.parametrize("M,K,N,bias", [(1, 64, 8, True), (77, 136, 200, False),
+                                        (256, 1024, 4096, True)])
+def test_linear_act_cuda(act, M, K, N, bias):
+    import torch.nn.functional as F
+    dt = torch.bfloat16
+    x = rand(M, K, dtype=dt, seed=51)
+    w = rand(N, K, dtype=dt, seed=52) / math.sqrt(K)
+    b = rand(N, dtype=dt, seed=53) if bias else None
+    acts = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+            "silu": F.silu, "none": lambda t: t}
+    inputs = [x, w] + ([b] if bias else [])
+    L.reset_stats()
+    check_all(run_both(lambda x, w, *b: L.linear_act(x, w, b[0] if b else None, act),
+                       lambda x, w, *b: acts[act](F.linear(x, w, b[0] if b else None)),
+                       inputs, dt, 54), dt, f"linear_act {act} {M}x{K}x{N}")
+    kernels = {s["op"]: s["kernel"] for s in L.stats()}
+    assert kernels["linear_act_forward"] == "cuda" and kernels["linear_act_backward"] == "cuda"

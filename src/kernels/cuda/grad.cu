@@ -296,6 +296,33 @@ struct GatedFwdOp {  // (gate, up) -> out
 };
 
 template <Act kAct>
+struct ActFwdOp {  // z -> act(z)
+  __device__ void operator()(const float (&x)[1], float (&y)[1]) const {
+    y[0] = gate_value<kAct>(x[0]).f;
+  }
+};
+
+template <Act kAct>
+struct ActBwdOp {  // (dy, z) -> dy act'(z)
+  __device__ void operator()(const float (&x)[2], float (&y)[1]) const {
+    y[0] = x[0] * gate_value<kAct>(x[1]).df;
+  }
+};
+
+// out[j] = sum over rows of x[r][j] in fp32, rows in order (deterministic): one thread a column,
+// consecutive threads on consecutive columns.
+template <class T>
+__global__ void col_sum_kernel(T* out, const T* x, int64_t rows, int64_t N) {
+  grid_dependency_wait();
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < N;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) acc += to_float(x[r * N + j]);
+    out[j] = from_float<T>(acc);
+  }
+}
+
+template <Act kAct>
 struct GatedBwdOp {  // (dout, gate, up) -> (dgate, dup)
   __device__ void operator()(const float (&x)[3], float (&y)[2]) const {
     const GateValue g = gate_value<kAct>(x[1]);
@@ -906,6 +933,30 @@ void gated_bwd(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int6
 }
 
 template <class T>
+void act_fwd(T* y, const T* z, int64_t n, Act act) {
+  with_act(act, [&](auto kAct) {
+    run_map("grad::act_fwd", MapArgs<T, 1, 1>{{y}, {z}, n}, ActFwdOp<decltype(kAct)::value>{});
+  });
+}
+
+template <class T>
+void act_bwd(T* dz, const T* dy, const T* z, int64_t n, Act act) {
+  with_act(act, [&](auto kAct) {
+    run_map("grad::act_bwd", MapArgs<T, 2, 1>{{dz}, {dy, z}, n}, ActBwdOp<decltype(kAct)::value>{});
+  });
+}
+
+template <class T>
+void col_sum(T* out, const T* x, int64_t rows, int64_t N) {
+  if (N <= 0) return;
+  constexpr int kThreads = 256;
+  launch_dependent(col_sum_kernel<T>,
+                   dim3(static_cast<unsigned>(std::min(ceil_div(N, kThreads), kMaxLoopBlocks))),
+                   dim3(kThreads), 0, out, x, rows, N);
+  check_launch("grad::col_sum");
+}
+
+template <class T>
 void rms_norm_fwd(T* y, float* rstd, const T* x, const T* residual, T* sum, const T* w,
                   int64_t rows, int64_t D, float eps) {
   if (rows <= 0 || D <= 0) return;
@@ -1025,6 +1076,9 @@ void rope_rotate(T* y, const T* x, const TC* cos, const TC* sin, const RopeShape
                                 int64_t, int64_t);                                                \
   template void gated_fwd<T>(T*, const T*, const T*, int64_t, Act);                               \
   template void gated_bwd<T>(T*, T*, const T*, const T*, const T*, int64_t, Act);                 \
+  template void act_fwd<T>(T*, const T*, int64_t, Act);                                           \
+  template void act_bwd<T>(T*, const T*, const T*, int64_t, Act);                                 \
+  template void col_sum<T>(T*, const T*, int64_t, int64_t);                                       \
   template void rope_rotate<T, float>(T*, const T*, const float*, const float*, const RopeShape&, \
                                       bool);
 LLMK_GRAD_INSTANTIATE(float)

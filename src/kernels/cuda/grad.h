@@ -59,6 +59,18 @@ void gated_fwd(T* out, const T* gate, const T* up, int64_t n, Act act);
 template <class T>
 void gated_bwd(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, Act act);
 
+// y = act(z) and dz = dy * act'(z) over n elements (the activation of linear_act, after the GEMM
+// that made z and before the backward's GEMMs). y may alias z, dz dy.
+template <class T>
+void act_fwd(T* y, const T* z, int64_t n, Act act);
+template <class T>
+void act_bwd(T* dz, const T* dy, const T* z, int64_t n, Act act);
+
+// out[j] = sum over rows of x[r][j] (x: [rows, N] contiguous), fp32 sums over the rows in order,
+// rounded once: a bias's gradient, deterministic.
+template <class T>
+void col_sum(T* out, const T* x, int64_t rows, int64_t N);
+
 // RoPE by given tables, as cpu::grad::rope_rotate: each pair (a, b) of x, (i, i + rot_dim/2)
 // when s.half_split else (2i, 2i+1), becomes (a cos - b sin, a sin + b cos) in y, with cos/sin
 // [b, s, i] at b * s.cs_b + s * s.cs_s + i (i < rot_dim/2; cs_b = 0 shares one table over the

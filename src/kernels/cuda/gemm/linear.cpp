@@ -27,8 +27,9 @@ namespace {
 
 // "M=7 N=896 K=896 (x bf16 ld 896, w bf16 ld 896, out f32 ld 896, bias bf16)"
 std::string describe(const LinearArgs& a) {
-  return fmt::format("M={} N={} K={} (x bf16 ld {}, w bf16 ld {}, out {} ld {}, bias {})", a.M, a.N,
-                     a.K, a.ldx, a.ldw, dtype_name(a.out_dtype), a.ldo,
+  return fmt::format("M={} N={} K={} (x bf16{} ld {}, w bf16{} ld {}, out {} ld {}, bias {})", a.M,
+                     a.N, a.K, a.x_trans ? " transposed" : "", a.ldx,
+                     a.w_trans ? " transposed" : "", a.ldw, dtype_name(a.out_dtype), a.ldo,
                      a.bias ? dtype_name(a.bias_dtype) : std::string_view("none"));
 }
 
@@ -103,6 +104,7 @@ enum class BiasKind : uint8_t { None, BF16, F32 };
 // Everything the chosen algorithm depends on. Pointers enter only through their alignment.
 struct PlanKey {
   int64_t M, N, K, ldx, ldw, ldo;
+  bool x_trans, w_trans;
   DType out_dtype;
   BiasKind bias;
   bool bias_aligned;
@@ -279,16 +281,20 @@ size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos
   return best;
 }
 
-// A matmul descriptor for out^T [N, M] = op(A) @ B in column-major terms, with A = w stored
-// [K, N] (transposed: [N, K]) and B = x stored [K, M]; with the bias epilogue when asked (its
-// bias has the output's dtype: cuBLASLt's default).
+// A matmul descriptor for out^T [N, M] = op(A) @ op(B) in column-major terms, with A = w and
+// B = x: w row-major [N, K] is column-major [K, N], taken transposed (w_trans: stored [K, N],
+// column-major [N, K], taken as is); x row-major [M, K] is column-major [K, M], taken as is
+// (x_trans: column-major [M, K], taken transposed). With the bias epilogue when asked (its bias
+// has the output's dtype: cuBLASLt's default).
 MatmulDesc make_desc(bool bias_epilogue, const LinearArgs& a) {
   cublasLtMatmulDesc_t raw = nullptr;
   check_status(cublasLtMatmulDescCreate(&raw, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                "cublasLtMatmulDescCreate", a);
   MatmulDesc desc(raw);
-  set_desc(raw, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<int32_t>(CUBLAS_OP_T), a);
-  set_desc(raw, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(CUBLAS_OP_N), a);
+  set_desc(raw, CUBLASLT_MATMUL_DESC_TRANSA,
+           static_cast<int32_t>(a.w_trans ? CUBLAS_OP_N : CUBLAS_OP_T), a);
+  set_desc(raw, CUBLASLT_MATMUL_DESC_TRANSB,
+           static_cast<int32_t>(a.x_trans ? CUBLAS_OP_T : CUBLAS_OP_N), a);
   if (bias_epilogue) {
     set_desc(raw, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS), a);
   }
@@ -299,8 +305,10 @@ const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
   if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
 
   Plan p;
-  p.w_layout = make_layout(CUDA_R_16BF, a.K, a.N, a.ldw, a);
-  p.x_layout = make_layout(CUDA_R_16BF, a.K, a.M, a.ldx, a);
+  p.w_layout = a.w_trans ? make_layout(CUDA_R_16BF, a.N, a.K, a.ldw, a)
+                         : make_layout(CUDA_R_16BF, a.K, a.N, a.ldw, a);
+  p.x_layout = a.x_trans ? make_layout(CUDA_R_16BF, a.M, a.K, a.ldx, a)
+                         : make_layout(CUDA_R_16BF, a.K, a.M, a.ldx, a);
   p.out_layout = make_layout(cuda_type(a.out_dtype), a.N, a.M, a.ldo, a);
   // The bias goes in the epilogue when it has the output's dtype, the only bias dtype cuBLASLt
   // documents for bf16/f32 outputs (asking for the other through BIAS_DATA_TYPE makes the
@@ -353,6 +361,8 @@ void Lt::run(const LinearArgs& a) {
                     a.ldx,
                     a.ldw,
                     a.ldo,
+                    a.x_trans,
+                    a.w_trans,
                     a.out_dtype,
                     !a.bias                       ? BiasKind::None
                     : a.bias_dtype == DType::BF16 ? BiasKind::BF16
@@ -390,13 +400,13 @@ void check_args(const LinearArgs& a) {
              "cuda::linear: out must be bf16 or f32 in {}", describe(a));
   LLMK_CHECK(!a.bias || a.bias_dtype == DType::BF16 || a.bias_dtype == DType::F32,
              "cuda::linear: bias must be bf16 or f32 in {}", describe(a));
-  LLMK_CHECK(a.ldx >= a.K && a.ldw >= a.K && a.ldo >= a.N,
+  LLMK_CHECK(a.ldx >= (a.x_trans ? a.M : a.K) && a.ldw >= (a.w_trans ? a.N : a.K) && a.ldo >= a.N,
              "cuda::linear: a leading dimension is shorter than its row in {}", describe(a));
 }
 
 // The one-row kernel (gemv.h) for a, where M = 1, the kernel is on and takes the operands.
 bool run_one_row(const LinearArgs& a, bool gated, Activation act, const GemvRope* rope = nullptr) {
-  if (a.M != 1 || !g_gemv.load(std::memory_order_relaxed)) return false;
+  if (a.M != 1 || a.x_trans || a.w_trans || !g_gemv.load(std::memory_order_relaxed)) return false;
   const GemvArgs g{.out = a.out,
                    .out_dtype = a.out_dtype,
                    .x = a.x,
@@ -423,10 +433,10 @@ void linear(const LinearArgs& args) {
   // A single row has no row stride to speak of: normalise it so that views with any stride share
   // one plan, and cuBLASLt sees a valid leading dimension.
   if (a.M <= 1) {
-    a.ldx = a.K;
+    if (!a.x_trans) a.ldx = a.K;
     a.ldo = a.N;
   }
-  if (a.N <= 1) a.ldw = a.K;
+  if (a.N <= 1 && !a.w_trans) a.ldw = a.K;
   check_args(a);
   if (a.M == 0 || a.N == 0) return;
   a.ldx = std::max<int64_t>(a.ldx, 1);

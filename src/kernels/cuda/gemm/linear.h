@@ -41,10 +41,14 @@ struct LinearArgs {
   void* out = nullptr;  // [M, N] in out_dtype (BF16 or F32), rows ldo elements apart
   DType out_dtype = DType::BF16;
   int64_t ldo = 0;
-  const void* x = nullptr;  // [M, K] bf16, rows ldx elements apart
+  const void* x = nullptr;  // [M, K] bf16, rows ldx elements apart (x_trans: stored [K, M])
   int64_t ldx = 0;
-  const void* w = nullptr;  // [N, K] bf16, rows ldw elements apart
+  const void* w = nullptr;  // [N, K] bf16, rows ldw elements apart (w_trans: stored [K, N])
   int64_t ldw = 0;
+  // The operands stored transposed, as the backward of a linear reads them (dx = dy w takes w
+  // as stored; dw = dy^T x takes both): x as [K, M] and w as [K, N] row-major, ldx >= M and
+  // ldw >= N. The one-row kernel takes neither.
+  bool x_trans = false, w_trans = false;
   const void* bias = nullptr;  // [N] in bias_dtype (BF16 or F32), contiguous; or null
   DType bias_dtype = DType::BF16;
   int64_t M = 0, N = 0, K = 0;

@@ -20,9 +20,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -349,6 +351,78 @@ TEST_F(Linear, SteadyStateCallsNeitherPlanNorAllocate) {
   EXPECT_EQ(a1.num_allocs, a0.num_allocs);
   EXPECT_EQ(a1.num_device_allocs, a0.num_device_allocs);
   cuda::synchronize();
+}
+
+// The backward's operands: x stored [K, M] and w stored [K, N] (x_trans, w_trans), each way,
+// against the CPU product of the untransposed matrices.
+TEST_F(Linear, TransposedOperandsMatchTheCpu) {
+  Rng rng(17);
+  const int64_t M = 37, N = 70, K = 130;
+  const Tensor x = random_bf16({M, K}, rng, 1.0f), w = random_bf16({N, K}, rng, 0.1f);
+  // Host transposes (bf16 bits copied).
+  auto transposed = [](const Tensor& t) {
+    Tensor r = Tensor::empty({t.dim(1), t.dim(0)}, DType::BF16);
+    for (int64_t i = 0; i < t.dim(0); ++i)
+      for (int64_t j = 0; j < t.dim(1); ++j)
+        r.data<uint16_t>()[j * t.dim(0) + i] = t.data<const uint16_t>()[i * t.dim(1) + j];
+    return r;
+  };
+  Tensor ref = Tensor::empty({M, N}, DType::F32);
+  ops::linear(ref, to_f32(x), to_f32(w));
+  const Tensor xt = transposed(x).to(Device::CUDA), wt = transposed(w).to(Device::CUDA);
+  const Tensor xd = x.to(Device::CUDA), wd = w.to(Device::CUDA);
+  for (const bool xtr : {false, true}) {
+    for (const bool wtr : {false, true}) {
+      Tensor out = poisoned_cuda({M, N}, DType::F32);
+      cuda::LinearArgs a;
+      a.out = out.data();
+      a.out_dtype = DType::F32;
+      a.ldo = N;
+      a.x = (xtr ? xt : xd).data();
+      a.x_trans = xtr;
+      a.ldx = xtr ? M : K;
+      a.w = (wtr ? wt : wd).data();
+      a.w_trans = wtr;
+      a.ldw = wtr ? N : K;
+      a.M = M;
+      a.N = N;
+      a.K = K;
+      cuda::linear(a);
+      expect_within(compare(to_f32(out.to(Device::CPU)), ref), tolerance_for(DType::F32),
+                    fmt::format("x_trans {} w_trans {}", xtr, wtr));
+    }
+  }
+}
+
+// Two threads, each on a stream of its own, run the same products at once (each stream has its
+// own workspace): the results are the bits one stream alone gives.
+TEST_F(Linear, StreamsRunningAtOnceGiveOneStreamsBits) {
+  Rng rng(19);
+  const int64_t M = 512, N = 4096, K = 4096;
+  const Tensor x = random_bf16({M, K}, rng, 1.0f).to(Device::CUDA);
+  const Tensor w = random_bf16({N, K}, rng, 1.0f / 64).to(Device::CUDA);
+  Tensor want = Tensor::empty({M, N}, DType::BF16, Device::CUDA);
+  ops::linear(want, x, w);
+  const Tensor want_host = want.to(Device::CPU);
+  Tensor outs[2] = {Tensor::empty({M, N}, DType::BF16, Device::CUDA),
+                    Tensor::empty({M, N}, DType::BF16, Device::CUDA)};
+  cudaStream_t streams[2];
+  for (cudaStream_t& st : streams)
+    LLMK_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto work = [&](int i) {
+    cuda::StreamGuard guard(streams[i]);
+    for (int r = 0; r < 20; ++r) ops::linear(outs[i], x, w);
+    LLMK_CUDA_CHECK(cudaStreamSynchronize(streams[i]));
+  };
+  std::thread other(work, 1);
+  work(0);
+  other.join();
+  for (int i = 0; i < 2; ++i) {
+    const Tensor got = outs[i].to(Device::CPU);
+    EXPECT_EQ(std::memcmp(got.data(), want_host.data(), static_cast<size_t>(got.nbytes())), 0)
+        << "stream " << i;
+  }
+  for (cudaStream_t st : streams) LLMK_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 // Ends a stream capture left open by an exception, so later tests see a usable stream.

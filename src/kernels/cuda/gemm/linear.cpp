@@ -155,15 +155,24 @@ class Lt {
 
  private:
   Lt() {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    LLMK_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &capture));
-    LLMK_CHECK(capture == cudaStreamCaptureStatusNone,
-               "cuda::linear: the first call is inside CUDA graph capture, but it allocates the "
-               "{} MiB workspace; run one linear outside capture first",
-               kLinearWorkspaceBytes >> 20);
     const cublasStatus_t s = cublasLtCreate(&handle_);
     if (s != CUBLAS_STATUS_SUCCESS) throw_status(s, "cublasLtCreate", "the process-wide handle");
-    workspace_ = allocator().allocate(kLinearWorkspaceBytes);
+  }
+
+  // The stream's workspace (under mu_), allocated at the stream's first call: calls on
+  // different streams may run at once and must not share one.
+  void* workspace(cudaStream_t stream) {
+    if (const auto it = workspaces_.find(stream); it != workspaces_.end()) return it->second;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    LLMK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    LLMK_CHECK(capture == cudaStreamCaptureStatusNone,
+               "cuda::linear: the first call on a stream is inside CUDA graph capture, but it "
+               "allocates the stream's {} MiB workspace; run one linear on it outside capture "
+               "first",
+               kLinearWorkspaceBytes >> 20);
+    void* w = allocator().allocate(kLinearWorkspaceBytes);
+    workspaces_.emplace(stream, w);
+    return w;
   }
 
   const Plan& plan(const PlanKey& key, const LinearArgs& a);
@@ -175,7 +184,7 @@ class Lt {
 
   std::mutex mu_;  // guards plans_ and the bias pointer set on a shared descriptor
   cublasLtHandle_t handle_ = nullptr;
-  void* workspace_ = nullptr;
+  std::map<cudaStream_t, void*> workspaces_;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;  // for tuning; created on first use
   std::map<PlanKey, Plan> plans_;
   // Tuned choices by problem with M rounded up to a power of two (a bucket).
@@ -256,7 +265,8 @@ size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos
   const auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(handle_, p.desc.get(), &alpha, a.w, p.w_layout.get(), a.x,
                           p.x_layout.get(), &beta, a.out, p.out_layout.get(), a.out,
-                          p.out_layout.get(), &algo, workspace_, kLinearWorkspaceBytes, stream);
+                          p.out_layout.get(), &algo, workspace(stream), kLinearWorkspaceBytes,
+                          stream);
   };
   size_t best = 0;
   float best_ms = std::numeric_limits<float>::infinity();
@@ -387,7 +397,7 @@ void Lt::run(const LinearArgs& a) {
     check_status(
         cublasLtMatmul(handle_, p.desc.get(), &alpha, a.w, p.w_layout.get(), a.x, p.x_layout.get(),
                        &beta, a.out, p.out_layout.get(), a.out, p.out_layout.get(), &p.algo,
-                       workspace_, kLinearWorkspaceBytes, stream),
+                       workspace(stream), kLinearWorkspaceBytes, stream),
         "cublasLtMatmul", a);
     ++counters().calls;
   }

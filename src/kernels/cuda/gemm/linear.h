@@ -12,18 +12,18 @@
 // product is computed as out^T [N, M] = w [N, K] @ x^T [K, M] in column-major terms ("TN": w
 // transposed, x not), which is also cuBLASLt's fastest layout for these operands.
 //
-// One process-wide cuBLASLt handle and one 32 MiB workspace (allocated once, from the caching
-// allocator, on the first call). Each distinct problem (shapes, leading dimensions, dtypes,
-// bias, pointer alignments) gets a plan on first sight: descriptors, layouts and an algorithm,
-// the fastest of the heuristic's first 8 for 64 rows or more (set_linear_tuning below), else
-// the heuristic's first; later calls reuse it, so a steady-state
-// call does no search, no allocation and no host synchronisation, and can be captured in a CUDA
-// graph. Make the first call outside graph capture (the workspace is allocated then); a later
-// first sight of a new problem inside a capture is fine (no timing there: its plan takes its
-// bucket's choice, or the heuristic's first).
+// One process-wide cuBLASLt handle and a 32 MiB workspace per stream (from the caching
+// allocator, at the stream's first call). Each distinct problem (shapes, leading dimensions,
+// dtypes, bias, pointer alignments) gets a plan on first sight: descriptors, layouts and an
+// algorithm, the fastest of the heuristic's first 8 for 64 rows or more (set_linear_tuning below),
+// else the heuristic's first; later calls reuse it, so a steady-state call does no search, no
+// allocation and no host synchronisation, and can be captured in a CUDA graph. Make a stream's
+// first call outside graph capture (its workspace is allocated then); a later first sight of a new
+// problem inside a capture is fine (no timing there: its plan takes its bucket's choice, or the
+// heuristic's first).
 //
-// The workspace is shared: calls run in order on one stream at a time (as everywhere in llmk);
-// two threads running linear on different streams at once would race on it.
+// Calls on different streams at once each use their stream's workspace (PyTorch callers run on
+// torch's current stream); the plans are shared under a lock.
 #pragma once
 
 #include <cstddef>

@@ -1,13 +1,11 @@
 // The backward of flash attention (backward.h): FA2's algorithm on mma.sync m16n8k16.
 //
-// Main kernel: one block of 8 warps per (128-key tile, KV head, sequence). Warp w owns keys
+// Main kernel: one block of 4 warps per (64-key tile, KV head, sequence). Warp w owns keys
 // [16 w, 16 w + 16) of the tile: it computes S^T = K Q^T for its keys (keys are the M dimension,
 // so P^T and dS^T sit in registers as the A operands of dV += P^T dO and dK += dS^T Q) and keeps
-// its rows of dK and dV in registers across every step: a 64-query tile of one query head of the
-// group, whose Q and dO are copied (cp.async) into one of two buffers while the step before runs.
-// dQ = dS K needs a sum over the tile's keys, which eight warps hold: dS^T goes to shared memory
-// and warp w forms 16 query rows of dQ over one half of the keys, added to an fp32 accumulator
-// with atomics (the two halves' warps both add).
+// its rows of dK and dV in registers across every query tile and every query head of the group.
+// dQ = dS K needs a sum over the tile's keys, which four warps hold: dS^T goes to shared memory
+// and each warp forms 16 query rows of dQ from it, added to an fp32 accumulator with atomics.
 //
 // Scores in the log2 domain: P = exp2(s log2(e) - lse2), lse2 = lse log2(e) from the row pass
 // (+inf for a row that saw no key, so its P is 0). With a softcap the cap's derivative 1 -
@@ -28,10 +26,10 @@ namespace llmk::cuda {
 namespace attn {
 namespace {
 
-constexpr int kBwdWarps = 8;
+constexpr int kBwdWarps = 4;
 constexpr int kBwdThreads = kBwdWarps * kWarp;
 constexpr int kBwdBN = 16 * kBwdWarps;  // keys per block: 16 per warp
-constexpr int kBwdBM = 64;              // queries per step
+constexpr int kBwdBM = 16 * kBwdWarps;  // queries per step: 16 per warp in dQ = dS K
 
 // The workspace: dQ's fp32 accumulator [T, Hq, D], then lse2 and delta, [Hq, T] each.
 struct BwdWs {
@@ -102,19 +100,14 @@ __global__ void bwd_dq_kernel(const AttentionBwdArgs a, const float* acc) {
 
 template <int kD>
 struct BwdCfg {
-  static constexpr int kP = kD + 8;               // Q, dO, K, V tile pitch (elements)
-  static constexpr int kPS = kBwdBM + 8;          // dS^T tile pitch, [key][query]
-  static constexpr int kQTile = kBwdBM * kP * 2;  // bytes of one Q (or dO) buffer
-  // K, V; two buffers each of Q and dO; dS^T; two buffers each of lse2 and delta.
+  static constexpr int kP = kD + 8;       // Q, dO, K, V tile pitch (elements)
+  static constexpr int kPS = kBwdBM + 8;  // dS^T tile pitch, [key][query]
   static constexpr size_t kSmemBytes =
-      static_cast<size_t>(2 * kBwdBN) * kP * 2 + 4 * kQTile + kBwdBN * kPS * 2 + 4 * kBwdBM * 4;
-  // One block an SM is promised: at head dim 64 a second fits by shared memory, but holding a
-  // thread to 128 registers (what two need) spills.
-  static constexpr int kMinBlocks = 1;
+      static_cast<size_t>(2 * kBwdBN + 2 * kBwdBM) * kP * 2 + kBwdBN * kPS * 2 + 2 * kBwdBM * 4;
 };
 
 template <int kD, class T16>
-__global__ void __launch_bounds__(kBwdThreads, BwdCfg<kD>::kMinBlocks)
+__global__ void __launch_bounds__(kBwdThreads, 2)
     bwd_main_kernel(const AttentionBwdArgs a, BwdWs ws) {
   using E = MmaElem<T16>;
   using C = BwdCfg<kD>;
@@ -122,11 +115,10 @@ __global__ void __launch_bounds__(kBwdThreads, BwdCfg<kD>::kMinBlocks)
   constexpr int kDT = kD / 8;   // n-tiles of 8 over the head dim
   constexpr int kNT = kBM / 8;  // n-tiles of 8 over a step's queries
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t sK = smem_addr(smem_raw), sV = sK + kBN * kP * 2, sQ0 = sV + kBN * kP * 2,
-                 sS = sQ0 + 4 * C::kQTile;
-  // Buffer b of Q is sQ0 + 2 b kQTile, of dO the one after it.
-  float* s_rows = reinterpret_cast<float*>(smem_raw + (sS - sK) + kBN * kPS * 2);
-  uint16_t* ss = reinterpret_cast<uint16_t*>(smem_raw + (sS - sK));
+  const uint32_t sK = smem_addr(smem_raw), sV = sK + kBN * kP * 2, sQ = sV + kBN * kP * 2,
+                 sdO = sQ + kBM * kP * 2, sS = sdO + kBM * kP * 2;
+  float* s_lse = reinterpret_cast<float*>(smem_raw + (2 * kBN + 2 * kBM) * kP * 2 + kBN * kPS * 2);
+  float* s_delta = s_lse + kBM;
 
   const int b = blockIdx.y, hk = blockIdx.z;
   const int k0 = a.cu_k[b], tk = a.cu_k[b + 1] - k0;
@@ -142,9 +134,6 @@ __global__ void __launch_bounds__(kBwdThreads, BwdCfg<kD>::kMinBlocks)
   const int group = a.Hq / a.Hkv;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const bool capped = a.softcap > 0.0f;
-  // Steps: (query head g of the group, query tile t), g outer.
-  const int tiles = i_hi > i_lo ? (i_hi - i_lo + kBM - 1) / kBM : 0;
-  const int steps = group * tiles;
 
   const uint16_t* k_base =
       static_cast<const uint16_t*>(a.k) + static_cast<int64_t>(k0 + n0) * a.k_t + hk * a.k_h;
@@ -152,42 +141,16 @@ __global__ void __launch_bounds__(kBwdThreads, BwdCfg<kD>::kMinBlocks)
       static_cast<const uint16_t*>(a.v) + static_cast<int64_t>(k0 + n0) * a.v_t + hk * a.v_h;
   prefill_detail::load_rows<kBN, kD, kP, kBwdThreads>(sK, k_base, a.k_t, tk - n0);
   prefill_detail::load_rows<kBN, kD, kP, kBwdThreads>(sV, v_base, a.v_t, tk - n0);
-
-  // Step s's Q and dO rows into buffer s % 2 (cp.async) and its lse2 and delta (plain stores).
-  auto load_step = [&](int s) {
-    const int h = hk * group + s / tiles, i0 = i_lo + (s % tiles) * kBM;
-    const int rows = min(kBM, tq - i0);
-    const uint32_t q_buf = sQ0 + (s % 2) * 2 * C::kQTile;
-    const uint16_t* q = static_cast<const uint16_t*>(a.q) + static_cast<int64_t>(q0 + i0) * a.q_t +
-                        static_cast<int64_t>(h) * a.q_h;
-    const uint16_t* d = static_cast<const uint16_t*>(a.dout) +
-                        static_cast<int64_t>(q0 + i0) * a.dout_t +
-                        static_cast<int64_t>(h) * a.dout_h;
-    prefill_detail::load_rows<kBM, kD, kP, kBwdThreads>(q_buf, q, a.q_t, rows);
-    prefill_detail::load_rows<kBM, kD, kP, kBwdThreads>(q_buf + C::kQTile, d, a.dout_t, rows);
-    if (threadIdx.x < kBM) {
-      const int i = i0 + static_cast<int>(threadIdx.x);
-      const int64_t at = static_cast<int64_t>(h) * a.T + q0 + i;
-      float* r = s_rows + (s % 2) * 2 * kBM;
-      r[threadIdx.x] = i < tq ? ws.lse2[at] : INFINITY;
-      r[kBM + threadIdx.x] = i < tq ? ws.delta[at] : 0.0f;
-    }
-  };
-  if (steps > 0) load_step(0);
-  cp_async_commit();  // K, V and step 0
+  cp_async_commit();
 
   // ldmatrix lane addresses (bytes, relative to a tile): A operand from [row][k] rows 16 w..;
   // B operand from [n][k] storage; B operand (.trans) from [k][n] storage.
   const uint32_t a_lane = ((warp * 16 + lane % 16) * kP + (lane / 16) * 8) * 2;
   const uint32_t b_lane = ((lane % 8 + (lane / 16) * 8) * kP + ((lane / 8) % 2) * 8) * 2;
   const uint32_t bt_lane = ((lane % 8 + ((lane / 8) % 2) * 8) * kP + (lane / 16) * 8) * 2;
-  // dQ = dS K: warp w forms query rows 16 (w % 4) over the tile's keys half w / 4, reading dS
-  // (the A operand, [query][key]) from its [key][query] storage with .trans.
-  constexpr int kQW = kBM / 16;  // warps a key half's dQ rows take (4)
-  const int dq_rows = (warp % kQW) * 16, dq_keys = (warp / kQW) * (kBN / 2);
+  // dS (A operand of dS K, [query][key]) from its [key][query] storage, .trans.
   const uint32_t s_lane =
-      sS + ((dq_keys + lane % 8 + (lane / 16) * 8) * kPS + dq_rows + ((lane / 8) % 2) * 8) * 2;
-  const uint32_t k_dq = sK + bt_lane + dq_keys * kP * 2;
+      sS + ((lane % 8 + (lane / 16) * 8) * kPS + warp * 16 + ((lane / 8) % 2) * 8) * 2;
 
   float dk[kDT][4], dv[kDT][4];
 #pragma unroll
@@ -198,144 +161,154 @@ __global__ void __launch_bounds__(kBwdThreads, BwdCfg<kD>::kMinBlocks)
   // This thread's keys within the tile: warp * 16 + lane / 4 + 8 r.
   const int key_base = n0 + warp * 16 + lane / 4;
 
-  for (int s = 0; s < steps; ++s) {
-    const int h = hk * group + s / tiles, i0 = i_lo + (s % tiles) * kBM;
-    // Step s + 1's loads go into the buffers step s - 1 used: every warp is past it (the barrier
-    // before step s - 1's dQ, and the one below at s - 1's end).
-    if (s + 1 < steps) load_step(s + 1);
-    cp_async_commit();
-    cp_async_wait<1>();  // step s's group (and K, V) landed
-    __syncthreads();
-    const uint32_t sQ = sQ0 + (s % 2) * 2 * C::kQTile, sdO = sQ + C::kQTile;
-    const float* s_lse = s_rows + (s % 2) * 2 * kBM;
-    const float* s_delta = s_lse + kBM;
+  for (int g = 0; g < group; ++g) {
+    const int h = hk * group + g;
+    const uint16_t* q_base = static_cast<const uint16_t*>(a.q) + static_cast<int64_t>(q0) * a.q_t +
+                             static_cast<int64_t>(h) * a.q_h;
+    const uint16_t* do_base = static_cast<const uint16_t*>(a.dout) +
+                              static_cast<int64_t>(q0) * a.dout_t +
+                              static_cast<int64_t>(h) * a.dout_h;
+    for (int i0 = i_lo; i0 < i_hi; i0 += kBM) {
+      __syncthreads();  // the previous step is done with Q, dO, dS and the row values
+      const int rows = min(kBM, tq - i0);
+      prefill_detail::load_rows<kBM, kD, kP, kBwdThreads>(sQ, q_base + i0 * a.q_t, a.q_t, rows);
+      prefill_detail::load_rows<kBM, kD, kP, kBwdThreads>(sdO, do_base + i0 * a.dout_t, a.dout_t,
+                                                          rows);
+      cp_async_commit();
+      if (threadIdx.x < kBM) {
+        const int i = i0 + static_cast<int>(threadIdx.x);
+        const int64_t at = static_cast<int64_t>(h) * a.T + q0 + i;
+        s_lse[threadIdx.x] = i < tq ? ws.lse2[at] : INFINITY;
+        s_delta[threadIdx.x] = i < tq ? ws.delta[at] : 0.0f;
+      }
+      cp_async_wait<0>();
+      __syncthreads();
 
-    // S^T = K Q^T: the warp's 16 keys x kBM queries.
-    float st[kNT][4];
+      // S^T = K Q^T: the warp's 16 keys x kBM queries.
+      float st[kNT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.0f;
+      for (int j = 0; j < kNT; ++j) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t ka[4];
-      ldsm_x4(ka, sK + a_lane + kk * 32);
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t ka[4];
+        ldsm_x4(ka, sK + a_lane + kk * 32);
 #pragma unroll
-      for (int j2 = 0; j2 < kBM / 16; ++j2) {
-        uint32_t qb[4];
-        ldsm_x4(qb, sQ + b_lane + (j2 * 16 * kP + kk * 16) * 2);
-        E::mma(st[2 * j2], ka, qb[0], qb[1]);
-        E::mma(st[2 * j2 + 1], ka, qb[2], qb[3]);
-      }
-    }
-    // P^T, 0 where a key is not seen (masks, the ends of the keys and of the queries).
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int key = key_base + (x / 2) * 8;
-        const int col = j * 8 + (lane % 4) * 2 + (x % 2);
-        const int p = i0 + col + off;
-        const bool seen = key < tk && i0 + col < tq && (right < 0 || key <= p + right) &&
-                          (left < 0 || key >= p - left);
-        float sc = st[j][x] * a.scale;
-        if (capped) sc = a.softcap * tanhf(sc / a.softcap);
-        st[j][x] = seen ? exp2f(sc * kLog2e - s_lse[col]) : 0.0f;
-      }
-      // dV += P^T dO.
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      uint32_t pa[4];
-      prefill_detail::p_fragment<E>(pa, *reinterpret_cast<const float(*)[1][kNT][4]>(&st), 0, kk);
-#pragma unroll
-      for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
-        uint32_t ob[4];
-        ldsm_x4_t(ob, sdO + bt_lane + (kk * 16 * kP + dn2 * 16) * 2);
-        E::mma(dv[2 * dn2], pa, ob[0], ob[1]);
-        E::mma(dv[2 * dn2 + 1], pa, ob[2], ob[3]);
-      }
-    }
-    // dP^T = V dO^T.
-    float dp[kNT][4];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t va[4];
-      ldsm_x4(va, sV + a_lane + kk * 32);
-#pragma unroll
-      for (int j2 = 0; j2 < kBM / 16; ++j2) {
-        uint32_t ob[4];
-        ldsm_x4(ob, sdO + b_lane + (j2 * 16 * kP + kk * 16) * 2);
-        E::mma(dp[2 * j2], va, ob[0], ob[1]);
-        E::mma(dp[2 * j2 + 1], va, ob[2], ob[3]);
-      }
-    }
-    // dS^T = P^T (dP^T - delta) scale (x the cap's derivative), into dp.
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int col = j * 8 + (lane % 4) * 2 + (x % 2);
-        const float pv = st[j][x];
-        float ds = pv * (dp[j][x] - s_delta[col]) * a.scale;
-        if (capped && pv > 0.0f) {
-          const float sc = (__log2f(pv) + s_lse[col]) * 0.69314718055994531f / a.softcap;
-          ds *= 1.0f - sc * sc;
+        for (int j2 = 0; j2 < kBM / 16; ++j2) {
+          uint32_t qb[4];
+          ldsm_x4(qb, sQ + b_lane + (j2 * 16 * kP + kk * 16) * 2);
+          E::mma(st[2 * j2], ka, qb[0], qb[1]);
+          E::mma(st[2 * j2 + 1], ka, qb[2], qb[3]);
         }
-        dp[j][x] = ds;
       }
-      // dK += dS^T Q.
+      // P^T, 0 where a key is not seen (masks, the ends of the keys and of the queries).
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      uint32_t sa[4];
-      prefill_detail::p_fragment<E>(sa, *reinterpret_cast<const float(*)[1][kNT][4]>(&dp), 0, kk);
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
-      for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
-        uint32_t qb[4];
-        ldsm_x4_t(qb, sQ + bt_lane + (kk * 16 * kP + dn2 * 16) * 2);
-        E::mma(dk[2 * dn2], sa, qb[0], qb[1]);
-        E::mma(dk[2 * dn2 + 1], sa, qb[2], qb[3]);
+        for (int x = 0; x < 4; ++x) {
+          const int key = key_base + (x / 2) * 8;
+          const int col = j * 8 + (lane % 4) * 2 + (x % 2);
+          const int p = i0 + col + off;
+          const bool seen = key < tk && i0 + col < tq && (right < 0 || key <= p + right) &&
+                            (left < 0 || key >= p - left);
+          float s = st[j][x] * a.scale;
+          if (capped) s = a.softcap * tanhf(s / a.softcap);
+          st[j][x] = seen ? exp2f(s * kLog2e - s_lse[col]) : 0.0f;
+        }
+        // dV += P^T dO.
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        uint32_t pa[4];
+        prefill_detail::p_fragment<E>(pa, *reinterpret_cast<const float(*)[1][kNT][4]>(&st), 0, kk);
+#pragma unroll
+        for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
+          uint32_t ob[4];
+          ldsm_x4_t(ob, sdO + bt_lane + (kk * 16 * kP + dn2 * 16) * 2);
+          E::mma(dv[2 * dn2], pa, ob[0], ob[1]);
+          E::mma(dv[2 * dn2 + 1], pa, ob[2], ob[3]);
+        }
       }
-    }
-    // dS^T to shared memory, [key][query]. The barrier before it: every warp is done reading
-    // the previous step's dS.
+      // dP^T = V dO^T.
+      float dp[kNT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j)
+      for (int j = 0; j < kNT; ++j) dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t va[4];
+        ldsm_x4(va, sV + a_lane + kk * 32);
+#pragma unroll
+        for (int j2 = 0; j2 < kBM / 16; ++j2) {
+          uint32_t ob[4];
+          ldsm_x4(ob, sdO + b_lane + (j2 * 16 * kP + kk * 16) * 2);
+          E::mma(dp[2 * j2], va, ob[0], ob[1]);
+          E::mma(dp[2 * j2 + 1], va, ob[2], ob[3]);
+        }
+      }
+      // dS^T = P^T (dP^T - delta) scale (x the cap's derivative), into dp.
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int col = j * 8 + (lane % 4) * 2 + (x % 2);
+          const float pv = st[j][x];
+          float ds = pv * (dp[j][x] - s_delta[col]) * a.scale;
+          if (capped && pv > 0.0f) {
+            const float s = (__log2f(pv) + s_lse[col]) * 0.69314718055994531f / a.softcap;
+            ds *= 1.0f - s * s;
+          }
+          dp[j][x] = ds;
+        }
+        // dK += dS^T Q.
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        uint32_t sa[4];
+        prefill_detail::p_fragment<E>(sa, *reinterpret_cast<const float(*)[1][kNT][4]>(&dp), 0, kk);
+#pragma unroll
+        for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
+          uint32_t qb[4];
+          ldsm_x4_t(qb, sQ + bt_lane + (kk * 16 * kP + dn2 * 16) * 2);
+          E::mma(dk[2 * dn2], sa, qb[0], qb[1]);
+          E::mma(dk[2 * dn2 + 1], sa, qb[2], qb[3]);
+        }
+      }
+      // dS^T to shared memory, [key][query].
+      uint16_t* ss = reinterpret_cast<uint16_t*>(smem_raw + (2 * kBN + 2 * kBM) * kP * 2);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = warp * 16 + lane / 4 + 8 * r, col = j * 8 + (lane % 4) * 2;
+          *reinterpret_cast<uint32_t*>(ss + row * kPS + col) =
+              E::pack(dp[j][2 * r], dp[j][2 * r + 1]);
+        }
+      __syncthreads();
+      // dQ (the warp's 16 query rows) = dS K over the tile's keys, added to the accumulator.
+      float dq[kDT][4];
+#pragma unroll
+      for (int i = 0; i < kDT; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        uint32_t sa[4];
+        ldsm_x4_t(sa, s_lane + kk * 16 * kPS * 2);
+#pragma unroll
+        for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
+          uint32_t kb[4];
+          ldsm_x4_t(kb, sK + bt_lane + (kk * 16 * kP + dn2 * 16) * 2);
+          E::mma(dq[2 * dn2], sa, kb[0], kb[1]);
+          E::mma(dq[2 * dn2 + 1], sa, kb[2], kb[3]);
+        }
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = warp * 16 + lane / 4 + 8 * r, col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<uint32_t*>(ss + row * kPS + col) =
-            E::pack(dp[j][2 * r], dp[j][2 * r + 1]);
-      }
-    __syncthreads();
-    // dQ rows of this warp over its half of the keys, added to the accumulator (the other half's
-    // warp adds the rest).
-    float dq[kDT][4];
+        const int i = i0 + warp * 16 + lane / 4 + 8 * r;
+        if (i >= tq) continue;
+        float* dst = ws.dq_acc + (static_cast<int64_t>(q0 + i) * a.Hq + h) * kD + (lane % 4) * 2;
 #pragma unroll
-    for (int i = 0; i < kDT; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kBN / 32; ++kk) {
-      uint32_t sa[4];
-      ldsm_x4_t(sa, s_lane + kk * 16 * kPS * 2);
-#pragma unroll
-      for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
-        uint32_t kb[4];
-        ldsm_x4_t(kb, k_dq + (kk * 16 * kP + dn2 * 16) * 2);
-        E::mma(dq[2 * dn2], sa, kb[0], kb[1]);
-        E::mma(dq[2 * dn2 + 1], sa, kb[2], kb[3]);
+        for (int dn = 0; dn < kDT; ++dn) {
+          atomicAdd(reinterpret_cast<float2*>(dst + dn * 8),
+                    make_float2(dq[dn][2 * r], dq[dn][2 * r + 1]));
+        }
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = i0 + dq_rows + lane / 4 + 8 * r;
-      if (i >= tq) continue;
-      float* dst = ws.dq_acc + (static_cast<int64_t>(q0 + i) * a.Hq + h) * kD + (lane % 4) * 2;
-#pragma unroll
-      for (int dn = 0; dn < kDT; ++dn) {
-        atomicAdd(reinterpret_cast<float2*>(dst + dn * 8),
-                  make_float2(dq[dn][2 * r], dq[dn][2 * r + 1]));
-      }
-    }
-    __syncthreads();  // every warp is done with this step's buffers and dS
   }
   cp_async_wait<0>();  // a block whose keys no query sees has only its K/V copies in flight
 

@@ -61,6 +61,54 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
 
 
+class _Op:
+    """One llmk op: a torch.library custom op (what torch.compile traces, with its fake and its
+    registered backward) and the same function called directly in eager mode, where the custom
+    op's dispatch would cost tens of microseconds a call (an autograd.Function when a gradient
+    is wanted). Tensors of other types than plain tensors and parameters (fake, functional,
+    subclasses) take the custom op."""
+
+    def __init__(self, name: str, fn):
+        self.raw = fn
+        self.custom = torch.library.custom_op(f"llmk::{name}", mutates_args=())(fn)
+        self.function = None
+
+    def register_fake(self, fake):
+        self.custom.register_fake(fake)
+        return fake
+
+    def register_autograd(self, backward, setup_context):
+        self.custom.register_autograd(backward, setup_context=setup_context)
+        raw = self.raw
+
+        def forward(ctx, *args):
+            out = raw(*args)
+            setup_context(ctx, args, out)
+            return out
+
+        # The classic form (ctx first): the setup_context form binds default arguments through
+        # inspect.signature on every call.
+        self.function = type("LlmkOp", (torch.autograd.Function,),
+                             {"forward": staticmethod(forward),
+                              "backward": staticmethod(backward)})
+
+    def __call__(self, *args):
+        tensors = [a for a in args if isinstance(a, Tensor)]
+        if torch.compiler.is_compiling() or any(type(t) not in _PLAIN for t in tensors):
+            return self.custom(*args)
+        if (self.function is not None and torch.is_grad_enabled()
+                and any(t.requires_grad for t in tensors)):
+            return self.function.apply(*args)
+        return self.raw(*args)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _op(name: str):
+    return lambda fn: _Op(name, fn)
+
+
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise Error(msg)
@@ -89,7 +137,7 @@ def _check_float(op: str, **tensors: Optional[Tensor]) -> None:
 # RMSNorm
 
 
-@torch.library.custom_op("llmk::rms_norm", mutates_args=())
+@_op("rms_norm")
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     x2 = _c(x).reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
@@ -104,7 +152,7 @@ def _(x, weight, eps):
         x.numel() // x.shape[-1], dtype=_stat_dtype(x))
 
 
-@torch.library.custom_op("llmk::add_rms_norm", mutates_args=())
+@_op("add_rms_norm")
 def _add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor,
                   eps: float) -> tuple[Tensor, Tensor, Tensor]:
     x2 = _c(x).reshape(-1, x.shape[-1])
@@ -122,7 +170,7 @@ def _(x, residual, weight, eps):
     return y, torch.empty_like(y), x.new_empty(x.numel() // x.shape[-1], dtype=_stat_dtype(x))
 
 
-@torch.library.custom_op("llmk::rms_norm_backward", mutates_args=())
+@_op("rms_norm_backward")
 def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor,
                        need_dw: bool) -> tuple[Tensor, Tensor]:
     x2 = _c(x).reshape(-1, x.shape[-1])
@@ -206,7 +254,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6,
 _ACTS = ("silu", "gelu", "gelu_tanh")
 
 
-@torch.library.custom_op("llmk::gated", mutates_args=())
+@_op("gated")
 def _gated(gate: Tensor, up: Tensor, act: str) -> Tensor:
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     _C.gated_forward(out, _c(gate), _c(up), act, _stream(gate))
@@ -218,7 +266,7 @@ def _(gate, up, act):
     return torch.empty_like(gate, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("llmk::gated_backward", mutates_args=())
+@_op("gated_backward")
 def _gated_backward(dout: Tensor, gate: Tensor, up: Tensor, act: str) -> tuple[Tensor, Tensor]:
     dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     dup = torch.empty_like(dgate)
@@ -270,7 +318,7 @@ def geglu(gate: Tensor, up: Tensor, approximate: str = "tanh") -> Tensor:
 # RoPE
 
 
-@torch.library.custom_op("llmk::rope_table", mutates_args=())
+@_op("rope_table")
 def _rope_table(positions: Tensor, pairs: int, theta: float, freq_scale: float,
                 factors: Optional[Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     # The tables are made on the CPU (positions on the GPU are read back: pass cos_sin to keep
@@ -292,7 +340,7 @@ def _(positions, pairs, theta, freq_scale, factors, dtype):
     return cos, torch.empty_like(cos)
 
 
-@torch.library.custom_op("llmk::rope_rotate", mutates_args=())
+@_op("rope_rotate")
 def _rope_rotate(x: Tensor, cos: Tensor, sin: Tensor, half_split: bool,
                  inverse: bool) -> Tensor:
     y = torch.empty_like(x)  # x's layout, permuted or not
@@ -442,7 +490,7 @@ def rope(q: Tensor, k: Tensor, cos_sin: Optional[tuple[Tensor, Tensor]] = None,
 # Flash attention
 
 
-@torch.library.custom_op("llmk::flash_attn", mutates_args=())
+@_op("flash_attn")
 def _flash_attn(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, scale: float,
                 causal: bool, window_left: int, window_right: int, softcap: float,
                 max_seqlen_k: int) -> tuple[Tensor, Tensor]:
@@ -459,7 +507,7 @@ def _(q, k, v, cu_q, cu_k, scale, causal, window_left, window_right, softcap, ma
             q.new_empty(q.shape[1], q.shape[0], dtype=_lse_dtype(q)))
 
 
-@torch.library.custom_op("llmk::flash_attn_backward", mutates_args=())
+@_op("flash_attn_backward")
 def _flash_attn_backward(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
                          out: Tensor, lse: Tensor, cu_q: Tensor, cu_k: Tensor, scale: float,
                          causal: bool, window_left: int, window_right: int, softcap: float,
@@ -501,6 +549,23 @@ def _flash_bwd(ctx, dout, dlse):
 
 
 _flash_attn.register_autograd(_flash_bwd, setup_context=_flash_setup)
+
+
+_offsets_cache: dict = {}
+
+
+def _offsets(B: int, S: int, device: torch.device) -> Tensor:
+    """[0, S, 2 S, ..., B S] as int32 on device: the offsets of B sequences of S tokens, made
+    once per (B, S, device) outside torch.compile (a small cache: they are read-only)."""
+    if torch.compiler.is_compiling():
+        return torch.arange(B + 1, dtype=torch.int32, device=device) * S
+    key = (B, S, device)
+    t = _offsets_cache.get(key)
+    if t is None:
+        if len(_offsets_cache) >= 64:
+            _offsets_cache.clear()
+        t = _offsets_cache[key] = torch.arange(B + 1, dtype=torch.int32, device=device) * S
+    return t
 
 
 def _window(window, causal: bool) -> tuple[int, int]:
@@ -583,12 +648,7 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
         return (out, lse) if return_lse else out
     B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
     _check(k.shape[0] == B, f"llmk.ops.flash_attn: q has batch {B} but k {k.shape[0]}")
-    cu_q = torch.arange(0, (B + 1) * Sq, Sq, dtype=torch.int32, device=q.device)[:B + 1]
-    cu_k = torch.arange(0, (B + 1) * Sk, Sk, dtype=torch.int32, device=q.device)[:B + 1]
-    if Sq == 0:
-        cu_q = torch.zeros(B + 1, dtype=torch.int32, device=q.device)
-    if Sk == 0:
-        cu_k = torch.zeros(B + 1, dtype=torch.int32, device=q.device)
+    cu_q, cu_k = _offsets(B, Sq, q.device), _offsets(B, Sk, q.device)
     out, lse = _flash_attn(q.reshape(B * Sq, Hq, D), k.reshape(B * Sk, Hkv, D),
                            v.reshape(B * Sk, Hkv, D), cu_q, cu_k, *params, Sk)
     out = out.view(B, Sq, Hq, D)
@@ -599,7 +659,7 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
 # Linear with its activation
 
 
-@torch.library.custom_op("llmk::linear_act", mutates_args=())
+@_op("linear_act")
 def _linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                 act: str) -> tuple[Tensor, Tensor]:
     x2 = _c(x).reshape(-1, x.shape[-1])
@@ -617,7 +677,7 @@ def _(x, weight, bias, act):
     return x.new_empty(*x.shape[:-1], N), x.new_empty(x.numel() // x.shape[-1], N)
 
 
-@torch.library.custom_op("llmk::linear_act_backward", mutates_args=())
+@_op("linear_act_backward")
 def _linear_act_backward(dy: Tensor, x: Tensor, weight: Tensor, z: Tensor, act: str,
                          need_dx: bool, need_dw: bool,
                          need_db: bool) -> tuple[Tensor, Tensor, Tensor]:

@@ -609,30 +609,20 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
                "ops::{}: the CUDA backward needs a contiguous CUDA workspace of {} bytes", op,
                need);
     cuda::AttentionBwdArgs b;
-    b.q = q.data();
-    b.q_t = H * D;
-    b.q_h = D;
-    b.k = k.data();
-    b.k_t = Hkv * D;
-    b.k_h = D;
-    b.v = v.data();
-    b.v_t = Hkv * D;
-    b.v_h = D;
-    b.out = out.data();
-    b.out_t = H * D;
-    b.out_h = D;
-    b.dout = dout.data();
-    b.dout_t = H * D;
-    b.dout_h = D;
-    b.dq = dq.data();
-    b.dq_t = H * D;
-    b.dq_h = D;
-    b.dk = dk.data();
-    b.dk_t = Hkv * D;
-    b.dk_h = D;
-    b.dv = dv.data();
-    b.dv_t = Hkv * D;
-    b.dv_h = D;
+    // Each [rows, heads, D] tensor's pointer and its row and head strides.
+    const auto rows = [](const Tensor& t, auto& ptr, int64_t& ld_t, int64_t& ld_h) {
+      ptr = t.data();
+      ld_t = t.stride(0);
+      ld_h = t.stride(1);
+    };
+    rows(q, b.q, b.q_t, b.q_h);
+    rows(k, b.k, b.k_t, b.k_h);
+    rows(v, b.v, b.v_t, b.v_h);
+    rows(out, b.out, b.out_t, b.out_h);
+    rows(dout, b.dout, b.dout_t, b.dout_h);
+    rows(dq, b.dq, b.dq_t, b.dq_h);
+    rows(dk, b.dk, b.dk_t, b.dk_h);
+    rows(dv, b.dv, b.dv_t, b.dv_h);
     b.fp16 = at.dt == DType::F16;
     b.lse = lse.data<const float>();
     b.dlse = dlse ? dlse->data<const float>() : nullptr;

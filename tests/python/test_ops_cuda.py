@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 import llmk.ops as L  # noqa: E402
 from llmk._C import ops as _C  # noqa: E402
+from test_ops import rope_ref  # noqa: E402  (the CPU suite's reference, in this folder)
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _C.cuda),
                                 reason="needs a GPU and a CUDA build of llmk")
@@ -262,19 +263,6 @@ def test_gated_cuda(dtype, kind, shape):
     check_all(run_both(fn, ref, [g, u], dtype, 33), dtype, f"{kind} {shape}")
 
 
-def rope_math(x, cos, sin, half):
-    R = cos.shape[-1]
-    c, s = cos.unsqueeze(2).to(x.dtype), sin.unsqueeze(2).to(x.dtype)
-    rot, rest = x[..., :2 * R], x[..., 2 * R:]
-    if half:
-        a, b = rot[..., :R], rot[..., R:]
-        out = torch.cat([a * c - b * s, a * s + b * c], -1)
-    else:
-        a, b = rot[..., 0::2], rot[..., 1::2]
-        out = torch.stack([a * c - b * s, a * s + b * c], -1).flatten(-2)
-    return torch.cat([out, rest], -1)
-
-
 @pytest.mark.parametrize("dtype", DT3)
 @pytest.mark.parametrize("style", ["neox", "interleaved"])
 @pytest.mark.parametrize("heads_first", [False, True])
@@ -294,7 +282,7 @@ def test_rope_cuda(dtype, style, heads_first):
     def ref(q, k):
         def one(t):
             t4 = t.transpose(1, 2) if heads_first else t
-            o = rope_math(t4, cos.unsqueeze(0).to(t.dtype), sin.unsqueeze(0).to(t.dtype), half)
+            o = rope_ref(t4, cos.unsqueeze(0).to(t.dtype), sin.unsqueeze(0).to(t.dtype), half)
             return o.transpose(1, 2) if heads_first else o
         return one(q), one(k)
 

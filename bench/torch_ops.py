@@ -147,12 +147,17 @@ def main():
     ap.add_argument("--png", help="draw the speedups here (needs matplotlib)")
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="the first two shapes only")
+    ap.add_argument("--attention-kernel", choices=["auto", "mma-sync"], default="auto",
+                    help="llmk's attention build on an H100: warpgroup MMA (auto) or mma.sync")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("torch_ops: needs a GPU")
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    from llmk._C import ops as _C
+    _C.set_attention_kernel(args.attention_kernel)
     rows = []
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, llmk attention "
+          f"kernel: {args.attention_kernel}")
     print("| B | Hq | Hkv | S | D | fwd llmk us (TFLOP/s) | fwd SDPA | x | bwd llmk us (TFLOP/s) "
           "| bwd SDPA | x |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -599,10 +599,14 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     not causal, the W - 1 after it); or (left, right) as flash-attn's window_size, -1
     unbounded. softcap: scores = softcap * tanh(scores / softcap). scale: default
     1/sqrt(dim). A query that sees no key gets zeros (and lse -inf). The backward gives dq, dk,
-    dv (dk, dv summed over each query group); the CPU kernels are always deterministic, so
-    `deterministic` changes nothing there.
+    dv (dk, dv summed over each query group). The CPU kernels are always deterministic;
+    the CUDA backward adds dq's parts in no fixed order (its last bits may change from run to
+    run), so deterministic=True with CUDA tensors that need gradients is an error.
     """
-    del deterministic  # the CPU backward is deterministic
+    if deterministic and q.is_cuda and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError(
+            "llmk.ops.flash_attn: deterministic=True: the CUDA backward sums dq in no fixed "
+            "order; there is no deterministic CUDA backward yet")
     _check_float("flash_attn", q=q, k=k, v=v)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     nd = 3 if varlen else 4

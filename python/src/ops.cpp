@@ -19,6 +19,7 @@
 
 #ifdef LLMK_HAS_CUDA
 #include "core/cuda/stream.h"
+#include "kernels/cuda/attention/attention.h"
 #endif
 
 namespace nb = nanobind;
@@ -278,6 +279,19 @@ void register_ops(nb::module_& parent) {
     return out;
   });
   m.def("reset_stats", [] { ops::reset_train_op_stats(); });
+  // Which attention kernels run on an sm_90 GPU, forward and backward: "auto" (warpgroup MMA)
+  // or "mma-sync" (the portable build, which every other GPU runs); for tests and benchmarks.
+  m.def(
+      "set_attention_kernel",
+      [](const std::string& kernel) {
+        LLMK_CHECK(kernel == "auto" || kernel == "mma-sync",
+                   "set_attention_kernel: \"{}\" is not \"auto\" or \"mma-sync\"", kernel);
+#ifdef LLMK_HAS_CUDA
+        cuda::set_prefill_kernel(kernel == "auto" ? cuda::PrefillKernel::kAuto
+                                                  : cuda::PrefillKernel::kMmaSync);
+#endif
+      },
+      nb::arg("kernel"));
 }
 
 }  // namespace llmk

@@ -73,12 +73,23 @@ CASES = [
     (2, 64, 64, 4, 1, 80, False, None, 30.0),
     (1, 200, 70, 2, 1, 112, True, None, None),  # fewer keys than queries
     (1, 1, 1, 1, 1, 64, True, None, None),
+    (1, 1000, 1000, 8, 2, 128, True, None, 50.0),  # several query tiles per key tile, GQA 4
+    (2, 190, 190, 4, 4, 96, False, None, None),
 ]
+
+
+@pytest.fixture(params=["auto", "mma-sync"])
+def attn_kernel(request):
+    """Each attention test runs on both builds of the kernels: warpgroup MMA (what "auto" runs
+    on an H100) and the portable mma.sync one."""
+    _C.set_attention_kernel(request.param)
+    yield request.param
+    _C.set_attention_kernel("auto")
 
 
 @pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D,causal,window,softcap", CASES)
-def test_flash_attn_cuda(dtype, B, Sq, Sk, Hq, Hkv, D, causal, window, softcap):
+def test_flash_attn_cuda(dtype, B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, attn_kernel):
     q = rand(B, Sq, Hq, D, dtype=dtype, seed=1).requires_grad_()
     k = rand(B, Sk, Hkv, D, dtype=dtype, seed=2).requires_grad_()
     v = rand(B, Sk, Hkv, D, dtype=dtype, seed=3).requires_grad_()
@@ -108,7 +119,7 @@ def test_flash_attn_cuda(dtype, B, Sq, Sk, Hq, Hkv, D, causal, window, softcap):
 
 
 @pytest.mark.parametrize("dtype", DT)
-def test_flash_attn_cuda_varlen(dtype):
+def test_flash_attn_cuda_varlen(dtype, attn_kernel):
     lens_q, lens_k = [5, 0, 130, 1, 64], [9, 3, 130, 1, 0]
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
                         device="cuda")
@@ -140,7 +151,7 @@ def test_flash_attn_cuda_varlen(dtype):
         check(got[i], w, bse, dtype, f"varlen {name} {dtype}")
 
 
-def test_flash_attn_cuda_lse_gradient_and_layout():
+def test_flash_attn_cuda_lse_gradient_and_layout(attn_kernel):
     q = rand(2, 33, 4, 64, dtype=torch.bfloat16, seed=9).requires_grad_()
     k = rand(2, 40, 2, 64, dtype=torch.bfloat16, seed=10).requires_grad_()
     v = rand(2, 40, 2, 64, dtype=torch.bfloat16, seed=11).requires_grad_()
@@ -172,6 +183,8 @@ def test_flash_attn_cuda_fallbacks_and_errors():
         L.flash_attn(qg, qg, qg, causal=True).sum().backward()
     with pytest.raises(Exception, match="window without the causal mask"):
         L.flash_attn(q, q, q, window=(3, 3))
+    with pytest.raises(NotImplementedError, match="deterministic=True"):
+        L.flash_attn(qg, qg, qg, causal=True, deterministic=True)
 
 
 def test_flash_attn_cuda_runs_on_torch_stream():

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes wgmma.cuh beside this file: the Hopper warpgroup MMA instructions (wgmma.mma_async)
 the kernels use, as inline PTX. One function per (shape, element type, operand source), since
-an asm statement names every accumulator register. Run after changing SS_N, RS_N or TYPES:
+an asm statement names every accumulator register. Run after changing SS_N, RS_N, SSTT_N or
+TYPES:
 
     python3 src/kernels/cuda/gen-wgmma.py            # rewrites wgmma.cuh
     python3 src/kernels/cuda/gen-wgmma.py --check    # exit 1 if wgmma.cuh is not what it writes
@@ -18,6 +19,9 @@ HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wgmma.cuh")
 
 SS_N = [64, 128]        # A and B from shared memory (descriptors): S = Q K^T, N = keys per tile
 RS_N = [64, 80, 96, 112, 128, 256]  # A from registers, B from shared memory: O += P V, N = head dim
+# A and B from shared memory, both MN-major (read transposed): the backward's dQ = dS K, A = dS
+# stored [keys][queries] and B = K stored [keys][head dim]; N = head dim.
+SSTT_N = [64, 80, 96, 112, 128]
 TYPES = [("bf16", "Bf16"), ("f16", "F16")]
 
 
@@ -30,17 +34,22 @@ def acc_operands(n):
     return ",\n        ".join(", ".join(ops[i:i + 8]) for i in range(0, len(ops), 8))
 
 
-def ss(n, ptx_t, name):
+def ss(n, ptx_t, name, trans=False):
+    """A and B from shared memory: K-major both, or (trans) M-major A and N-major B."""
     r = n // 2
+    kind, pad = ("sstt", "  ") if trans else ("ss", "")
+    what = ("A (64 x 16, shared, M-major) * B (16 x {n}, shared, N-major): both descriptors'\n"
+            "// matrices are read transposed; accumulate = false overwrites d." if trans else
+            "A (64 x 16, shared, K-major) * B (16 x {n}, shared, K-major); accumulate = false\n"
+            "// overwrites d.").format(n=n)
     return f"""
-// d[{r}] (+)= A (64 x 16, shared, K-major) * B (16 x {n}, shared, K-major); accumulate = false
-// overwrites d.
-__device__ __forceinline__ void wgmma_ss_m64n{n}k16_{name}(float (&d)[{r}], uint64_t desc_a,
-                                                       uint64_t desc_b, bool accumulate) {{
+// d[{r}] (+)= {what}
+__device__ __forceinline__ void wgmma_{kind}_m64n{n}k16_{name}(float (&d)[{r}], uint64_t desc_a,
+                                                       {pad}uint64_t desc_b, bool accumulate) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_t}.{ptx_t} {{{acc_list(n)}}}, %{r}, %{r + 1}, "
-      "p, 1, 1, 0, 0;\\n}}\\n"
+      "p, 1, 1, {1 if trans else 0}, {1 if trans else 0};\\n}}\\n"
       : {acc_operands(n)}
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }}
@@ -137,16 +146,21 @@ __device__ __forceinline__ void wgmma_fence_operand(float (&d)[N]) {
             out.append(ss(n, ptx_t, name))
         for n in RS_N:
             out.append(rs(n, ptx_t, name))
+        for n in SSTT_N:
+            out.append(ss(n, ptx_t, name, trans=True))
     # Type- and shape-generic entry points over the functions above.
     out.append("""
 // wgmma_ss<T, N>: the SS product above for element type T (__nv_bfloat16 or __half) and N; the
-// same for wgmma_rs<T, N>.""")
+// same for wgmma_rs<T, N> and wgmma_sstt<T, N>.""")
     out.append(dispatcher("ss", SS_N, "uint64_t desc_a, uint64_t desc_b,\n"
                           "                                         bool accumulate",
                           "d, desc_a, desc_b, accumulate"))
     out.append(dispatcher("rs", RS_N, "const uint32_t (&a)[4],\n"
                           "                                         uint64_t desc_b",
                           "d, a, desc_b"))
+    out.append(dispatcher("sstt", SSTT_N, "uint64_t desc_a, uint64_t desc_b,\n"
+                          "                                         bool accumulate",
+                          "d, desc_a, desc_b, accumulate"))
     out.append("\n}  // namespace llmk::cuda\n")
     return "".join(out)
 

@@ -101,8 +101,9 @@ const char* attention_head_dims();
 // Any T >= 1; meant for T > 8. Throws llmk::Error for an unsupported head dim.
 void attention_prefill(const AttentionArgs& a);
 // Which prefill kernel attention_prefill runs: kAuto, the wgmma kernel on an sm_90 device and
-// the mma.sync kernel elsewhere; kMmaSync, the mma.sync kernel everywhere. Process-wide; for the
-// tests and benchmarks that compare the two.
+// the mma.sync kernel elsewhere; kMmaSync, the mma.sync kernel everywhere. The attention backward
+// (backward.h) follows the same choice. Process-wide; for the tests and benchmarks that compare
+// the two.
 enum class PrefillKernel { kAuto, kMmaSync };
 void set_prefill_kernel(PrefillKernel k);
 PrefillKernel prefill_kernel();

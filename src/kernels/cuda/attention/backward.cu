@@ -1,4 +1,6 @@
-// The backward of flash attention (backward.h): FA2's algorithm on mma.sync m16n8k16.
+// The backward of flash attention (backward.h): FA2's algorithm in two builds, mma.sync m16n8k16
+// (bwd_main_kernel, any sm_80+ GPU) and warpgroup MMA (bwd_wgmma_kernel, sm_90a; described
+// there), which share the blocks, the order and the element-wise steps.
 //
 // Main kernel: one block of 4 warps per (64-key tile, KV head, sequence). Warp w owns keys
 // [16 w, 16 w + 16) of the tile: it computes S^T = K Q^T for its keys (keys are the M dimension,
@@ -16,9 +18,10 @@
 #include <algorithm>
 
 #include "core/cuda/check.h"
+#include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/backward.h"
-#include "kernels/cuda/attention/prefill_kernel.cuh"
+#include "kernels/cuda/attention/prefill_wgmma.cuh"
 #include "kernels/cuda/attention/tiles.cuh"
 
 namespace llmk::cuda {
@@ -31,7 +34,8 @@ constexpr int kBwdThreads = kBwdWarps * kWarp;
 constexpr int kBwdBN = 16 * kBwdWarps;  // keys per block: 16 per warp
 constexpr int kBwdBM = 16 * kBwdWarps;  // queries per step: 16 per warp in dQ = dS K
 
-// The workspace: dQ's fp32 accumulator [T, Hq, D], then lse2 and delta, [Hq, T] each.
+// The workspace: dQ's fp32 accumulator [Hq, T, D] (a query tile of one head is one contiguous
+// block, for the bulk reductions of the wgmma kernel), then lse2 and delta, [Hq, T] each.
 struct BwdWs {
   float* dq_acc;
   float* lse2;
@@ -60,25 +64,47 @@ __device__ __forceinline__ T16 from_f32(float x) {
   }
 }
 
-// One warp per (query row, head): delta = dO . O - dlse, lse2, and dQ's accumulator zeroed.
+// 8 consecutive 16-bit values (16-byte aligned) <-> floats, in one 16-byte access.
+template <class T16>
+__device__ __forceinline__ void load8(const T16* p, float (&f)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T16* h = reinterpret_cast<const T16*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = to_f32(h[e]);
+}
+template <class T16>
+__device__ __forceinline__ void store8(T16* p, const float (&f)[8]) {
+  uint4 raw;
+  T16* h = reinterpret_cast<T16*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) h[e] = from_f32<T16>(f[e]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// 16 lanes per (query row, head), 8 elements (16 bytes) each (head dims up to 128): delta = dO .
+// O - dlse, lse2, and dQ's accumulator row zeroed.
+constexpr int kRowLanes = 16;
 template <class T16>
 __global__ void bwd_rows_kernel(const AttentionBwdArgs a, BwdWs ws) {
-  const int64_t item =
-      static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  if (item >= static_cast<int64_t>(a.T) * a.Hq) return;
-  const int lane = threadIdx.x % kWarp;
-  const int64_t t = item / a.Hq;
-  const int h = static_cast<int>(item % a.Hq);
-  const T16* o = static_cast<const T16*>(a.out) + t * a.out_t + h * a.out_h;
-  const T16* d = static_cast<const T16*>(a.dout) + t * a.dout_t + h * a.dout_h;
-  float* acc = ws.dq_acc + (t * a.Hq + h) * a.D;
+  const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kRowLanes;
+  const int c = static_cast<int>(threadIdx.x % kRowLanes);
+  const bool live = item < static_cast<int64_t>(a.T) * a.Hq;  // whole half-warps: no exit yet
+  const int64_t t = live ? item / a.Hq : 0;
+  const int h = live ? static_cast<int>(item % a.Hq) : 0;
   float dot = 0.0f;
-  for (int j = lane; j < a.D; j += kWarp) {
-    dot += to_f32(o[j]) * to_f32(d[j]);
-    acc[j] = 0.0f;
+  if (live && c * 8 < a.D) {
+    float o[8], d[8];
+    load8(static_cast<const T16*>(a.out) + t * a.out_t + h * a.out_h + c * 8, o);
+    load8(static_cast<const T16*>(a.dout) + t * a.dout_t + h * a.dout_h + c * 8, d);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dot += o[e] * d[e];
+    float4* acc =
+        reinterpret_cast<float4*>(ws.dq_acc + (static_cast<int64_t>(h) * a.T + t) * a.D + c * 8);
+    acc[0] = acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  dot = warp_sum(dot);
-  if (lane == 0) {
+#pragma unroll
+  for (int o = kRowLanes / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  if (live && c == 0) {
     const int64_t i = static_cast<int64_t>(h) * a.T + t;
     const float lse = a.lse[i];
     ws.lse2[i] = isinf(lse) ? INFINITY : lse * kLog2e;
@@ -86,16 +112,122 @@ __global__ void bwd_rows_kernel(const AttentionBwdArgs a, BwdWs ws) {
   }
 }
 
-// dq = the accumulator rounded to 16 bits, over [T, Hq, D].
+// dq = the accumulator ([Hq, T, D]) rounded to 16 bits: one thread per 8 elements.
 template <class T16>
 __global__ void bwd_dq_kernel(const AttentionBwdArgs a, const float* acc) {
-  const int64_t n = static_cast<int64_t>(a.T) * a.Hq * a.D;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = e / a.D;
-    const int64_t t = row / a.Hq, h = row % a.Hq, d = e % a.D;
-    static_cast<T16*>(a.dq)[t * a.dq_t + h * a.dq_h + d] = from_f32<T16>(acc[e]);
+  const int per_row = a.D / 8;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= static_cast<int64_t>(a.T) * a.Hq * per_row) return;
+  const int64_t row = g / per_row;  // h * T + t
+  const int c = static_cast<int>(g % per_row);
+  const int64_t h = row / a.T, t = row % a.T;
+  const float4* src = reinterpret_cast<const float4*>(acc + row * a.D + c * 8);
+  const float4 x = src[0], y = src[1];
+  const float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+  store8(static_cast<T16*>(a.dq) + t * a.dq_t + h * a.dq_h + c * 8, v);
+}
+
+// Where one block's keys sit in its sequence, for the masks.
+struct BwdSeq {
+  int tk, tq;       // keys and queries of the sequence
+  int off;          // query i sits at key position i + off
+  int right, left;  // the window (-1: unbounded); causal: right = 0
+};
+
+// One block's work: keys [n0, n0 + 64) of KV head hk of sequence blockIdx.y (blockIdx.x the
+// key tile), and the queries [i_lo, i_hi) that see some of them.
+struct BwdBlock {
+  int hk, k0, q0, n0, i_lo, i_hi;
+  BwdSeq sq;
+};
+__device__ __forceinline__ BwdBlock bwd_block(const AttentionBwdArgs& a) {
+  BwdBlock bb;
+  const int b = blockIdx.y;
+  bb.hk = blockIdx.z;
+  bb.k0 = a.cu_k[b];
+  bb.q0 = a.cu_q[b];
+  const int tk = a.cu_k[b + 1] - bb.k0, tq = a.cu_q[b + 1] - bb.q0;
+  bb.n0 = static_cast<int>(blockIdx.x) * kBwdBN;
+  bb.sq = {tk, tq, tk - tq, a.causal ? 0 : a.window_right, a.window_left};
+  bb.i_lo = 0;
+  bb.i_hi = tq;
+  if (bb.sq.right >= 0) bb.i_lo = max(0, bb.n0 - bb.sq.off - bb.sq.right);
+  if (bb.sq.left >= 0) bb.i_hi = min(tq, bb.n0 + kBwdBN - bb.sq.off + bb.sq.left);
+  return bb;
+}
+
+// Whether every key of [n0, n0 + 64) is seen by every query of [i0, i0 + 64): no mask needed.
+__device__ __forceinline__ bool step_unmasked(const BwdSeq& sq, int n0, int i0) {
+  return n0 + kBwdBN <= sq.tk && i0 + kBwdBM <= sq.tq &&
+         (sq.right < 0 || n0 + kBwdBN - 1 <= i0 + sq.off + sq.right) &&
+         (sq.left < 0 || n0 >= i0 + kBwdBM - 1 + sq.off - sq.left);
+}
+
+// P^T over S^T in place (this thread's fragments of 16 keys x kNT * 8 queries, the m16n8 C
+// layout: keys key_base + 8 (x / 2), queries i0 + 8 j + 2 (lane % 4) + x % 2): exp2 of the
+// log2-domain score less the row's lse2; with kMask, 0 where the key is not seen (masks, the
+// ends of the keys and of the queries).
+template <bool kMask, int kNT>
+__device__ __forceinline__ void probs_t(float (&st)[kNT][4], const AttentionBwdArgs& a,
+                                        const BwdSeq& sq, int key_base, int i0,
+                                        const float* s_lse) {
+  const int lane = threadIdx.x % kWarp;
+  const bool capped = a.softcap > 0.0f;
+  const float mul = a.scale * kLog2e;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int col = j * 8 + (lane % 4) * 2 + (x % 2);
+      float s2;  // the score in the log2 domain
+      if (capped) {
+        s2 = a.softcap * tanhf(st[j][x] * a.scale / a.softcap) * kLog2e;
+      } else {
+        s2 = st[j][x] * mul;
+      }
+      float p = prefill_detail::fast_exp2(s2 - s_lse[col]);
+      if constexpr (kMask) {
+        const int key = key_base + (x / 2) * 8;
+        const int pos = i0 + col + sq.off;
+        const bool seen = key < sq.tk && i0 + col < sq.tq &&
+                          (sq.right < 0 || key <= pos + sq.right) &&
+                          (sq.left < 0 || key >= pos - sq.left);
+        p = seen ? p : 0.0f;
+      }
+      st[j][x] = p;
+    }
+}
+template <int kNT>
+__device__ __forceinline__ void probs_t(float (&st)[kNT][4], const AttentionBwdArgs& a,
+                                        const BwdSeq& sq, int n0, int key_base, int i0,
+                                        const float* s_lse) {
+  if (step_unmasked(sq, n0, i0)) {
+    probs_t<false>(st, a, sq, key_base, i0, s_lse);
+  } else {
+    probs_t<true>(st, a, sq, key_base, i0, s_lse);
   }
+}
+
+// dS^T = P^T (dP^T - delta) scale (x the cap's derivative), into dp, same layout.
+template <int kNT>
+__device__ __forceinline__ void dscores_t(float (&dp)[kNT][4], const float (&st)[kNT][4],
+                                          const AttentionBwdArgs& a, const float* s_lse,
+                                          const float* s_delta) {
+  const int lane = threadIdx.x % kWarp;
+  const bool capped = a.softcap > 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int col = j * 8 + (lane % 4) * 2 + (x % 2);
+      const float pv = st[j][x];
+      float ds = pv * (dp[j][x] - s_delta[col]) * a.scale;
+      if (capped && pv > 0.0f) {
+        const float s = (__log2f(pv) + s_lse[col]) * 0.69314718055994531f / a.softcap;
+        ds *= 1.0f - s * s;
+      }
+      dp[j][x] = ds;
+    }
 }
 
 template <int kD>
@@ -120,20 +252,13 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   float* s_lse = reinterpret_cast<float*>(smem_raw + (2 * kBN + 2 * kBM) * kP * 2 + kBN * kPS * 2);
   float* s_delta = s_lse + kBM;
 
-  const int b = blockIdx.y, hk = blockIdx.z;
-  const int k0 = a.cu_k[b], tk = a.cu_k[b + 1] - k0;
-  const int q0 = a.cu_q[b], tq = a.cu_q[b + 1] - q0;
-  const int n0 = static_cast<int>(blockIdx.x) * kBN;
-  if (n0 >= tk) return;
-  const int off = tk - tq;  // query i sits at key position i + off
-  const int right = a.causal ? 0 : a.window_right, left = a.window_left;
-  // The queries that see some key of [n0, n0 + kBN).
-  int i_lo = 0, i_hi = tq;
-  if (right >= 0) i_lo = max(0, n0 - off - right);
-  if (left >= 0) i_hi = min(tq, n0 + kBN - off + left);
+  const BwdBlock bb = bwd_block(a);
+  if (bb.n0 >= bb.sq.tk) return;
+  const int hk = bb.hk, k0 = bb.k0, q0 = bb.q0, n0 = bb.n0, tk = bb.sq.tk, tq = bb.sq.tq;
+  const int i_lo = bb.i_lo, i_hi = bb.i_hi;
+  const BwdSeq& sc = bb.sq;
   const int group = a.Hq / a.Hkv;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const bool capped = a.softcap > 0.0f;
 
   const uint16_t* k_base =
       static_cast<const uint16_t*>(a.k) + static_cast<int64_t>(k0 + n0) * a.k_t + hk * a.k_h;
@@ -201,20 +326,8 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
         }
       }
       // P^T, 0 where a key is not seen (masks, the ends of the keys and of the queries).
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int key = key_base + (x / 2) * 8;
-          const int col = j * 8 + (lane % 4) * 2 + (x % 2);
-          const int p = i0 + col + off;
-          const bool seen = key < tk && i0 + col < tq && (right < 0 || key <= p + right) &&
-                            (left < 0 || key >= p - left);
-          float s = st[j][x] * a.scale;
-          if (capped) s = a.softcap * tanhf(s / a.softcap);
-          st[j][x] = seen ? exp2f(s * kLog2e - s_lse[col]) : 0.0f;
-        }
-        // dV += P^T dO.
+      probs_t(st, a, sc, n0, key_base, i0, s_lse);
+      // dV += P^T dO.
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
         uint32_t pa[4];
@@ -244,20 +357,8 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
         }
       }
       // dS^T = P^T (dP^T - delta) scale (x the cap's derivative), into dp.
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int col = j * 8 + (lane % 4) * 2 + (x % 2);
-          const float pv = st[j][x];
-          float ds = pv * (dp[j][x] - s_delta[col]) * a.scale;
-          if (capped && pv > 0.0f) {
-            const float s = (__log2f(pv) + s_lse[col]) * 0.69314718055994531f / a.softcap;
-            ds *= 1.0f - s * s;
-          }
-          dp[j][x] = ds;
-        }
-        // dK += dS^T Q.
+      dscores_t(dp, st, a, s_lse, s_delta);
+      // dK += dS^T Q.
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
         uint32_t sa[4];
@@ -301,7 +402,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
       for (int r = 0; r < 2; ++r) {
         const int i = i0 + warp * 16 + lane / 4 + 8 * r;
         if (i >= tq) continue;
-        float* dst = ws.dq_acc + (static_cast<int64_t>(q0 + i) * a.Hq + h) * kD + (lane % 4) * 2;
+        float* dst = ws.dq_acc + (static_cast<int64_t>(h) * a.T + q0 + i) * kD + (lane % 4) * 2;
 #pragma unroll
         for (int dn = 0; dn < kDT; ++dn) {
           atomicAdd(reinterpret_cast<float2*>(dst + dn * 8),
@@ -329,18 +430,256 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   }
 }
 
+// The Hopper build of the main kernel (sm_90a): the same blocks, order and elementwise steps,
+// the five products on warpgroup MMA. The block's one warpgroup holds its 64 keys as the M rows
+// of S^T and dP^T (warp w: keys [16 w, 16 w + 16), the mma.sync kernel's layout), so P^T and
+// dS^T are register A operands of dV += P^T dO and dK += dS^T Q. K, V, Q and dO tiles sit in
+// shared memory in the 128-byte-swizzle panel layout of prefill_wgmma.cuh, which serves a tile
+// both as a K-major operand (S^T = K Q^T, dP^T = V dO^T) and as an N-major one (dO, Q, and K in
+// dQ = dS K); dS^T goes through shared memory as dQ's M-major A operand. Q, dO and the rows'
+// lse2 and delta are double-buffered: step s + 1's copies land during step s.
+template <int kD>
+struct BwdWgCfg {
+  static constexpr int kPanelCols = (kD + 63) / 64 * 64;
+  static constexpr uint32_t kTile = 64 * kPanelCols * 2;  // one [64][kD] tile in panels
+  static constexpr uint32_t kSTile = 64 * 64 * 2;         // dS^T [64 keys][64 queries]
+  // K, V, 2 x (Q, dO), dS^T, 2 x (lse2, delta) [64] floats; + 1024: re-alignment.
+  static constexpr size_t kSmemBytes = 6 * kTile + kSTile + 2 * 2 * 64 * 4 + 1024;
+};
+
+// Keeps fragment registers a wgmma still reads from being reused before its wait.
+template <int N>
+__device__ __forceinline__ void hold(const uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) asm volatile("" ::"r"(r[i][x]) : "memory");
+}
+
+template <int kD, class T16>
+__global__ void __launch_bounds__(kBwdThreads, 2)
+    bwd_wgmma_kernel(const AttentionBwdArgs a, BwdWs ws) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma exists on sm_90a only; the host launches this kernel on sm_90 devices only
+#else
+  using E = MmaElem<T16>;
+  using C = BwdWgCfg<kD>;
+  using wgmma_detail::load_swizzled;
+  constexpr int kBN = kBwdBN, kBM = kBwdBM;
+  constexpr int kNT = kBM / 8;  // n-tiles of 8 over a step's queries
+  constexpr uint32_t kTile = C::kTile;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t sK = (raw + 1023u) & ~1023u, sV = sK + kTile, sQ0 = sV + kTile;
+  const uint32_t sS = sQ0 + 4 * kTile, sRows = sS + C::kSTile;
+  const float* rows_f = reinterpret_cast<const float*>(smem_raw + (sRows - raw));
+
+  const BwdBlock bb = bwd_block(a);
+  if (bb.n0 >= bb.sq.tk) return;
+  const int hk = bb.hk, q0 = bb.q0, n0 = bb.n0, tk = bb.sq.tk, tq = bb.sq.tq;
+  const int group = a.Hq / a.Hkv;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+
+  const uint16_t* k_base =
+      static_cast<const uint16_t*>(a.k) + static_cast<int64_t>(bb.k0 + n0) * a.k_t + hk * a.k_h;
+  const uint16_t* v_base =
+      static_cast<const uint16_t*>(a.v) + static_cast<int64_t>(bb.k0 + n0) * a.v_t + hk * a.v_h;
+  load_swizzled<kBN, kD, kBwdThreads>(sK, k_base, a.k_t, tk - n0);
+  load_swizzled<kBN, kD, kBwdThreads>(sV, v_base, a.v_t, tk - n0);
+
+  // Steps: (query head g of the group, query tile i0 of [i_lo, i_hi)), head by head.
+  const int per_head = bb.i_hi > bb.i_lo ? (bb.i_hi - bb.i_lo + kBM - 1) / kBM : 0;
+  const int n_steps = per_head * group;
+  auto load_step = [&](int s) {
+    if (s >= n_steps) return;
+    const int buf = s & 1, h = hk * group + s / per_head;
+    const int i0 = bb.i_lo + (s % per_head) * kBM, rows = min(kBM, tq - i0);
+    const uint32_t sQ = sQ0 + buf * 2 * kTile;
+    load_swizzled<kBM, kD, kBwdThreads>(
+        sQ, static_cast<const uint16_t*>(a.q) + static_cast<int64_t>(q0 + i0) * a.q_t + h * a.q_h,
+        a.q_t, rows);
+    load_swizzled<kBM, kD, kBwdThreads>(sQ + kTile,
+                                        static_cast<const uint16_t*>(a.dout) +
+                                            static_cast<int64_t>(q0 + i0) * a.dout_t + h * a.dout_h,
+                                        a.dout_t, rows);
+    // Threads 0-63: lse2 of row t; 64-127: delta of row t - 64.
+    const int t = threadIdx.x % kBM;
+    const float* src = (threadIdx.x < kBM ? ws.lse2 : ws.delta) + static_cast<int64_t>(h) * a.T +
+                       q0 + min(i0 + t, tq - 1);
+    cp_async_4_at(sRows + ((buf * 2 + threadIdx.x / kBM) * kBM + t) * 4, src, i0 + t < tq);
+  };
+  load_step(0);
+  cp_async_commit();
+
+  float dk[kD / 2], dv[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+  // This thread's keys within the tile: warp * 16 + lane / 4 + 8 r.
+  const int key_base = n0 + warp * 16 + lane / 4;
+
+  for (int s = 0; s < n_steps; ++s) {
+    const int buf = s & 1, h = hk * group + s / per_head;
+    const int i0 = bb.i_lo + (s % per_head) * kBM;
+    const uint32_t sQ = sQ0 + buf * 2 * kTile, sdO = sQ + kTile;
+    const float* s_lse = rows_f + buf * 2 * kBM;
+    const float* s_delta = s_lse + kBM;
+    // Step s - 1's dQ reduction has read its staging (the buffers load_step(s + 1) takes).
+    if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    __syncthreads();  // step s's tiles landed and are visible to wgmma; step s - 1 is done
+    load_step(s + 1);
+    cp_async_commit();
+
+    // S^T = K Q^T and dP^T = V dO^T: K-major A and B, 16-column steps inside 64-column panels.
+    float st[kBM / 2], dp[kBM / 2];
+    auto keys_by_queries = [](float(&acc)[kBM / 2], uint32_t a_tile, uint32_t b_tile) {
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t col = (kk / 4) * (64 * 128) + (kk % 4) * 32;
+        wgmma_ss<T16, kBM>(acc, wgmma_desc_sw128(a_tile + col, 16, 1024),
+                           wgmma_desc_sw128(b_tile + col, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+    };
+    wgmma_fence();
+    keys_by_queries(st, sK, sQ);
+    keys_by_queries(dp, sV, sdO);
+    wgmma_fence_operand(st);
+    wgmma_fence_operand(dp);
+    wgmma_wait<0>();
+    wgmma_fence_operand(st);
+    wgmma_fence_operand(dp);
+
+    auto& st4 = *reinterpret_cast<float(*)[kNT][4]>(&st[0]);
+    auto& dp4 = *reinterpret_cast<float(*)[kNT][4]>(&dp[0]);
+    probs_t(st4, a, bb.sq, n0, key_base, i0, s_lse);
+    dscores_t(dp4, st4, a, s_lse, s_delta);
+    uint32_t pa[kBM / 16][4], sa[kBM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      prefill_detail::p_fragment<E>(pa[kk], *reinterpret_cast<const float(*)[1][kNT][4]>(&st[0]), 0,
+                                    kk);
+      prefill_detail::p_fragment<E>(sa[kk], *reinterpret_cast<const float(*)[1][kNT][4]>(&dp[0]), 0,
+                                    kk);
+    }
+    // dV += P^T dO, dK += dS^T Q: B N-major, LBO = one 64-column panel, SBO = 8 queries.
+    wgmma_fence_operand(dv);
+    wgmma_fence_operand(dk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_rs<T16, kD>(dv, pa[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, kBM * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_rs<T16, kD>(dk, sa[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, kBM * 128, 1024));
+    wgmma_commit();
+    // dS^T to shared memory, [key][query] in the swizzled layout: the 16-byte chunk c of key
+    // row r at chunk c ^ (r % 8).
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int r = warp * 16 + lane / 4 + 8 * (x % 2);
+        const int c = kk * 16 + 8 * (x / 2) + (lane % 4) * 2;  // query column (even)
+        const uint32_t at = sS + r * 128 + ((((c / 8) ^ (r % 8)) * 16) | ((c % 8) * 2));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(sa[kk][x]) : "memory");
+      }
+    fence_proxy_async_shared();
+    __syncthreads();  // dS^T complete and visible to wgmma
+    wgmma_wait<0>();
+    hold(pa);
+    hold(sa);
+    wgmma_fence_operand(dv);
+    wgmma_fence_operand(dk);
+
+    // dQ (the step's 64 query rows) = dS K: A = dS^T M-major, B = K N-major.
+    float dq[kD / 2];
+    __syncthreads();  // every warp is done with this step's Q and dO (the dQ staging below)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      wgmma_sstt<T16, kD>(dq, wgmma_desc_sw128(sS + kk * 16 * 128, 64 * 128, 1024),
+                          wgmma_desc_sw128(sK + kk * 16 * 128, kBN * 128, 1024), kk > 0);
+    wgmma_commit();
+    wgmma_fence_operand(dq);
+    wgmma_wait<0>();
+    wgmma_fence_operand(dq);
+    // The step's dQ, fp32 [64][kD], staged in its Q and dO buffers (free: dK and dV are done
+    // with them, the next step's copies go to the other buffers) and added to the accumulator
+    // by one bulk reduction (the copy engine's fp32 add in L2) instead of per-element atomics.
+    const uint32_t sDq = sQ;
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * 16 + lane / 4 + 8 * r, col = dn * 8 + (lane % 4) * 2;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sDq + (row * kD + col) * 4),
+                     "f"(dq[4 * dn + 2 * r]), "f"(dq[4 * dn + 2 * r + 1])
+                     : "memory");
+      }
+    fence_proxy_async_shared();
+    __syncthreads();  // the tile is complete and visible to the copy engine
+    if (threadIdx.x == 0) {
+      const int rows = min(kBM, tq - i0);
+      float* dst = ws.dq_acc + (static_cast<int64_t>(h) * a.T + q0 + i0) * kD;
+      asm volatile(
+          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+          "r"(sDq), "r"(rows * kD * 4)
+          : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    }
+  }
+  if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  cp_async_wait<0>();  // a block whose keys no query sees has only its K/V copies in flight
+
+  // dK and dV of the warp's keys.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_base + 8 * r;
+    if (key >= tk) continue;
+    T16* dkr = static_cast<T16*>(a.dk) + static_cast<int64_t>(bb.k0 + key) * a.dk_t + hk * a.dk_h +
+               (lane % 4) * 2;
+    T16* dvr = static_cast<T16*>(a.dv) + static_cast<int64_t>(bb.k0 + key) * a.dv_t + hk * a.dv_h +
+               (lane % 4) * 2;
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn) {
+      *reinterpret_cast<uint32_t*>(dkr + dn * 8) =
+          E::pack(dk[4 * dn + 2 * r], dk[4 * dn + 2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dvr + dn * 8) =
+          E::pack(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]);
+    }
+  }
+#endif
+}
+
+// The main kernel: the wgmma build on sm_90 devices unless the mma.sync kernels are asked for
+// (set_prefill_kernel, which picks the backward's build too), else the mma.sync build.
 template <int kD, class T16>
 void launch_bwd(const AttentionBwdArgs& a, BwdWs ws) {
-  constexpr auto kernel = bwd_main_kernel<kD, T16>;
-  static const bool smem_raised = [] {
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(BwdCfg<kD>::kSmemBytes)));
-    return true;
-  }();
-  (void)smem_raised;
+  const bool wgmma =
+      cuda::prefill_kernel() == PrefillKernel::kAuto && device_info().compute_capability() == 90;
   const dim3 grid(static_cast<unsigned>(ceil_div(a.max_tk, kBwdBN)), static_cast<unsigned>(a.B),
                   static_cast<unsigned>(a.Hkv));
-  kernel<<<grid, kBwdThreads, BwdCfg<kD>::kSmemBytes, current_stream()>>>(a, ws);
+  if (wgmma) {
+    constexpr auto kernel = bwd_wgmma_kernel<kD, T16>;
+    static const bool raised = [] {
+      LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(BwdWgCfg<kD>::kSmemBytes)));
+      return true;
+    }();
+    (void)raised;
+    kernel<<<grid, kBwdThreads, BwdWgCfg<kD>::kSmemBytes, current_stream()>>>(a, ws);
+  } else {
+    constexpr auto kernel = bwd_main_kernel<kD, T16>;
+    static const bool raised = [] {
+      LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(BwdCfg<kD>::kSmemBytes)));
+      return true;
+    }();
+    (void)raised;
+    kernel<<<grid, kBwdThreads, BwdCfg<kD>::kSmemBytes, current_stream()>>>(a, ws);
+  }
   check_launch("attention backward");
 }
 
@@ -351,9 +690,9 @@ bool run_bwd(const AttentionBwdArgs& a) {
   const BwdWs ws = bwd_ws(a.workspace, a.T, a.Hq, a.D);
   const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
   if (rows > 0) {
-    constexpr int kRowsPerBlock = 8;
-    bwd_rows_kernel<T16><<<static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)),
-                           kRowsPerBlock * kWarp, 0, current_stream()>>>(a, ws);
+    constexpr int kThreads = 256;
+    bwd_rows_kernel<T16><<<static_cast<unsigned>(ceil_div(rows * kRowLanes, kThreads)), kThreads, 0,
+                           current_stream()>>>(a, ws);
     check_launch("attention backward rows");
   }
   if (a.max_tk > 0) {
@@ -378,9 +717,9 @@ bool run_bwd(const AttentionBwdArgs& a) {
     }
   }
   if (rows > 0) {
-    const int64_t n = rows * a.D;
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 65536));
-    bwd_dq_kernel<T16><<<blocks, 256, 0, current_stream()>>>(a, ws.dq_acc);
+    const int64_t n = rows * (a.D / 8);
+    bwd_dq_kernel<T16>
+        <<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, current_stream()>>>(a, ws.dq_acc);
     check_launch("attention backward dq");
   }
   return true;

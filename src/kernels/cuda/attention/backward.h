@@ -6,7 +6,9 @@
 // one block per (key tile, KV head, sequence) keeps its K and V tiles and its dK and dV
 // accumulators while it walks the query tiles that see it, for every query head of the KV group
 // in turn, so dK and dV need no atomics and are summed over the group in a fixed order; dQ is
-// added to the fp32 accumulator with atomics), and a pass that rounds dQ to 16 bits.
+// added to the fp32 accumulator, by one bulk reduction per step on Hopper, by atomics in the
+// mma.sync build), and a pass that rounds dQ to 16 bits. dQ's sums thus run in no fixed order:
+// its last bits may differ from run to run.
 #pragma once
 
 #include <cstddef>

@@ -44,6 +44,11 @@ __device__ __forceinline__ void cp_async_16_policy(void* dst, const void* src, b
       "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
       "l"(src), "r"(valid ? 16 : 0), "l"(policy));
 }
+// 4 bytes global -> shared, as cp_async_16_at (through L1; 4-byte aligned addresses).
+__device__ __forceinline__ void cp_async_4_at(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `pending` of this thread's committed groups are still in flight.
 template <int pending>

@@ -20,6 +20,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -348,6 +349,68 @@ TEST_P(AttentionDecodeGpu, ForcedSplits) {
            seed++);
   run_case({.seqs = {{9000, 1}}, .softcap = 20.0f, .split = 4}, seed++);
   run_case({.seqs = {{9000, 1}, {127, 4}}, .Hq = 8, .Hkv = 8, .D = 96, .split = 5}, seed++);
+}
+
+// Two threads, each on a stream of its own, run a split decode at once over the same keys with
+// queries of their own: each stream has its own arrival counters and partials, so each gives the
+// bits it gives alone (shared ones would let one launch's blocks count and combine the other's
+// partials).
+TEST(AttentionDecodeStreams, SplitsRunningAtOnceGiveOneStreamsBits) {
+  cuda::init();
+  constexpr int Hq = 8, Hkv = 2, D = 128, L = 4096;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto values = [&](size_t n) {
+    std::vector<uint16_t> v(n);
+    for (uint16_t& x : v) x = float_to_bf16(u(rng));
+    return v;
+  };
+  const DeviceBuf<uint16_t> k(values(size_t{L} * Hkv * D)), v(values(size_t{L} * Hkv * D));
+  const DeviceBuf<uint16_t> q[2] = {DeviceBuf<uint16_t>(values(size_t{Hq} * D)),
+                                    DeviceBuf<uint16_t>(values(size_t{Hq} * D))};
+  const DeviceBuf<int32_t> pos(std::vector<int32_t>{L - 1});
+  const std::vector<uint16_t> poison(size_t{Hq} * D, kBf16NaN);
+  DeviceBuf<uint16_t> outs[2] = {DeviceBuf<uint16_t>(poison), DeviceBuf<uint16_t>(poison)};
+  auto args = [&](int i) {
+    cuda::AttentionArgs a;
+    a.out = reinterpret_cast<__nv_bfloat16*>(outs[i].p);
+    a.out_t = a.q_t = int64_t{Hq} * D;
+    a.out_h = a.q_h = D;
+    a.q = reinterpret_cast<const __nv_bfloat16*>(q[i].p);
+    a.k = reinterpret_cast<const __nv_bfloat16*>(k.p);
+    a.v = reinterpret_cast<const __nv_bfloat16*>(v.p);
+    a.k_t = a.v_t = int64_t{Hkv} * D;
+    a.k_h = a.v_h = D;
+    a.T = 1;
+    a.Hq = Hq;
+    a.Hkv = Hkv;
+    a.D = D;
+    a.L = L;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.positions = pos.p;
+    a.decode_split = 16;
+    return a;
+  };
+  std::vector<uint16_t> want[2];
+  for (int i = 0; i < 2; ++i) {
+    cuda::attention_decode(args(i));
+    cuda::synchronize();
+    want[i] = outs[i].download();
+  }
+  ASSERT_NE(want[0], want[1]) << "the two queries must give different outputs";
+  cudaStream_t streams[2];
+  for (cudaStream_t& st : streams)
+    LLMK_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  auto work = [&](int i) {
+    cuda::StreamGuard guard(streams[i]);
+    for (int r = 0; r < 200; ++r) cuda::attention_decode(args(i));
+    LLMK_CUDA_CHECK(cudaStreamSynchronize(streams[i]));
+  };
+  std::thread other(work, 1);
+  work(0);
+  other.join();
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(outs[i].download(), want[i]) << "stream " << i;
+  for (cudaStream_t st : streams) LLMK_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 // Caches laid out head-major ([Hkv][rows][D]: the TMA build's [dim, row, head] tensor map),

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -127,16 +128,19 @@ int decode_split(const AttentionArgs& a, const attn::DecodePlan& p) {
 }
 
 // Split workspaces (the arrival counters, zeroed once; the partial results): grow-only, one
-// each per process. Buffers are never freed, so a captured graph keeps valid pointers after a
+// each per stream. Buffers are never freed, so a captured graph keeps valid pointers after a
 // later launch needed a larger one. Launches on one stream use them in turn (every counter is
-// back at zero when its launch ends).
+// back at zero when its launch ends); launches on different streams, which may run at once, get
+// buffers of their own. (A graph replays with the buffers of the stream it was captured on.)
 class GrowOnlyBuffer {
  public:
   void* get(size_t need, const char* what) {
+    const cudaStream_t stream = current_stream();
     std::lock_guard<std::mutex> lock(mu_);
-    if (need <= bytes_) return buffers_.back();
+    Entry& e = per_stream_[stream];
+    if (need <= e.bytes) return e.buffers.back();
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    LLMK_CUDA_CHECK(cudaStreamIsCapturing(current_stream(), &capturing));
+    LLMK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
     LLMK_CHECK(capturing == cudaStreamCaptureStatusNone,
                "attention decode: the {} workspace must grow to {} bytes while the stream is "
                "being captured; run the same step once outside the capture first",
@@ -144,16 +148,19 @@ class GrowOnlyBuffer {
     const size_t bytes = std::max<size_t>(need * 2, size_t{1} << 20);
     void* p = nullptr;
     LLMK_CUDA_CHECK(cudaMalloc(&p, bytes));
-    LLMK_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
-    buffers_.push_back(p);
-    bytes_ = bytes;
+    LLMK_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+    e.buffers.push_back(p);
+    e.bytes = bytes;
     return p;
   }
 
  private:
+  struct Entry {
+    std::vector<void*> buffers;
+    size_t bytes = 0;
+  };
   std::mutex mu_;
-  std::vector<void*> buffers_;
-  size_t bytes_ = 0;
+  std::unordered_map<cudaStream_t, Entry> per_stream_;
 };
 
 // Whether the TMA build can read `a`'s cache (DecodeLoader): an sm_90+ device; pages that are

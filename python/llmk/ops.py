@@ -31,6 +31,7 @@ __all__ = [
     "swiglu",
     "geglu",
     "linear_act",
+    "pairwise_cosine_diversity",
     "stats",
     "reset_stats",
 ]
@@ -744,6 +745,67 @@ def linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
            f"llmk.ops.linear_act: bias is {None if bias is None else tuple(bias.shape)}, "
            f"expected ({weight.shape[0]},)")
     return _linear_act(x, weight, bias, act)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Diversity
+
+
+@_op("cosine_diversity")
+def _cosine_diversity(x: Tensor, rows: bool) -> Tensor:
+    out = x.new_empty(x.shape[0] if rows else 1)
+    _C.cosine_diversity_forward(out, _c(x), rows)
+    return out
+
+
+@_cosine_diversity.register_fake
+def _(x, rows):
+    return x.new_empty(x.shape[0] if rows else 1)
+
+
+@_op("cosine_diversity_backward")
+def _cosine_diversity_backward(dout: Tensor, x: Tensor, rows: bool) -> Tensor:
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _C.cosine_diversity_backward(dx, _c(dout), _c(x), rows)
+    return dx
+
+
+@_cosine_diversity_backward.register_fake
+def _(dout, x, rows):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _cosine_diversity_setup(ctx, inputs, output):
+    x, rows = inputs
+    ctx.save_for_backward(x)
+    ctx.rows = rows
+
+
+def _cosine_diversity_bwd(ctx, dout):
+    (x,) = ctx.saved_tensors
+    return _cosine_diversity_backward(dout, x, ctx.rows), None
+
+
+_cosine_diversity.register_autograd(_cosine_diversity_bwd, setup_context=_cosine_diversity_setup)
+
+
+def pairwise_cosine_diversity(embeddings: Tensor, reduction: str = "mean") -> Tensor:
+    """Pairwise cosine diversity of N embeddings [N, d] in O(N d), exact (the sum of the
+    normalised rows gives every pair's dot product in total): reduction "mean", a scalar, the
+    mean over ordered pairs i != j of 1 - cos(e_i, e_j); "rows", [N], each row's mean distance
+    to the others. A zero row has cosine 0 with every row (distance 1) and a zero gradient; with
+    fewer than two rows there are no pairs and the result is 0. Forward and backward; float32 or
+    float64 on the CPU (no CUDA kernel yet)."""
+    _check(reduction in ("mean", "rows"),
+           f"llmk.ops.pairwise_cosine_diversity: reduction = {reduction!r}; 'mean' or 'rows'")
+    _check_float("pairwise_cosine_diversity", embeddings=embeddings)
+    _check(embeddings.dim() == 2,
+           f"llmk.ops.pairwise_cosine_diversity: embeddings is {tuple(embeddings.shape)}; "
+           "[N, d] expected")
+    _check(not embeddings.is_cuda,
+           "llmk.ops.pairwise_cosine_diversity: CUDA tensors: no CUDA kernel yet; use CPU tensors")
+    out = _cosine_diversity(embeddings, reduction == "rows")
+    return out if reduction == "rows" else out.reshape(())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -72,9 +72,9 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
                              const Tensor& v, const Tensor& cu_q, const Tensor& cu_k,
                              const FlashParams& p);
 // dq, dk, dv from dout (and dlse, optional) given the forward's out and lse; dk and dv summed
-// over each group of query heads. CPU: deterministic. CUDA: dk and dv deterministic, dq summed
-// with fp32 atomics; workspace: flash_attention_backward_workspace(q) bytes of CUDA memory from
-// the caller (stream-ordered with the call).
+// over each group of query heads. CPU: deterministic. CUDA: dk and dv deterministic, dq's parts
+// added in fp32 in no fixed order; workspace: flash_attention_backward_workspace(q) bytes of CUDA
+// memory from the caller (stream-ordered with the call).
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor* dlse, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& cu_q,
@@ -90,6 +90,12 @@ void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, 
 // dy is not modified. CUDA (bf16, cuBLASLt): dz goes to dz_buffer, [M, N] bf16 from the caller.
 void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x,
                          const Tensor& w, const Tensor& z, Act act, Tensor* dz_buffer = nullptr);
+
+// Pairwise cosine diversity of x [N, d] (kernels/cpu/diversity.h), CPU only so far: out [1] (rows
+// false: the mean over ordered pairs i != j of 1 - cos) or [N] (rows: each row's mean over the
+// others); the backward gives dx from dout of out's shape. f32 or f64, x's rows contiguous.
+void cosine_diversity_forward(Tensor& out, const Tensor& x, bool rows);
+void cosine_diversity_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool rows);
 
 // Which kernel ran how often for these ops since the last reset (process-wide): one entry per
 // (op, kernel), with the reason when the kernel is a fallback.

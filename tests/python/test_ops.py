@@ -426,3 +426,82 @@ def test_stats_count_kernels():
     assert rows[("gated_forward", "cpu")]["reason"] == ""
     L.reset_stats()
     assert L.stats() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Pairwise cosine diversity
+
+
+def cosine_diversity_ref(x, rows, block=1024):
+    """The float64 reference over the materialised cosines (in blocks of rows): a zero row has
+    cosine 0 with every row."""
+    x = x.double()
+    n = x.shape[0]
+    norm = x.norm(dim=1, keepdim=True)
+    u = torch.where(norm > 0, x / torch.where(norm > 0, norm, 1.0), 0.0)
+    per_row = torch.empty(n, dtype=torch.float64)
+    for i0 in range(0, n, block):
+        c = u[i0:i0 + block] @ u.T  # [b, n]
+        c[torch.arange(c.shape[0]), torch.arange(i0, i0 + c.shape[0])] = 0.0  # drop i == j
+        per_row[i0:i0 + block] = (n - 1) - c.sum(1)  # sum over j != i of 1 - cos
+    if n < 2:
+        return torch.zeros(n) if rows else torch.zeros(())
+    return per_row / (n - 1) if rows else per_row.sum() / (n * (n - 1))
+
+
+@pytest.mark.parametrize("n,d", [(1, 5), (2, 3), (3, 1), (17, 64), (2003, 33), (10007, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pairwise_cosine_diversity_values(n, d, dtype):
+    x = rand(n, d, dtype=dtype, seed=n)
+    if n > 2:
+        x[1] = 0.0  # a zero row: distance 1 to every row
+    for reduction in ("mean", "rows"):
+        got = L.pairwise_cosine_diversity(x, reduction)
+        want = cosine_diversity_ref(x, reduction == "rows")
+        assert got.shape == want.shape and got.dtype == dtype
+        tol = 1e-12 if dtype == torch.float64 else 2e-6
+        assert (got.double() - want).abs().max().item() <= tol * max(1.0, want.abs().max().item())
+
+
+@pytest.mark.parametrize("reduction", ["mean", "rows"])
+def test_pairwise_cosine_diversity_gradients(reduction):
+    x = rand(37, 11, dtype=torch.float64, seed=3).requires_grad_()
+    weights = rand(37, dtype=torch.float64, seed=4)
+
+    def loss(fn, x):
+        out = fn(x)
+        return (out * weights).sum() if reduction == "rows" else out
+
+    g = torch.autograd.grad(loss(lambda t: L.pairwise_cosine_diversity(t, reduction), x), x)[0]
+    x64 = x.detach().clone().requires_grad_()
+    want = torch.autograd.grad(loss(lambda t: cosine_diversity_ref(t, reduction == "rows"), x64),
+                               x64)[0]
+    assert (g - want).abs().max().item() <= 1e-12 * max(1.0, want.abs().max().item())
+    assert torch.autograd.gradcheck(lambda t: L.pairwise_cosine_diversity(t, reduction),
+                                    (rand(6, 4, dtype=torch.float64, seed=5).requires_grad_(),))
+    # A zero row: a zero gradient there, the others' as without it (it adds distance 1 only).
+    z = x.detach().clone()
+    z[3] = 0.0
+    z.requires_grad_()
+    gz = torch.autograd.grad(L.pairwise_cosine_diversity(z, reduction).sum(), z)[0]
+    assert torch.isfinite(gz).all() and (gz[3] == 0).all()
+    # One row: no pairs, a zero value and gradient.
+    one = rand(1, 4, dtype=torch.float64, seed=6).requires_grad_()
+    out = L.pairwise_cosine_diversity(one, reduction)
+    assert (out == 0).all()
+    assert (torch.autograd.grad(out.sum(), one)[0] == 0).all()
+
+
+def test_pairwise_cosine_diversity_errors_and_compile():
+    with pytest.raises(llmk.Error, match="'mean' or 'rows'"):
+        L.pairwise_cosine_diversity(rand(3, 2), "sum")
+    with pytest.raises(llmk.Error, match=r"\[N, d\] expected"):
+        L.pairwise_cosine_diversity(rand(3, 2, 2))
+    with pytest.raises(llmk.Error, match="f32 or f64"):
+        L.pairwise_cosine_diversity(rand(3, 2).bfloat16())
+    x = rand(9, 5, seed=7).requires_grad_()
+    f = torch.compile(lambda t: L.pairwise_cosine_diversity(t, "rows").square().sum(),
+                      fullgraph=True, backend="aot_eager")
+    (g,) = torch.autograd.grad(f(x), x)
+    (want,) = torch.autograd.grad(L.pairwise_cosine_diversity(x, "rows").square().sum(), x)
+    assert torch.allclose(g, want)

@@ -604,11 +604,11 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     the CUDA backward adds dq's parts in no fixed order (its last bits may change from run to
     run), so deterministic=True with CUDA tensors that need gradients is an error.
     """
+    _check_float("flash_attn", q=q, k=k, v=v)
     if deterministic and q.is_cuda and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError(
             "llmk.ops.flash_attn: deterministic=True: the CUDA backward sums dq in no fixed "
             "order; there is no deterministic CUDA backward yet")
-    _check_float("flash_attn", q=q, k=k, v=v)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     nd = 3 if varlen else 4
     layout = "[total, heads, dim]" if varlen else "[batch, seq, heads, dim]"
@@ -754,7 +754,7 @@ def linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
 @_op("cosine_diversity")
 def _cosine_diversity(x: Tensor, rows: bool) -> Tensor:
     out = x.new_empty(x.shape[0] if rows else 1)
-    _C.cosine_diversity_forward(out, _c(x), rows)
+    _C.cosine_diversity_forward(out, _c(x), rows, _stream(x))
     return out
 
 
@@ -766,7 +766,7 @@ def _(x, rows):
 @_op("cosine_diversity_backward")
 def _cosine_diversity_backward(dout: Tensor, x: Tensor, rows: bool) -> Tensor:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _C.cosine_diversity_backward(dx, _c(dout), _c(x), rows)
+    _C.cosine_diversity_backward(dx, _c(dout), _c(x), rows, _stream(x))
     return dx
 
 

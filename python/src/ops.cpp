@@ -273,18 +273,20 @@ void register_ops(nb::module_& parent) {
       nb::arg("w"), nb::arg("z"), nb::arg("act"), nb::arg("dz_buffer").none(), nb::arg("stream"));
   m.def(
       "cosine_diversity_forward",
-      [](Array out, Array x, bool rows) {
+      [](Array out, Array x, bool rows, uintptr_t stream) {
         Tensor t = tensor_of(out, "out");
-        ops::cosine_diversity_forward(t, tensor_of(x, "x"), rows);
+        on_stream(stream, [&] { ops::cosine_diversity_forward(t, tensor_of(x, "x"), rows); });
       },
-      nb::arg("out"), nb::arg("x"), nb::arg("rows"));
+      nb::arg("out"), nb::arg("x"), nb::arg("rows"), nb::arg("stream"));
   m.def(
       "cosine_diversity_backward",
-      [](Array dx, Array dout, Array x, bool rows) {
+      [](Array dx, Array dout, Array x, bool rows, uintptr_t stream) {
         Tensor t = tensor_of(dx, "dx");
-        ops::cosine_diversity_backward(t, tensor_of(dout, "dout"), tensor_of(x, "x"), rows);
+        on_stream(stream, [&] {
+          ops::cosine_diversity_backward(t, tensor_of(dout, "dout"), tensor_of(x, "x"), rows);
+        });
       },
-      nb::arg("dx"), nb::arg("dout"), nb::arg("x"), nb::arg("rows"));
+      nb::arg("dx"), nb::arg("dout"), nb::arg("x"), nb::arg("rows"), nb::arg("stream"));
   m.def("stats", [] {
     std::vector<std::tuple<std::string, std::string, std::string, uint64_t>> out;
     for (const ops::KernelCount& c : ops::train_op_stats()) {

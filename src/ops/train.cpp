@@ -794,21 +794,17 @@ void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, c
   count(op, "cpu");
 }
 
-// ---- stats ----
+// ---- pairwise cosine diversity ----
 
 void cosine_diversity_forward(Tensor& out, const Tensor& x, bool rows) {
   constexpr std::string_view op = "cosine_diversity_forward";
   const DType dt = check_float_cpu(op, {{"x", &x}, {"out", &out}});
   require_ndim(op, "x", x, 2);
   const int64_t N = x.dim(0), d = x.dim(1);
-  if (rows) {
-    require_shape(op, "out", out, {N});
-  } else {
-    require_shape(op, "out", out, {1});
-  }
+  require_shape(op, "out", out, rows ? Shape{N} : Shape{1});
   require_disjoint(op, "out", out, "x", x);
   with_float(dt, [&]<class T>() {
-    cpu::grad::cosine_diversity_fwd(out.data<T>(), x.data<const T>(), N, d, d, rows);
+    cpu::grad::cosine_diversity_fwd(out.data<T>(), x.data<const T>(), N, d, rows);
   });
   count(op, "cpu");
 }
@@ -818,20 +814,18 @@ void cosine_diversity_backward(Tensor& dx, const Tensor& dout, const Tensor& x, 
   const DType dt = check_float_cpu(op, {{"x", &x}, {"dout", &dout}, {"dx", &dx}});
   require_ndim(op, "x", x, 2);
   const int64_t N = x.dim(0), d = x.dim(1);
-  if (rows) {
-    require_shape(op, "dout", dout, {N});
-  } else {
-    require_shape(op, "dout", dout, {1});
-  }
+  require_shape(op, "dout", dout, rows ? Shape{N} : Shape{1});
   require_shape(op, "dx", dx, x.shape());
   require_disjoint(op, "dx", dx, "x", x);
   require_disjoint(op, "dx", dx, "dout", dout);
   with_float(dt, [&]<class T>() {
-    cpu::grad::cosine_diversity_bwd(dx.data<T>(), dout.data<const T>(), x.data<const T>(), N, d, d,
+    cpu::grad::cosine_diversity_bwd(dx.data<T>(), dout.data<const T>(), x.data<const T>(), N, d,
                                     rows);
   });
   count(op, "cpu");
 }
+
+// ---- stats ----
 
 std::vector<KernelCount> train_op_stats() {
   Stats& s = stats();

@@ -34,10 +34,10 @@ std::vector<double> row_sum(int64_t N, int64_t d, F&& add) {
 // 1 / |x_i| per row (0 for a zero row) and S = sum_i x_i / |x_i|, in double.
 template <class T>
 void normalised_sum(std::vector<double>& inv, std::vector<double>& S, const T* x, int64_t N,
-                    int64_t d, int64_t ld) {
+                    int64_t d) {
   inv.assign(static_cast<size_t>(N), 0.0);
   S = row_sum(N, d, [&](int64_t i, double* p) {
-    const T* r = x + i * ld;
+    const T* r = x + i * d;
     double ss = 0.0;
     for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(r[j]) * r[j];
     const double s = ss > 0.0 ? 1.0 / std::sqrt(ss) : 0.0;
@@ -57,7 +57,7 @@ double dot_u(const T* r, double inv, const std::vector<double>& v, int64_t d) {
 }  // namespace
 
 template <class T>
-void cosine_diversity_fwd(T* out, const T* x, int64_t N, int64_t d, int64_t ld, bool rows) {
+void cosine_diversity_fwd(T* out, const T* x, int64_t N, int64_t d, bool rows) {
   if (N < 2) {
     if (rows) {
       for (int64_t i = 0; i < N; ++i) out[i] = T(0);
@@ -67,14 +67,14 @@ void cosine_diversity_fwd(T* out, const T* x, int64_t N, int64_t d, int64_t ld, 
     return;
   }
   std::vector<double> inv, S;
-  normalised_sum(inv, S, x, N, d, ld);
+  normalised_sum(inv, S, x, N, d);
   if (rows) {
     const double others = static_cast<double>(N - 1);
     cpu_pool().parallel_for(N, kBlock, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const double s = inv[static_cast<size_t>(i)];
         const double self = s > 0.0 ? 1.0 : 0.0;  // |u_i|^2
-        out[i] = static_cast<T>(1.0 - (dot_u(x + i * ld, s, S, d) - self) / others);
+        out[i] = static_cast<T>(1.0 - (dot_u(x + i * d, s, S, d) - self) / others);
       }
     });
     return;
@@ -89,27 +89,26 @@ void cosine_diversity_fwd(T* out, const T* x, int64_t N, int64_t d, int64_t ld, 
 //   mean: du_k = -2 g (S - u_k) / (N (N - 1));
 //   rows: du_k = -(g_k S + G - 2 g_k u_k) / (N - 1), G = sum_i g_i u_i.
 template <class T>
-void cosine_diversity_bwd(T* dx, const T* dout, const T* x, int64_t N, int64_t d, int64_t ld,
-                          bool rows) {
+void cosine_diversity_bwd(T* dx, const T* dout, const T* x, int64_t N, int64_t d, bool rows) {
   if (N < 2) {
     std::fill(dx, dx + N * d, T(0));
     return;
   }
   std::vector<double> inv, S;
-  normalised_sum(inv, S, x, N, d, ld);
+  normalised_sum(inv, S, x, N, d);
   // rows: G = sum_i g_i u_i.
   const std::vector<double> G =
       rows ? row_sum(N, d,
                      [&](int64_t i, double* p) {
                        const double c = static_cast<double>(dout[i]) * inv[static_cast<size_t>(i)];
-                       for (int64_t j = 0; j < d; ++j) p[j] += c * x[i * ld + j];
+                       for (int64_t j = 0; j < d; ++j) p[j] += c * x[i * d + j];
                      })
            : std::vector<double>(static_cast<size_t>(d), 0.0);
   const double pairs = static_cast<double>(N) * (N - 1), others = static_cast<double>(N - 1);
   cpu_pool().parallel_for(N, kBlock, [&](int64_t k0, int64_t k1) {
     std::vector<double> du(static_cast<size_t>(d));
     for (int64_t k = k0; k < k1; ++k) {
-      const T* r = x + k * ld;
+      const T* r = x + k * d;
       T* o = dx + k * d;
       const double s = inv[static_cast<size_t>(k)];
       if (s == 0.0) {
@@ -131,11 +130,11 @@ void cosine_diversity_bwd(T* dx, const T* dout, const T* x, int64_t N, int64_t d
   });
 }
 
-template void cosine_diversity_fwd<float>(float*, const float*, int64_t, int64_t, int64_t, bool);
-template void cosine_diversity_fwd<double>(double*, const double*, int64_t, int64_t, int64_t, bool);
+template void cosine_diversity_fwd<float>(float*, const float*, int64_t, int64_t, bool);
+template void cosine_diversity_fwd<double>(double*, const double*, int64_t, int64_t, bool);
 template void cosine_diversity_bwd<float>(float*, const float*, const float*, int64_t, int64_t,
-                                          int64_t, bool);
+                                          bool);
 template void cosine_diversity_bwd<double>(double*, const double*, const double*, int64_t, int64_t,
-                                           int64_t, bool);
+                                           bool);
 
 }  // namespace llmk::cpu::grad

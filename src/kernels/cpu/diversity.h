@@ -9,15 +9,14 @@
 
 namespace llmk::cpu::grad {
 
-// x: [N, d], rows ld elements apart. mean: out[0] = the mean over ordered pairs i != j of
+// x: [N, d], contiguous. mean: out[0] = the mean over ordered pairs i != j of
 // 1 - cos(x_i, x_j); rows: out[i] = the mean over j != i of 1 - cos(x_i, x_j). With N < 2 there
 // are no pairs: the outputs are 0.
 template <class T>
-void cosine_diversity_fwd(T* out, const T* x, int64_t N, int64_t d, int64_t ld, bool rows);
+void cosine_diversity_fwd(T* out, const T* x, int64_t N, int64_t d, bool rows);
 
 // dx [N, d] (contiguous) from dout (out's shape: one value for mean, N for rows).
 template <class T>
-void cosine_diversity_bwd(T* dx, const T* dout, const T* x, int64_t N, int64_t d, int64_t ld,
-                          bool rows);
+void cosine_diversity_bwd(T* dx, const T* dout, const T* x, int64_t N, int64_t d, bool rows);
 
 }  // namespace llmk::cpu::grad

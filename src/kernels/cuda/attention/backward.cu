@@ -658,6 +658,19 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 #endif
 }
 
+// Launches kKernel with kSmem bytes of dynamic shared memory, its limit raised once per kernel
+// (so that capture sees no attribute calls).
+template <auto kKernel, size_t kSmem>
+void launch_main(dim3 grid, const AttentionBwdArgs& a, BwdWs ws) {
+  static const bool raised = [] {
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kSmem)));
+    return true;
+  }();
+  (void)raised;
+  kKernel<<<grid, kBwdThreads, kSmem, current_stream()>>>(a, ws);
+}
+
 // The main kernel: the wgmma build on sm_90 devices unless the mma.sync kernels are asked for
 // (set_prefill_kernel, which picks the backward's build too), else the mma.sync build.
 template <int kD, class T16>
@@ -667,23 +680,9 @@ void launch_bwd(const AttentionBwdArgs& a, BwdWs ws) {
   const dim3 grid(static_cast<unsigned>(ceil_div(a.max_tk, kBwdBN)), static_cast<unsigned>(a.B),
                   static_cast<unsigned>(a.Hkv));
   if (wgmma) {
-    constexpr auto kernel = bwd_wgmma_kernel<kD, T16>;
-    static const bool raised = [] {
-      LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(BwdWgCfg<kD>::kSmemBytes)));
-      return true;
-    }();
-    (void)raised;
-    kernel<<<grid, kBwdThreads, BwdWgCfg<kD>::kSmemBytes, current_stream()>>>(a, ws);
+    launch_main<bwd_wgmma_kernel<kD, T16>, BwdWgCfg<kD>::kSmemBytes>(grid, a, ws);
   } else {
-    constexpr auto kernel = bwd_main_kernel<kD, T16>;
-    static const bool raised = [] {
-      LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(BwdCfg<kD>::kSmemBytes)));
-      return true;
-    }();
-    (void)raised;
-    kernel<<<grid, kBwdThreads, BwdCfg<kD>::kSmemBytes, current_stream()>>>(a, ws);
+    launch_main<bwd_main_kernel<kD, T16>, BwdCfg<kD>::kSmemBytes>(grid, a, ws);
   }
   check_launch("attention backward");
 }

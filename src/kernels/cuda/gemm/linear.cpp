@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -30,7 +32,8 @@ std::string describe(const LinearArgs& a) {
   return fmt::format("M={} N={} K={} (x bf16{} ld {}, w bf16{} ld {}, out {} ld {}, bias {})", a.M,
                      a.N, a.K, a.x_trans ? " transposed" : "", a.ldx,
                      a.w_trans ? " transposed" : "", a.ldw, dtype_name(a.out_dtype), a.ldo,
-                     a.bias ? dtype_name(a.bias_dtype) : std::string_view("none"));
+                     a.bias ? dtype_name(a.bias_dtype) : std::string_view("none")) +
+         (a.gelu ? (a.aux ? ", GELU epilogue with aux" : ", GELU epilogue") : "");
 }
 
 [[noreturn]] void throw_status(cublasStatus_t s, std::string_view call, std::string_view what) {
@@ -84,16 +87,37 @@ using Preference = std::unique_ptr<
     LtDeleter<std::remove_pointer_t<cublasLtMatmulPreference_t>, cublasLtMatmulPreferenceDestroy>>;
 
 struct Counters {
-  std::atomic<uint64_t> calls{0}, plans{0}, tuned{0}, bias_epilogue{0}, bias_kernel{0}, gemv{0};
+  std::atomic<uint64_t> calls{0}, plans{0}, tuned{0}, bias_epilogue{0}, bias_kernel{0}, gemv{0},
+      gelu_epilogue{0};
 };
 std::atomic<bool> g_gemv{true};
 std::atomic<bool> g_tune{true};
 // Tuning: the first plan of at least kTuneMinRows rows in a bucket (M rounded up to a power of
-// two, other fields equal) times up to kTuneCandidates of the heuristic's algorithms, kTuneRuns
-// calls per timing.
+// two, other fields equal) times up to kTuneCandidates of the heuristic's algorithms (Lt::fastest).
 constexpr int64_t kTuneMinRows = 64;
 constexpr int kTuneCandidates = 8;
-constexpr int kTuneRuns = 4;
+constexpr int kTuneRounds = 7;
+constexpr size_t kFlushBytes = size_t{128} << 20;  // over the L2 of any GPU llmk builds for
+// LLMK_LOG_TUNING=1 in the environment: each tuning prints its candidates' times to stderr.
+const bool g_tune_log = [] {
+  const char* v = std::getenv("LLMK_LOG_TUNING");
+  return v && *v && std::string_view(v) != "0";
+}();
+
+// "tile 18 stages 9 splitk 1" for the log: the algorithm's configuration as cuBLASLt numbers it
+// (cublasLtMatmulTile_t, cublasLtMatmulStages_t).
+std::string tile_name(const cublasLtMatmulAlgo_t& algo) {
+  uint32_t tile = 0, stages = 0;
+  int32_t splitk = 0;
+  size_t size = 0;
+  (void)cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                             sizeof tile, &size);
+  (void)cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                             sizeof stages, &size);
+  (void)cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                             sizeof splitk, &size);
+  return fmt::format("t{}/s{}/k{}", tile, stages, splitk);
+}
 Counters& counters() {
   static Counters c;
   return c;
@@ -109,6 +133,9 @@ struct PlanKey {
   BiasKind bias;
   bool bias_aligned;
   uint32_t align_x, align_w, align_out;
+  bool gelu, aux;
+  int64_t ld_aux;
+  uint32_t align_aux;
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -117,6 +144,7 @@ struct Plan {
   Layout w_layout, x_layout, out_layout;
   cublasLtMatmulAlgo_t algo{};
   bool bias_in_epilogue = false;
+  bool none = false;  // a GELU epilogue was asked for and cuBLASLt has no algorithm for it
 };
 
 template <typename T>
@@ -151,7 +179,8 @@ class Lt {
     return *lt;
   }
 
-  void run(const LinearArgs& a);
+  // False, with nothing enqueued, for a GELU epilogue cuBLASLt has no algorithm for.
+  bool run(const LinearArgs& a);
 
  private:
   Lt() {
@@ -179,13 +208,19 @@ class Lt {
   std::vector<cublasLtMatmulAlgo_t> candidates(const Plan& p, const PlanKey& key,
                                                const LinearArgs& a, bool lenient, int max);
   bool accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) const;
+  // Sets the call's bias and aux pointers on the plan's (shared) descriptor, under mu_.
+  void bind(const Plan& p, const LinearArgs& a) {
+    if (p.bias_in_epilogue) set_desc(p.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias, a);
+    if (a.gelu && a.aux)
+      set_desc(p.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, a.aux, a);
+  }
   size_t fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos,
                  const LinearArgs& a);
 
   std::mutex mu_;  // guards plans_ and the bias pointer set on a shared descriptor
   cublasLtHandle_t handle_ = nullptr;
   std::map<cudaStream_t, void*> workspaces_;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;  // for tuning; created on first use
+  std::vector<cudaEvent_t> events_;  // for tuning; created on first use
   std::map<PlanKey, Plan> plans_;
   // Tuned choices by problem with M rounded up to a power of two (a bucket).
   struct Tuned {
@@ -243,9 +278,13 @@ bool Lt::accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) const {
          r.workspaceSize <= kLinearWorkspaceBytes;
 }
 
-// Index of the fastest of `algos` on the call's own operands: each runs once (one that fails
-// there is skipped), then the best of three timings of kTuneRuns back-to-back calls counts. The
-// runs write out, which the call itself overwrites next.
+// Index of the fastest of `algos` on the call's own operands, timed as a model's forward meets
+// them: the weights cold (not in the L2), as each layer's are there. Each candidate runs once
+// first (one that fails there is skipped; this also brings the clocks up from idle), then
+// kTuneRounds rounds time one call of each after a write of kFlushBytes that evicts the L2, the
+// order rotated every round; the lowest median wins. (Timed back to back, with the weights partly
+// in the L2, the choices ran slower in a model's forward.) The runs write out, which the call
+// itself overwrites next.
 size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos,
                    const LinearArgs& a) {
   const cudaStream_t stream = current_stream();
@@ -256,11 +295,11 @@ size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos
     cudaStreamCaptureMode m;
     ~Restore() { (void)cudaThreadExchangeStreamCaptureMode(&m); }
   } restore{mode};
-  if (!start_) {
-    LLMK_CUDA_CHECK(cudaEventCreate(&start_));
-    LLMK_CUDA_CHECK(cudaEventCreate(&stop_));
+  if (events_.empty()) {
+    events_.resize(2 * kTuneCandidates * kTuneRounds);
+    for (cudaEvent_t& e : events_) LLMK_CUDA_CHECK(cudaEventCreate(&e));
   }
-  if (p.bias_in_epilogue) set_desc(p.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias, a);
+  bind(p, a);
   const float alpha = 1.0f, beta = 0.0f;
   const auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(handle_, p.desc.get(), &alpha, a.w, p.w_layout.get(), a.x,
@@ -268,26 +307,50 @@ size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos
                           p.out_layout.get(), &algo, workspace(stream), kLinearWorkspaceBytes,
                           stream);
   };
-  size_t best = 0;
-  float best_ms = std::numeric_limits<float>::infinity();
-  for (size_t i = 0; i < algos.size(); ++i) {
-    if (matmul(algos[i]) != CUBLAS_STATUS_SUCCESS) continue;
-    float ms = std::numeric_limits<float>::infinity();
-    for (int t = 0; t < 3; ++t) {
-      LLMK_CUDA_CHECK(cudaEventRecord(start_, stream));
-      for (int r = 0; r < kTuneRuns; ++r) (void)matmul(algos[i]);
-      LLMK_CUDA_CHECK(cudaEventRecord(stop_, stream));
-      LLMK_CUDA_CHECK(cudaEventSynchronize(stop_));
-      float t_ms = 0;
-      LLMK_CUDA_CHECK(cudaEventElapsedTime(&t_ms, start_, stop_));
-      ms = std::min(ms, t_ms);
-    }
-    if (ms < best_ms) {
-      best_ms = ms;
-      best = i;
+  ++counters().tuned;
+  std::vector<size_t> ok;  // the candidates that ran
+  for (size_t i = 0; i < algos.size() && ok.size() < kTuneCandidates; ++i) {
+    if (matmul(algos[i]) == CUBLAS_STATUS_SUCCESS) ok.push_back(i);
+  }
+  if (ok.size() <= 1) return ok.empty() ? 0 : ok[0];
+  // Every timing is enqueued between its own pair of events and read after one synchronisation.
+  const size_t n = ok.size();
+  const std::unique_ptr<void, void (*)(void*)> flush(allocator().allocate(kFlushBytes),
+                                                     [](void* q) { allocator().deallocate(q); });
+  cudaEvent_t last = nullptr;
+  for (int r = 0; r < kTuneRounds; ++r) {
+    for (size_t j = 0; j < n; ++j) {
+      const size_t c = (j + static_cast<size_t>(r)) % n, e = 2 * (static_cast<size_t>(r) * n + c);
+      LLMK_CUDA_CHECK(cudaMemsetAsync(flush.get(), r + 1, kFlushBytes, stream));
+      LLMK_CUDA_CHECK(cudaEventRecord(events_[e], stream));
+      (void)matmul(algos[ok[c]]);
+      LLMK_CUDA_CHECK(cudaEventRecord(events_[e + 1], stream));
+      last = events_[e + 1];
     }
   }
-  ++counters().tuned;
+  LLMK_CUDA_CHECK(cudaEventSynchronize(last));
+  size_t best = ok[0];
+  float best_ms = std::numeric_limits<float>::infinity();
+  std::vector<float> ms(kTuneRounds);
+  std::string log;
+  for (size_t c = 0; c < n; ++c) {
+    for (int r = 0; r < kTuneRounds; ++r) {
+      const size_t e = 2 * (static_cast<size_t>(r) * n + c);
+      LLMK_CUDA_CHECK(
+          cudaEventElapsedTime(&ms[static_cast<size_t>(r)], events_[e], events_[e + 1]));
+    }
+    std::nth_element(ms.begin(), ms.begin() + kTuneRounds / 2, ms.end());
+    const float median = ms[kTuneRounds / 2];
+    if (median < best_ms) {
+      best_ms = median;
+      best = ok[c];
+    }
+    if (g_tune_log) log += fmt::format(" {}:{:.1f}", tile_name(algos[ok[c]]), 1e3f * median);
+  }
+  if (g_tune_log) {
+    fmt::print(stderr, "llmk: linear tuning {}: {} chosen; us per call:{}\n", describe(a),
+               tile_name(algos[best]), log);
+  }
   return best;
 }
 
@@ -295,7 +358,8 @@ size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos
 // B = x: w row-major [N, K] is column-major [K, N], taken transposed (w_trans: stored [K, N],
 // column-major [N, K], taken as is); x row-major [M, K] is column-major [K, M], taken as is
 // (x_trans: column-major [M, K], taken transposed). With the bias epilogue when asked (its bias
-// has the output's dtype: cuBLASLt's default).
+// has the output's dtype: cuBLASLt's default), and GELU (a.gelu; its input also written to aux
+// when a.aux is set) in the epilogue.
 MatmulDesc make_desc(bool bias_epilogue, const LinearArgs& a) {
   cublasLtMatmulDesc_t raw = nullptr;
   check_status(cublasLtMatmulDescCreate(&raw, CUBLAS_COMPUTE_32F, CUDA_R_32F),
@@ -305,8 +369,15 @@ MatmulDesc make_desc(bool bias_epilogue, const LinearArgs& a) {
            static_cast<int32_t>(a.w_trans ? CUBLAS_OP_N : CUBLAS_OP_T), a);
   set_desc(raw, CUBLASLT_MATMUL_DESC_TRANSB,
            static_cast<int32_t>(a.x_trans ? CUBLAS_OP_T : CUBLAS_OP_N), a);
-  if (bias_epilogue) {
-    set_desc(raw, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS), a);
+  cublasLtEpilogue_t epi = bias_epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (a.gelu && a.aux) {
+    epi = bias_epilogue ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    set_desc(raw, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, a.ld_aux, a);
+  } else if (a.gelu) {
+    epi = bias_epilogue ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  }
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+    set_desc(raw, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(epi), a);
   }
   return desc;
 }
@@ -345,7 +416,17 @@ const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
   const bool tune = tunable && !capturing();
   const int max = tune ? kTuneCandidates : 1;
   std::vector<cublasLtMatmulAlgo_t> algos;
-  if (same_dtype && key.bias_aligned) {
+  if (a.gelu) {  // the bias must be added before the activation: in the epilogue, or not at all
+    if (key.bias == BiasKind::None || (same_dtype && key.bias_aligned)) {
+      p.desc = make_desc(key.bias != BiasKind::None, a);
+      algos = candidates(p, key, a, /*lenient=*/true, max);
+      p.bias_in_epilogue = key.bias != BiasKind::None;
+    }
+    if (algos.empty()) {
+      p.none = true;
+      return plans_.emplace(key, std::move(p)).first->second;
+    }
+  } else if (same_dtype && key.bias_aligned) {
     p.desc = make_desc(true, a);
     algos = candidates(p, key, a, /*lenient=*/true, max);
     p.bias_in_epilogue = !algos.empty();
@@ -364,7 +445,7 @@ const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
   return plans_.emplace(key, std::move(p)).first->second;
 }
 
-void Lt::run(const LinearArgs& a) {
+bool Lt::run(const LinearArgs& a) {
   const PlanKey key{a.M,
                     a.N,
                     a.K,
@@ -380,14 +461,20 @@ void Lt::run(const LinearArgs& a) {
                     alignment(a.bias) >= kBiasEpilogueAlignment,
                     alignment(a.x),
                     alignment(a.w),
-                    alignment(a.out)};
+                    alignment(a.out),
+                    a.gelu,
+                    a.aux != nullptr,
+                    a.aux ? a.ld_aux : 0,
+                    a.aux ? alignment(a.aux) : 0u};
   const cudaStream_t stream = current_stream();
   bool bias_kernel = false;
   {
     std::lock_guard lock(mu_);
     const Plan& p = plan(key, a);
+    if (p.none) return false;
+    bind(p, a);
+    if (a.gelu) ++counters().gelu_epilogue;
     if (p.bias_in_epilogue) {
-      set_desc(p.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias, a);
       ++counters().bias_epilogue;
     } else if (a.bias) {
       bias_kernel = true;
@@ -402,6 +489,7 @@ void Lt::run(const LinearArgs& a) {
     ++counters().calls;
   }
   if (bias_kernel) add_bias(a, false, stream);
+  return true;
 }
 
 void check_args(const LinearArgs& a) {
@@ -462,8 +550,26 @@ void linear(const LinearArgs& args) {
     }
     return;
   }
+  LLMK_CHECK(!a.gelu, "cuda::linear: a GELU epilogue goes through linear_gelu, in {}", describe(a));
   if (run_one_row(a, false, Activation::SiLU)) return;
-  Lt::get().run(a);
+  (void)Lt::get().run(a);  // no epilogue asked: always runs
+}
+
+bool linear_gelu(const LinearArgs& args) {
+  LinearArgs a = args;
+  LLMK_CHECK(a.gelu, "cuda::linear_gelu: a.gelu is not set in {}", describe(a));
+  if (a.M <= 1) {
+    if (!a.x_trans) a.ldx = a.K;
+    a.ldo = a.N;
+    if (a.aux) a.ld_aux = a.N;
+  }
+  check_args(a);
+  LLMK_CHECK(!a.aux || a.ld_aux >= a.N, "cuda::linear_gelu: ld_aux {} is shorter than a row in {}",
+             a.ld_aux, describe(a));
+  if (a.M == 0 || a.N == 0) return true;
+  // cuBLASLt's aux: a leading dimension of a multiple of 8 and a 16-byte aligned pointer.
+  if (a.K == 0 || (a.aux && (a.ld_aux % 8 != 0 || alignment(a.aux) < 16))) return false;
+  return Lt::get().run(a);
 }
 
 bool linear_gated_row(const LinearArgs& a, Activation act) {
@@ -480,8 +586,8 @@ void set_linear_tuning(bool on) { g_tune.store(on, std::memory_order_relaxed); }
 
 LinearStats linear_stats() {
   const Counters& c = counters();
-  return {c.calls.load(),         c.plans.load(),       c.tuned.load(),
-          c.bias_epilogue.load(), c.bias_kernel.load(), c.gemv.load()};
+  return {c.calls.load(),       c.plans.load(),         c.tuned.load(), c.bias_epilogue.load(),
+          c.bias_kernel.load(), c.gelu_epilogue.load(), c.gemv.load()};
 }
 
 }  // namespace llmk::cuda

@@ -15,12 +15,12 @@
 // One process-wide cuBLASLt handle and a 32 MiB workspace per stream (from the caching
 // allocator, at the stream's first call). Each distinct problem (shapes, leading dimensions,
 // dtypes, bias, pointer alignments) gets a plan on first sight: descriptors, layouts and an
-// algorithm, the fastest of the heuristic's first 8 for 64 rows or more (set_linear_tuning below),
-// else the heuristic's first; later calls reuse it, so a steady-state call does no search, no
-// allocation and no host synchronisation, and can be captured in a CUDA graph. Make a stream's
-// first call outside graph capture (its workspace is allocated then); a later first sight of a new
-// problem inside a capture is fine (no timing there: its plan takes its bucket's choice, or the
-// heuristic's first).
+// algorithm, the fastest of the heuristic's first 8 for 64 rows or more (set_linear_tuning below;
+// LLMK_LOG_TUNING=1 prints each tuning's candidates and times), else the heuristic's first; later
+// calls reuse it, so a steady-state call does no search, no allocation and no host synchronisation,
+// and can be captured in a CUDA graph. Make a stream's first call outside graph capture (its
+// workspace is allocated then); a later first sight of a new problem inside a capture is fine (no
+// timing there: its plan takes its bucket's choice, or the heuristic's first).
 //
 // Calls on different streams at once each use their stream's workspace (PyTorch callers run on
 // torch's current stream); the plans are shared under a lock.
@@ -52,12 +52,24 @@ struct LinearArgs {
   const void* bias = nullptr;  // [N] in bias_dtype (BF16 or F32), contiguous; or null
   DType bias_dtype = DType::BF16;
   int64_t M = 0, N = 0, K = 0;
+  // GELU in cuBLASLt's epilogue (its tanh approximation, torch's approximate="tanh"): out =
+  // gelu(x @ w^T + bias); aux, when set, also gets the pre-activation ([M, N] in out_dtype, rows
+  // ld_aux apart, ld_aux a multiple of 8, 16-byte aligned). Only through linear_gelu below.
+  bool gelu = false;
+  void* aux = nullptr;
+  int64_t ld_aux = 0;
 };
 
 // out = x @ w^T + bias, enqueued on cuda::current_stream(). Leading dimensions must hold a row
 // (ldx, ldw >= K; ldo >= N) unless the matrix has a single row. Throws llmk::Error naming the
 // shapes and the cuBLASLt status on failure.
 void linear(const LinearArgs& a);
+
+// linear with a.gelu set: one cuBLASLt call with GELU (and the bias, and the pre-activation in
+// a.aux when set) in its epilogue. Returns false, with nothing enqueued, where cuBLASLt has no
+// such algorithm for the operands (a bias of the other dtype or under-aligned, an under-aligned
+// aux, K = 0): the caller then runs linear and the activation apart.
+bool linear_gelu(const LinearArgs& a);
 
 // The first half of a gated MLP for one row: a.w is a stacked [gate; up] of a.N = 2F rows and
 // a.out gets F values act(x . gate_j) * (x . up_j) (bf16 out, each product rounded to bf16
@@ -78,6 +90,7 @@ struct LinearStats {
   uint64_t tuned = 0;          // plans that timed the heuristic's candidates (set_linear_tuning)
   uint64_t bias_epilogue = 0;  // calls whose bias was added in cuBLASLt's epilogue
   uint64_t bias_kernel = 0;    // calls whose bias was added by a separate kernel (see linear.cpp)
+  uint64_t gelu_epilogue = 0;  // linear_gelu calls that ran GELU in the epilogue
   uint64_t gemv = 0;           // calls the one-row kernel ran (gemv.h), bias included
 };
 LinearStats linear_stats();

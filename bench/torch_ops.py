@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """llmk.ops beside torch on the GPU: attention forward and backward against SDPA (flash backend),
-linear_act against F.linear (+ F.gelu), and a Llama-3-8B-shape decoder layer (forward + backward)
-under llmk.hf.apply against transformers' own with SDPA.
+linear_act (gelu_tanh, gelu, silu; forward without gradients) against F.linear alone and F.linear
+then the activation, and a Llama-3-8B-shape decoder layer (forward + backward) under
+llmk.hf.apply against transformers' own with SDPA.
 
     PYTHONPATH=<llmk with CUDA> python3 bench/torch_ops.py [--json FILE] [--png FILE] [--quick]
+        [--only attention,linear,layer]
 
 Inputs are random bf16 in flash-attn's layout [B, S, H, D] (SDPA gets [B, H, S, D] views).
 Each sample is one call between CUDA events after a 256 MiB write that flushes the L2; the figure
@@ -34,18 +36,7 @@ ATTENTION = [  # B, Hq, Hkv, S, D, causal
 
 
 def timed(fn, samples, flush):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(samples):
-        flush.fill_(1)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)  # us
-    return statistics.median(times)
+    return timed_interleaved([fn], samples, flush)[0]
 
 
 def attention_row(B, Hq, Hkv, S, D, causal, samples, flush):
@@ -88,18 +79,48 @@ LINEAR = [  # M, K, N: the issue's 128 x 4096 x 16384, and a training-sized batc
 ]
 
 
-def linear_row(M, K, N, samples, flush):
-    """linear_act (gelu) forward against torch's F.linear alone and F.linear + F.gelu."""
+ACTS = {"gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "gelu": F.gelu, "silu": F.silu}
+
+
+def timed_interleaved(fns, samples, flush):
+    """timed() for several functions at once, their samples interleaved (f1, f2, ..., f1, f2,
+    ...), so that clock and power drift over the run weighs on all of them alike."""
+    for fn in fns:
+        for _ in range(3):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(samples):
+        for i, fn in enumerate(fns):
+            flush.fill_(1)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[i].append(a.elapsed_time(b) * 1e3)  # us
+    return [statistics.median(t) for t in times]
+
+
+def linear_rows(M, K, N, samples, flush):
+    """linear_act forward (no gradient wanted) for each activation, against torch's F.linear
+    alone and F.linear then the activation, all interleaved sample by sample."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(M, K, generator=g, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, generator=g, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    fns = [lambda: F.linear(x, w)]
+    for act, fn in ACTS.items():
+        fns.append(lambda fn=fn: fn(F.linear(x, w)))
+        fns.append(lambda act=act: L.linear_act(x, w, act=act))
     with torch.no_grad():
-        lin = timed(lambda: F.linear(x, w), samples, flush)
-        torch_gelu = timed(lambda: F.gelu(F.linear(x, w)), samples, flush)
-        ours = timed(lambda: L.linear_act(x, w, act="gelu"), samples, flush)
-    return {"M": M, "K": K, "N": N, "linear_us": round(lin, 1),
-            "torch_linear_gelu_us": round(torch_gelu, 1), "llmk_linear_act_us": round(ours, 1),
-            "llmk_over_linear": round(ours / lin, 3), "torch_over_linear": round(torch_gelu / lin, 3)}
+        t = timed_interleaved(fns, samples, flush)
+    lin, rows = t[0], []
+    for i, act in enumerate(ACTS):
+        theirs, ours = t[1 + 2 * i], t[2 + 2 * i]
+        rows.append({"M": M, "K": K, "N": N, "act": act, "linear_us": round(lin, 1),
+                     "torch_linear_act_us": round(theirs, 1), "llmk_linear_act_us": round(ours, 1),
+                     "llmk_over_linear": round(ours / lin, 3),
+                     "torch_over_linear": round(theirs / lin, 3)})
+    return rows
 
 
 def layer_row(samples, flush, B=4, S=2048):
@@ -147,6 +168,8 @@ def main():
     ap.add_argument("--png", help="draw the speedups here (needs matplotlib)")
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="the first two shapes only")
+    ap.add_argument("--only", default="attention,linear,layer",
+                    help="comma-separated subset of: attention, linear, layer")
     ap.add_argument("--attention-kernel", choices=["auto", "mma-sync"], default="auto",
                     help="llmk's attention build on an H100: warpgroup MMA (auto) or mma.sync")
     args = ap.parse_args()
@@ -155,13 +178,18 @@ def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     from llmk._C import ops as _C
     _C.set_attention_kernel(args.attention_kernel)
-    rows = []
+    only = set(args.only.split(","))
+    unknown = only - {"attention", "linear", "layer"}
+    if unknown:
+        sys.exit(f"torch_ops: --only: unknown {', '.join(sorted(unknown))}")
+    rows, lrows, layer = [], [], None
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, llmk attention "
           f"kernel: {args.attention_kernel}")
-    print("| B | Hq | Hkv | S | D | fwd llmk us (TFLOP/s) | fwd SDPA | x | bwd llmk us (TFLOP/s) "
-          "| bwd SDPA | x |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for shape in ATTENTION[:2] if args.quick else ATTENTION:
+    if "attention" in only:
+        print("| B | Hq | Hkv | S | D | fwd llmk us (TFLOP/s) | fwd SDPA | x | bwd llmk us "
+              "(TFLOP/s) | bwd SDPA | x |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape in (ATTENTION[:2] if args.quick else ATTENTION) if "attention" in only else []:
         r = attention_row(*shape, args.samples, flush)
         rows.append(r)
         print(f"| {r['B']} | {r['Hq']} | {r['Hkv']} | {r['S']} | {r['D']} | "
@@ -169,27 +197,28 @@ def main():
               f"({r['sdpa_fwd_tflops']}) | {r['fwd_speedup']} | {r['llmk_bwd_us']} "
               f"({r['llmk_bwd_tflops']}) | {r['sdpa_bwd_us']} ({r['sdpa_bwd_tflops']}) | "
               f"{r['bwd_speedup']} |", flush=True)
-    print()
-    print("| M | K | N | F.linear us | + F.gelu | x | llmk linear_act (gelu) | x |")
-    print("|---|---|---|---|---|---|---|---|")
-    lrows = []
-    for shape in LINEAR:
-        r = linear_row(*shape, args.samples, flush)
-        lrows.append(r)
-        print(f"| {r['M']} | {r['K']} | {r['N']} | {r['linear_us']} | "
-              f"{r['torch_linear_gelu_us']} | {r['torch_over_linear']} | "
-              f"{r['llmk_linear_act_us']} | {r['llmk_over_linear']} |", flush=True)
-    layer = layer_row(max(5, args.samples // 2), flush)
-    print()
-    print("| Llama-3-8B layer, B x S | transformers (SDPA) fwd+bwd ms | llmk.hf.apply | x |")
-    print("|---|---|---|---|")
-    print(f"| {layer['B']} x {layer['S']} | {layer['transformers_sdpa_fwd_bwd_ms']} | "
-          f"{layer['llmk_fwd_bwd_ms']} | {layer['speedup']} |", flush=True)
+    if "linear" in only:
+        print()
+        print("| M | K | N | act | F.linear us | torch: F.linear + act | x | llmk linear_act | x |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for shape in LINEAR:
+            for r in linear_rows(*shape, args.samples, flush):
+                lrows.append(r)
+                print(f"| {r['M']} | {r['K']} | {r['N']} | {r['act']} | {r['linear_us']} | "
+                      f"{r['torch_linear_act_us']} | {r['torch_over_linear']} | "
+                      f"{r['llmk_linear_act_us']} | {r['llmk_over_linear']} |", flush=True)
+    if "layer" in only:
+        layer = layer_row(max(5, args.samples // 2), flush)
+        print()
+        print("| Llama-3-8B layer, B x S | transformers (SDPA) fwd+bwd ms | llmk.hf.apply | x |")
+        print("|---|---|---|---|")
+        print(f"| {layer['B']} x {layer['S']} | {layer['transformers_sdpa_fwd_bwd_ms']} | "
+              f"{layer['llmk_fwd_bwd_ms']} | {layer['speedup']} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "attention": rows, "linear_act": lrows, "layer": layer}, f, indent=1)
-    if args.png:
+    if args.png and rows:
         try:
             import matplotlib
             matplotlib.use("Agg")

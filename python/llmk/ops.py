@@ -52,9 +52,18 @@ def _stat_dtype(x: Tensor) -> torch.dtype:
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
+# torch's raw current-stream getter (what Triton and Inductor call): a microsecond where
+# torch.cuda.current_stream() builds a Stream object.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(t: Tensor) -> int:
     """The current CUDA stream of t's device as an integer (0 on the CPU)."""
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+    if not t.is_cuda:
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(t.get_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def _lse_dtype(q: Tensor) -> torch.dtype:
@@ -110,28 +119,33 @@ def _op(name: str):
     return lambda fn: _Op(name, fn)
 
 
-def _check(cond: bool, msg: str) -> None:
+def _check(cond: bool, msg) -> None:
+    """Raises Error(msg) unless cond; msg a string, or a function giving it (so that an f-string
+    message is formatted only on failure: the checks run on every call)."""
     if not cond:
-        raise Error(msg)
+        raise Error(msg() if callable(msg) else msg)
 
 
 def _check_float(op: str, **tensors: Optional[Tensor]) -> None:
-    """Same device, same floating dtype for every tensor given (None skipped)."""
+    """Same device, same floating dtype for every tensor given (None skipped). (Messages are
+    formatted only on failure: this runs on every call.)"""
     first = None
     for name, t in tensors.items():
         if t is None:
             continue
-        _check(isinstance(t, Tensor), f"llmk.ops.{op}: {name} must be a torch.Tensor")
+        if not isinstance(t, Tensor):
+            raise Error(f"llmk.ops.{op}: {name} must be a torch.Tensor")
         if first is None:
             first = (name, t)
-            _check(t.is_floating_point(),
-                   f"llmk.ops.{op}: {name} is {t.dtype}; a floating-point tensor is needed")
+            if not t.is_floating_point():
+                raise Error(f"llmk.ops.{op}: {name} is {t.dtype}; a floating-point tensor is "
+                            "needed")
             continue
         n0, t0 = first
-        _check(t.device == t0.device,
-               f"llmk.ops.{op}: {name} is on {t.device} but {n0} on {t0.device}")
-        _check(t.dtype == t0.dtype,
-               f"llmk.ops.{op}: {name} is {t.dtype} but {n0} is {t0.dtype}")
+        if t.device != t0.device:
+            raise Error(f"llmk.ops.{op}: {name} is on {t.device} but {n0} on {t0.device}")
+        if t.dtype != t0.dtype:
+            raise Error(f"llmk.ops.{op}: {name} is {t.dtype} but {n0} is {t0.dtype}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,13 +252,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6,
     """
     _check_float("rms_norm", x=x, weight=weight, residual=residual)
     _check(x.dim() >= 1 and weight.shape == (x.shape[-1],),
-           f"llmk.ops.rms_norm: weight is {tuple(weight.shape)}; x {tuple(x.shape)} needs "
+           lambda: f"llmk.ops.rms_norm: weight is {tuple(weight.shape)}; x {tuple(x.shape)} needs "
            f"({x.shape[-1] if x.dim() else '?'},)")
-    _check(eps >= 0 and math.isfinite(eps), f"llmk.ops.rms_norm: eps = {eps} must be >= 0")
+    _check(eps >= 0 and math.isfinite(eps), lambda: f"llmk.ops.rms_norm: eps = {eps} must be >= 0")
     if residual is None:
         return _rms_norm(x, weight, float(eps))[0]
     _check(residual.shape == x.shape,
-           f"llmk.ops.rms_norm: residual is {tuple(residual.shape)} but x {tuple(x.shape)}")
+           lambda: f"llmk.ops.rms_norm: residual is {tuple(residual.shape)} but x {tuple(x.shape)}")
     y, s, _ = _add_rms_norm(x, residual, weight, float(eps))
     return y, s
 
@@ -299,7 +313,7 @@ _gated.register_autograd(_gated_bwd, setup_context=_gated_setup)
 def _gated_checked(op: str, gate: Tensor, up: Tensor, act: str) -> Tensor:
     _check_float(op, gate=gate, up=up)
     _check(gate.shape == up.shape,
-           f"llmk.ops.{op}: gate is {tuple(gate.shape)} but up {tuple(up.shape)}")
+           lambda: f"llmk.ops.{op}: gate is {tuple(gate.shape)} but up {tuple(up.shape)}")
     return _gated(gate, up, act)
 
 
@@ -311,7 +325,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 def geglu(gate: Tensor, up: Tensor, approximate: str = "tanh") -> Tensor:
     """gelu(gate) * up; approximate "tanh" (Gemma's gelu_pytorch_tanh) or "none" (erf)."""
     _check(approximate in ("tanh", "none"),
-           f"llmk.ops.geglu: approximate = {approximate!r}; 'tanh' or 'none'")
+           lambda: f"llmk.ops.geglu: approximate = {approximate!r}; 'tanh' or 'none'")
     return _gated_checked("geglu", gate, up, "gelu_tanh" if approximate == "tanh" else "gelu")
 
 
@@ -400,8 +414,8 @@ def rope_cos_sin(positions: Tensor, rot_dim: int, theta: float = 10000.0,
            and not positions.is_complex(),
            "llmk.ops.rope_cos_sin: positions must be an integer tensor")
     _check(rot_dim > 0 and rot_dim % 2 == 0,
-           f"llmk.ops.rope_cos_sin: rot_dim = {rot_dim} must be even and > 0")
-    _check(theta > 0 and math.isfinite(theta), f"llmk.ops.rope_cos_sin: theta = {theta}")
+           lambda: f"llmk.ops.rope_cos_sin: rot_dim = {rot_dim} must be even and > 0")
+    _check(theta > 0 and math.isfinite(theta), lambda: f"llmk.ops.rope_cos_sin: theta = {theta}")
     pairs = rot_dim // 2
     freq_scale, factors = 1.0, None
     kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
@@ -434,12 +448,13 @@ def rope(q: Tensor, k: Tensor, cos_sin: Optional[tuple[Tensor, Tensor]] = None,
     all) are passed through.
     """
     _check(style in ("neox", "interleaved"),
-           f"llmk.ops.rope: style = {style!r}; 'neox' or 'interleaved'")
+           lambda: f"llmk.ops.rope: style = {style!r}; 'neox' or 'interleaved'")
     _check_float("rope", q=q, k=k)
     _check(q.dim() in (3, 4) and k.dim() == q.dim(),
-           f"llmk.ops.rope: q {tuple(q.shape)} and k {tuple(k.shape)} must both be 3-D or 4-D")
+           lambda: f"llmk.ops.rope: q {tuple(q.shape)} and k {tuple(k.shape)} must both be "
+           "3-D or 4-D")
     D = q.shape[-1]
-    _check(k.shape[-1] == D, f"llmk.ops.rope: q's head dim {D} but k's {k.shape[-1]}")
+    _check(k.shape[-1] == D, lambda: f"llmk.ops.rope: q's head dim {D} but k's {k.shape[-1]}")
 
     def as_bshd(t: Tensor) -> Tensor:
         if t.dim() == 3:
@@ -448,7 +463,8 @@ def rope(q: Tensor, k: Tensor, cos_sin: Optional[tuple[Tensor, Tensor]] = None,
 
     q4, k4 = as_bshd(q), as_bshd(k)
     _check(q4.shape[:2] == k4.shape[:2],
-           f"llmk.ops.rope: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or seq")
+           lambda: f"llmk.ops.rope: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch "
+           "or seq")
     S = q4.shape[1]
     if cos_sin is not None:
         _check(positions is None, "llmk.ops.rope: give cos_sin or positions, not both")
@@ -456,20 +472,20 @@ def rope(q: Tensor, k: Tensor, cos_sin: Optional[tuple[Tensor, Tensor]] = None,
         _check_float("rope", q=q, cos=cos, sin=sin)
         R = cos.shape[-1]
         _check(rot_dim is None or rot_dim == 2 * R,
-               f"llmk.ops.rope: rot_dim = {rot_dim} but cos has {R} pairs")
+               lambda: f"llmk.ops.rope: rot_dim = {rot_dim} but cos has {R} pairs")
     else:
         _check(positions is not None, "llmk.ops.rope: give cos_sin or positions")
         rd = D if rot_dim is None else int(rot_dim)
         _check(0 < rd <= D and rd % 2 == 0,
-               f"llmk.ops.rope: rot_dim = {rd} must be even, in (0, {D}]")
+               lambda: f"llmk.ops.rope: rot_dim = {rd} must be even, in (0, {D}]")
         cos, sin = rope_cos_sin(positions, rd, theta, scaling, q.dtype)
         R = rd // 2
-    _check(2 * R <= D, f"llmk.ops.rope: cos has {R} pairs; head dim {D} holds {D // 2}")
+    _check(2 * R <= D, lambda: f"llmk.ops.rope: cos has {R} pairs; head dim {D} holds {D // 2}")
     if cos.dim() == 2:
         cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
     _check(cos.dim() == 3 and cos.shape[1] == S and cos.shape[0] in (1, q4.shape[0])
            and sin.shape == cos.shape,
-           f"llmk.ops.rope: cos {tuple(cos.shape)} does not fit {S} positions of batch "
+           lambda: f"llmk.ops.rope: cos {tuple(cos.shape)} does not fit {S} positions of batch "
            f"{q4.shape[0]} (expected [seq, {R}] or [batch, seq, {R}])")
     if cos.stride(-1) != 1:
         cos = cos.contiguous()
@@ -573,12 +589,12 @@ def _window(window, causal: bool) -> tuple[int, int]:
     if window is None:
         return -1, -1
     if isinstance(window, int):
-        _check(window >= 1, f"llmk.ops.flash_attn: window = {window} must be >= 1")
+        _check(window >= 1, lambda: f"llmk.ops.flash_attn: window = {window} must be >= 1")
         return window - 1, (0 if causal else window - 1)
     _check(isinstance(window, (tuple, list)) and len(window) == 2
            and all(isinstance(w, int) and w >= -1 for w in window),
-           f"llmk.ops.flash_attn: window = {window!r}; an int, or (left, right) with -1 for "
-           "unbounded")
+           lambda: f"llmk.ops.flash_attn: window = {window!r}; an int, or (left, right) with -1 "
+           "for unbounded")
     return int(window[0]), int(window[1])
 
 
@@ -613,19 +629,20 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     nd = 3 if varlen else 4
     layout = "[total, heads, dim]" if varlen else "[batch, seq, heads, dim]"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check(t.dim() == nd, f"llmk.ops.flash_attn: {name} is {tuple(t.shape)}; {layout} "
+        _check(t.dim() == nd, lambda: f"llmk.ops.flash_attn: {name} is {tuple(t.shape)}; {layout} "
                f"expected{' (cu_seqlens given)' if varlen else ''}")
-    _check(k.shape == v.shape, f"llmk.ops.flash_attn: k {tuple(k.shape)} but v {tuple(v.shape)}")
+    _check(k.shape == v.shape,
+           lambda: f"llmk.ops.flash_attn: k {tuple(k.shape)} but v {tuple(v.shape)}")
     D, Hq, Hkv = q.shape[-1], q.shape[-2], k.shape[-2]
-    _check(k.shape[-1] == D, f"llmk.ops.flash_attn: q's head dim {D} but k's {k.shape[-1]}")
+    _check(k.shape[-1] == D, lambda: f"llmk.ops.flash_attn: q's head dim {D} but k's {k.shape[-1]}")
     _check(Hkv > 0 and Hq % Hkv == 0,
-           f"llmk.ops.flash_attn: {Hq} query heads are not a multiple of {Hkv} key heads")
+           lambda: f"llmk.ops.flash_attn: {Hq} query heads are not a multiple of {Hkv} key heads")
     if softcap is not None:
         _check(softcap >= 0 and math.isfinite(softcap),
-               f"llmk.ops.flash_attn: softcap = {softcap} must be >= 0")
+               lambda: f"llmk.ops.flash_attn: softcap = {softcap} must be >= 0")
     if scale is not None:
         _check(scale > 0 and math.isfinite(scale),
-               f"llmk.ops.flash_attn: scale = {scale} must be > 0")
+               lambda: f"llmk.ops.flash_attn: scale = {scale} must be > 0")
     left, right = _window(window, causal)
     params = (float(scale or 1.0 / math.sqrt(D)), bool(causal), left, right, float(softcap or 0.0))
     if varlen:
@@ -633,7 +650,7 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                "llmk.ops.flash_attn: give both cu_seqlens_q and cu_seqlens_k")
         for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             _check(isinstance(cu, Tensor) and cu.dtype == torch.int32 and cu.dim() == 1,
-                   f"llmk.ops.flash_attn: {name} must be a 1-D int32 tensor")
+                   lambda: f"llmk.ops.flash_attn: {name} must be a 1-D int32 tensor")
         _check(cu_seqlens_q.device == q.device and cu_seqlens_k.device == q.device,
                "llmk.ops.flash_attn: cu_seqlens_q/k must be on q's device")
         if not torch.compiler.is_compiling():
@@ -644,7 +661,7 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                                 ("max_seqlen_k", max_seqlen_k, cu_seqlens_k)):
                 if m is not None and cu.numel() > 1 and not q.is_cuda:
                     _check(int(cu.diff().max()) <= m,
-                           f"llmk.ops.flash_attn: a sequence is longer than {name} = {m}")
+                           lambda: f"llmk.ops.flash_attn: a sequence is longer than {name} = {m}")
         if max_seqlen_k is None:
             _check(not torch.compiler.is_compiling() or not q.is_cuda,
                    "llmk.ops.flash_attn: give max_seqlen_k with cu_seqlens under torch.compile")
@@ -652,7 +669,7 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
         out, lse = _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, *params, int(max_seqlen_k))
         return (out, lse) if return_lse else out
     B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
-    _check(k.shape[0] == B, f"llmk.ops.flash_attn: q has batch {B} but k {k.shape[0]}")
+    _check(k.shape[0] == B, lambda: f"llmk.ops.flash_attn: q has batch {B} but k {k.shape[0]}")
     cu_q, cu_k = _offsets(B, Sq, q.device), _offsets(B, Sk, q.device)
     out, lse = _flash_attn(q.reshape(B * Sq, Hq, D), k.reshape(B * Sk, Hkv, D),
                            v.reshape(B * Sk, Hkv, D), cu_q, cu_k, *params, Sk)
@@ -665,21 +682,23 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
 
 
 @_op("linear_act")
-def _linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                act: str) -> tuple[Tensor, Tensor]:
+def _linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor], act: str,
+                keep_z: bool) -> tuple[Tensor, Tensor]:
+    """(y, z): z the pre-activation the backward reads, or an empty tensor without keep_z."""
     x2 = _c(x).reshape(-1, x.shape[-1])
     N = weight.shape[0]
     y = x2.new_empty(x2.shape[0], N)
-    z = torch.empty_like(y)
-    _C.linear_act_forward(y, z, x2, _c(weight), None if bias is None else _c(bias), act,
-                          _stream(x))
+    z = torch.empty_like(y) if keep_z else y.new_empty(0)
+    _C.linear_act_forward(y, z if keep_z else None, x2, _c(weight),
+                          None if bias is None else _c(bias), act, _stream(x))
     return y.view(*x.shape[:-1], N), z
 
 
 @_linear_act.register_fake
-def _(x, weight, bias, act):
+def _(x, weight, bias, act, keep_z):
     N = weight.shape[0]
-    return x.new_empty(*x.shape[:-1], N), x.new_empty(x.numel() // x.shape[-1], N)
+    rows = x.numel() // x.shape[-1]
+    return x.new_empty(*x.shape[:-1], N), x.new_empty(rows, N) if keep_z else x.new_empty(0)
 
 
 @_op("linear_act_backward")
@@ -710,7 +729,7 @@ def _(dy, x, weight, z, act, need_dx, need_dw, need_db):
 
 
 def _linear_act_setup(ctx, inputs, output):
-    x, weight, bias, act = inputs
+    x, weight, bias, act, _keep_z = inputs
     _, z = output
     ctx.save_for_backward(x, weight, z)
     ctx.act = act
@@ -722,7 +741,8 @@ def _linear_act_bwd(ctx, dy, _dz):
     need = ctx.needs_input_grad
     need_db = ctx.has_bias and need[2]
     dx, dw, db = _linear_act_backward(dy, x, weight, z, ctx.act, need[0], need[1], need_db)
-    return (dx if need[0] else None, dw if need[1] else None, db if need_db else None, None)
+    return (dx if need[0] else None, dw if need[1] else None, db if need_db else None, None,
+            None)
 
 
 _linear_act.register_autograd(_linear_act_bwd, setup_context=_linear_act_setup)
@@ -735,16 +755,19 @@ def linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     x: [..., in]; weight: [out, in]; bias: optional [out]. act: "gelu" (erf), "gelu_tanh",
     "silu" or "none". The backward reads the pre-activation the forward kept.
     """
-    _check(act in _ACTS + ("none",),
-           f"llmk.ops.linear_act: act = {act!r}; one of gelu, gelu_tanh, silu, none")
+    if act not in _ACTS and act != "none":
+        raise Error(f"llmk.ops.linear_act: act = {act!r}; one of gelu, gelu_tanh, silu, none")
     _check_float("linear_act", x=x, weight=weight, bias=bias)
-    _check(weight.dim() == 2 and x.dim() >= 1 and weight.shape[1] == x.shape[-1],
-           f"llmk.ops.linear_act: x is {tuple(x.shape)} but weight {tuple(weight.shape)}; "
-           "weight must be [out, in]")
-    _check(bias is None or bias.shape == (weight.shape[0],),
-           f"llmk.ops.linear_act: bias is {None if bias is None else tuple(bias.shape)}, "
-           f"expected ({weight.shape[0]},)")
-    return _linear_act(x, weight, bias, act)[0]
+    if not (weight.dim() == 2 and x.dim() >= 1 and weight.shape[1] == x.shape[-1]):
+        raise Error(f"llmk.ops.linear_act: x is {tuple(x.shape)} but weight "
+                    f"{tuple(weight.shape)}; weight must be [out, in]")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise Error(f"llmk.ops.linear_act: bias is {tuple(bias.shape)}, expected "
+                    f"({weight.shape[0]},)")
+    # The pre-activation is kept only where a backward may read it.
+    keep_z = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias))
+    return _linear_act(x, weight, bias, act, keep_z)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -797,10 +820,11 @@ def pairwise_cosine_diversity(embeddings: Tensor, reduction: str = "mean") -> Te
     fewer than two rows there are no pairs and the result is 0. Forward and backward; float32 or
     float64 on the CPU (no CUDA kernel yet)."""
     _check(reduction in ("mean", "rows"),
-           f"llmk.ops.pairwise_cosine_diversity: reduction = {reduction!r}; 'mean' or 'rows'")
+           lambda: f"llmk.ops.pairwise_cosine_diversity: reduction = {reduction!r}; 'mean' or "
+           "'rows'")
     _check_float("pairwise_cosine_diversity", embeddings=embeddings)
     _check(embeddings.dim() == 2,
-           f"llmk.ops.pairwise_cosine_diversity: embeddings is {tuple(embeddings.shape)}; "
+           lambda: f"llmk.ops.pairwise_cosine_diversity: embeddings is {tuple(embeddings.shape)}; "
            "[N, d] expected")
     _check(not embeddings.is_cuda,
            "llmk.ops.pairwise_cosine_diversity: CUDA tensors: no CUDA kernel yet; use CPU tensors")

@@ -1,5 +1,6 @@
-// llmk._C.ops: the ops of src/ops/train.h over DLPack arrays (torch tensors, numpy arrays), for
-// python/llmk/ops.py. The caller allocates every output; arrays are borrowed, never copied.
+// llmk._C.ops: the ops of src/ops/train.h over torch tensors (read directly) and other DLPack
+// arrays (numpy), for python/llmk/ops.py. The caller allocates every output; arrays are borrowed,
+// never copied.
 // Errors are llmk.Error with the op's one-line message.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -24,60 +25,165 @@
 
 namespace nb = nanobind;
 
+namespace llmk::py {
+
+// An array argument as it arrived: a torch tensor read through its attributes (data_ptr, shape,
+// stride, dtype, is_cuda: about a microsecond each), anything else through DLPack (numpy). Going
+// through DLPack made torch tensors cost tens of microseconds each per call (torch's __dlpack__
+// builds stream objects for CUDA tensors), more than the work of the smaller ops.
+struct Array {
+  const void* data = nullptr;
+  std::vector<int64_t> shape, strides;  // strides in elements
+  std::optional<DType> dtype;           // nullopt: a type llmk does not take (named in `what`)
+  std::string what;
+  bool cuda = false, other_device = false;
+  std::optional<nb::ndarray<>> dlpack;  // keeps a DLPack import alive for the call
+};
+
+}  // namespace llmk::py
+
+namespace nanobind::detail {
+
+template <>
+struct type_caster<llmk::py::Array> {
+  NB_TYPE_CASTER(llmk::py::Array, const_name("torch.Tensor | numpy.ndarray"))
+
+  // torch's Tensor type and dtypes, looked up once torch is imported (never imported from here).
+  struct Torch {
+    PyObject* tensor = nullptr;
+    PyObject *f32, *f64, *f16, *bf16, *i32, *i64, *i8, *u8;
+  };
+  static const Torch* torch() {
+    static Torch t;
+    static bool found = false;
+    if (found) return &t;
+    static PyObject* const name = PyUnicode_InternFromString("torch");
+    PyObject* mod = PyImport_GetModule(name);  // only where already imported
+    if (!mod) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    auto get = [&](const char* name) {
+      PyObject* o = PyObject_GetAttrString(mod, name);  // kept for the process
+      if (!o) PyErr_Clear();
+      return o;
+    };
+    t = {get("Tensor"), get("float32"), get("float64"), get("float16"), get("bfloat16"),
+         get("int32"),  get("int64"),   get("int8"),    get("uint8")};
+    Py_DECREF(mod);
+    found = t.tensor != nullptr;
+    return found ? &t : nullptr;
+  }
+
+  static bool ints(handle seq, std::vector<int64_t>& out) {
+    if (!PyTuple_Check(seq.ptr())) return false;
+    const Py_ssize_t n = PyTuple_GET_SIZE(seq.ptr());
+    out.resize(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      out[static_cast<size_t>(i)] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq.ptr(), i));
+    }
+    return !PyErr_Occurred();
+  }
+
+  bool from_torch(handle src, const Torch& t) noexcept {
+    try {
+      value.data = reinterpret_cast<const void*>(cast<uintptr_t>(src.attr("data_ptr")()));
+      object shape = src.attr("shape"), strides = src.attr("stride")();
+      if (!ints(shape, value.shape) || !ints(strides, value.strides)) return false;
+      object dt = src.attr("dtype");
+      const PyObject* d = dt.ptr();
+      using llmk::DType;
+      value.dtype = d == t.f32                 ? std::optional(DType::F32)
+                    : d == t.f64               ? std::optional(DType::F64)
+                    : d == t.f16               ? std::optional(DType::F16)
+                    : d == t.bf16              ? std::optional(DType::BF16)
+                    : d == t.i32               ? std::optional(DType::I32)
+                    : d == t.i64               ? std::optional(DType::I64)
+                    : (d == t.i8 || d == t.u8) ? std::optional(DType::I8)  // bytes
+                                               : std::nullopt;
+      if (!value.dtype) value.what = cast<std::string>(str(dt));
+      value.cuda = cast<bool>(src.attr("is_cuda"));
+      value.other_device = !value.cuda && !cast<bool>(src.attr("is_cpu"));
+      if (value.other_device) value.what = cast<std::string>(str(src.attr("device")));
+      return true;
+    } catch (...) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+
+  bool from_python(handle src, uint8_t flags, cleanup_list* cleanup) noexcept {
+    if (const Torch* t = torch(); t && PyObject_TypeCheck(src.ptr(), (PyTypeObject*)t->tensor)) {
+      return from_torch(src, *t);
+    }
+    make_caster<nb::ndarray<>> c;
+    if (!c.from_python(src, flags, cleanup)) return false;
+    const nb::ndarray<>& a = c.value;
+    value.dlpack = a;
+    value.data = a.data();
+    value.shape.resize(a.ndim());
+    value.strides.resize(a.ndim());
+    for (size_t i = 0; i < a.ndim(); ++i) {
+      value.shape[i] = static_cast<int64_t>(a.shape(i));
+      value.strides[i] = a.stride(i);
+    }
+    value.cuda = a.device_type() == nb::device::cuda::value;
+    value.other_device = !value.cuda && a.device_type() != nb::device::cpu::value;
+    if (value.other_device) value.what = "DLPack device type " + std::to_string(a.device_type());
+    const nb::dlpack::dtype dt = a.dtype();
+    using Code = nb::dlpack::dtype_code;
+    const auto code = static_cast<Code>(dt.code);
+    using llmk::DType;
+    if (dt.lanes == 1) {
+      if (code == Code::Float && dt.bits == 32) value.dtype = DType::F32;
+      if (code == Code::Float && dt.bits == 64) value.dtype = DType::F64;
+      if (code == Code::Float && dt.bits == 16) value.dtype = DType::F16;
+      if (code == Code::Bfloat && dt.bits == 16) value.dtype = DType::BF16;
+      if (code == Code::Int && dt.bits == 32) value.dtype = DType::I32;
+      if (code == Code::Int && dt.bits == 64) value.dtype = DType::I64;
+      if ((code == Code::Int || code == Code::UInt) && dt.bits == 8) value.dtype = DType::I8;
+    }
+    if (!value.dtype) {
+      value.what = "DLPack code " + std::to_string(dt.code) + ", " + std::to_string(dt.bits) +
+                   " bits, " + std::to_string(dt.lanes) + " lanes";
+    }
+    return true;
+  }
+
+  static handle from_cpp(const llmk::py::Array&, rv_policy, cleanup_list*) noexcept {
+    return none().release();
+  }
+};
+
+}  // namespace nanobind::detail
+
 namespace llmk {
 namespace {
 
-using Array = nb::ndarray<>;
-using OptArray = std::optional<nb::ndarray<>>;
-
-DType dtype_of(const Array& a, const char* name) {
-  const nb::dlpack::dtype t = a.dtype();
-  using Code = nb::dlpack::dtype_code;
-  if (t.lanes == 1) {
-    const auto code = static_cast<Code>(t.code);
-    if (code == Code::Float && t.bits == 32) return DType::F32;
-    if (code == Code::Float && t.bits == 64) return DType::F64;
-    if (code == Code::Float && t.bits == 16) return DType::F16;
-    if (code == Code::Bfloat && t.bits == 16) return DType::BF16;
-    if (code == Code::Int && t.bits == 32) return DType::I32;
-    if (code == Code::Int && t.bits == 64) return DType::I64;
-    if ((code == Code::Int || code == Code::UInt) && t.bits == 8) return DType::I8;  // bytes
-  }
-  throw Error(fmt::format("{}: unsupported element type (DLPack code {}, {} bits, {} lanes)", name,
-                          static_cast<int>(t.code), static_cast<int>(t.bits),
-                          static_cast<int>(t.lanes)));
-}
+using py::Array;
+using OptArray = std::optional<Array>;
 
 // A borrowed view of a; contiguous (in the sense of torch, where a dimension of size 1 may have
 // any stride) arrays get contiguous strides, so that llmk's checks see them as such.
 Tensor tensor_of(const Array& a, const char* name) {
-  Device device;
-  if (a.device_type() == nb::device::cpu::value) {
-    device = Device::CPU;
-  } else if (a.device_type() == nb::device::cuda::value) {
-    device = Device::CUDA;
-  } else {
-    throw Error(fmt::format("{}: arrays on device type {} are not supported (CPU or CUDA)", name,
-                            a.device_type()));
+  if (a.other_device) {
+    throw Error(fmt::format("{}: arrays on {} are not supported (CPU or CUDA)", name, a.what));
   }
-  Shape shape(a.ndim());
-  std::vector<int64_t> strides(a.ndim());
-  for (size_t i = 0; i < a.ndim(); ++i) {
-    shape[i] = static_cast<int64_t>(a.shape(i));
-    strides[i] = a.stride(i);
-    if (strides[i] < 0) throw Error(fmt::format("{}: negative strides are not supported", name));
+  if (!a.dtype) throw Error(fmt::format("{}: unsupported element type ({})", name, a.what));
+  const Device device = a.cuda ? Device::CUDA : Device::CPU;
+  const Shape shape(a.shape.begin(), a.shape.end());
+  for (const int64_t st : a.strides) {
+    if (st < 0) throw Error(fmt::format("{}: negative strides are not supported", name));
   }
   bool contiguous = true;
   int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (shape[i] != 1 && strides[i] != expect) contiguous = false;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1 && a.strides[i] != expect) contiguous = false;
     expect *= shape[i];
   }
-  const DType dt = dtype_of(a, name);
-  if (contiguous || shape_numel(shape) == 0) {
-    return Tensor::borrow(a.data(), shape, dt, device);
-  }
-  return Tensor::borrow_strided(a.data(), shape, strides, dt, device);
+  void* data = const_cast<void*>(a.data);
+  if (contiguous || shape_numel(shape) == 0) return Tensor::borrow(data, shape, *a.dtype, device);
+  return Tensor::borrow_strided(data, shape, a.strides, *a.dtype, device);
 }
 
 std::optional<Tensor> opt_tensor(const OptArray& a, const char* name) {
@@ -119,7 +225,8 @@ void on_stream(uintptr_t stream, F&& f) {
 }  // namespace
 
 void register_ops(nb::module_& parent) {
-  nb::module_ m = parent.def_submodule("ops", "llmk's training ops over DLPack arrays");
+  nb::module_ m =
+      parent.def_submodule("ops", "llmk's training ops over torch tensors and DLPack arrays");
 
   m.def(
       "rms_norm_forward",
@@ -244,17 +351,17 @@ void register_ops(nb::module_& parent) {
 #endif
   m.def(
       "linear_act_forward",
-      [](Array y, Array z, Array x, Array w, OptArray bias, const std::string& act,
+      [](Array y, OptArray z, Array x, Array w, OptArray bias, const std::string& act,
          uintptr_t stream) {
-        Tensor ty = tensor_of(y, "y"), tz = tensor_of(z, "z");
-        std::optional<Tensor> b = opt_tensor(bias, "bias");
+        Tensor ty = tensor_of(y, "y");
+        std::optional<Tensor> tz = opt_tensor(z, "z"), b = opt_tensor(bias, "bias");
         const ops::Act a = act_of(act);
         on_stream(stream, [&] {
-          ops::linear_act_forward(ty, tz, tensor_of(x, "x"), tensor_of(w, "w"), b ? &*b : nullptr,
-                                  a);
+          ops::linear_act_forward(ty, tz ? &*tz : nullptr, tensor_of(x, "x"), tensor_of(w, "w"),
+                                  b ? &*b : nullptr, a);
         });
       },
-      nb::arg("y"), nb::arg("z"), nb::arg("x"), nb::arg("w"), nb::arg("bias").none(),
+      nb::arg("y"), nb::arg("z").none(), nb::arg("x"), nb::arg("w"), nb::arg("bias").none(),
       nb::arg("act"), nb::arg("stream"));
   m.def(
       "linear_act_backward",

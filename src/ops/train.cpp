@@ -665,8 +665,8 @@ namespace {
 #ifdef LLMK_HAS_CUDA
 // cuda::linear's arguments for out [M, N] = x [M, K] @ w^T with the operands' storage described
 // by x_trans (x stored [K, M]) and w_trans (w stored [K, N]); all bf16 and contiguous.
-void cuda_matmul(void* out, const void* x, bool x_trans, const void* w, bool w_trans,
-                 const void* bias, int64_t M, int64_t N, int64_t K) {
+cuda::LinearArgs cuda_matmul_args(void* out, const void* x, bool x_trans, const void* w,
+                                  bool w_trans, const void* bias, int64_t M, int64_t N, int64_t K) {
   cuda::LinearArgs a;
   a.out = out;
   a.ldo = N;
@@ -680,19 +680,23 @@ void cuda_matmul(void* out, const void* x, bool x_trans, const void* w, bool w_t
   a.M = M;
   a.N = N;
   a.K = K;
-  cuda::linear(a);
+  return a;
+}
+
+void cuda_matmul(void* out, const void* x, bool x_trans, const void* w, bool w_trans,
+                 const void* bias, int64_t M, int64_t N, int64_t K) {
+  cuda::linear(cuda_matmul_args(out, x, x_trans, w, w_trans, bias, M, N, K));
 }
 #endif
 
 }  // namespace
 
-void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor* bias,
+void linear_act_forward(Tensor& y, Tensor* z, const Tensor& x, const Tensor& w, const Tensor* bias,
                         Act act) {
   constexpr std::string_view op = "linear_act_forward";
-  const Where at =
-      bias ? check_float(op, {{"x", &x}, {"w", &w}, {"bias", bias}, {"y", &y}, {"z", &z}}, true,
-                         true)
-           : check_float(op, {{"x", &x}, {"w", &w}, {"y", &y}, {"z", &z}}, true, true);
+  const Where at = check_float(op, {{"x", &x}, {"w", &w}, {"y", &y}}, true, true);
+  if (bias) check_float(op, {{"x", &x}, {"bias", bias}}, true, true);
+  if (z) check_float(op, {{"x", &x}, {"z", z}}, true, true);
   const DType dt = at.dt;
   LLMK_CHECK(!at.cuda || dt == DType::BF16, "ops::{}: CUDA takes bf16 here (cuBLASLt), not {}", op,
              dtype_name(dt));
@@ -703,27 +707,50 @@ void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, 
              w.str(), K);
   if (bias) require_shape(op, "bias", *bias, {N});
   require_shape(op, "y", y, {M, N});
-  require_shape(op, "z", z, {M, N});
-  require_disjoint(op, "y", y, "z", z);
+  if (z) {
+    require_shape(op, "z", *z, {M, N});
+    require_disjoint(op, "y", y, "z", *z);
+  }
   for (const auto& [name, t] : {NamedTensor{"x", &x}, {"w", &w}}) {
     require_disjoint(op, "y", y, name, *t);
-    require_disjoint(op, "z", z, name, *t);
+    if (z) require_disjoint(op, "z", *z, name, *t);
   }
+  // Without z the pre-activation is formed in y and the activation applied there in place.
+  Tensor& pre = z ? *z : y;
   if (at.cuda) {
 #ifdef LLMK_HAS_CUDA
-    // z = x w^T + bias (bias in cuBLASLt's epilogue), then y = act(z).
-    cuda_matmul(z.data(), x.data(), false, w.data(), false, bias ? bias->data() : nullptr, M, N, K);
-    cuda::grad::act_fwd(y.data<__nv_bfloat16>(), z.data<const __nv_bfloat16>(), M * N,
-                        cpu_act(act));
-    count(op, "cuda", "the activation runs after the GEMM (no fused epilogue yet)");
+    if (act == Act::GeluTanh) {  // GELU (and the bias, and z) in cuBLASLt's epilogue
+      cuda::LinearArgs a = cuda_matmul_args(y.data(), x.data(), false, w.data(), false,
+                                            bias ? bias->data() : nullptr, M, N, K);
+      a.gelu = true;
+      a.aux = z ? z->data() : nullptr;
+      a.ld_aux = N;
+      if (cuda::linear_gelu(a)) {
+        count(op, "cuda");
+        return;
+      }
+    }
+    // pre = x w^T + bias (bias in cuBLASLt's epilogue), then y = act(pre).
+    cuda::linear(cuda_matmul_args(pre.data(), x.data(), false, w.data(), false,
+                                  bias ? bias->data() : nullptr, M, N, K));
+    if (act != Act::None || z) {
+      cuda::grad::act_fwd(y.data<__nv_bfloat16>(), pre.data<const __nv_bfloat16>(), M * N,
+                          cpu_act(act));
+    }
+    count(op, "cuda",
+          act == Act::GeluTanh ? "cuBLASLt has no GELU epilogue for these operands; the "
+                                 "activation runs after the GEMM"
+          : act == Act::None   ? ""
+                               : "the activation runs after the GEMM (cuBLASLt's epilogues have "
+                                 "GELU's tanh form only)");
 #endif
     return;
   }
   with_float(dt, [&]<class T>() {
-    cpu::grad::gemm<T>(z.data<T>(), N, x.data<const T>(), K, false, w.data<const T>(), K, true, M,
+    cpu::grad::gemm<T>(pre.data<T>(), N, x.data<const T>(), K, false, w.data<const T>(), K, true, M,
                        N, K, T(1), T(0));
-    cpu::grad::bias_act_fwd(y.data<T>(), z.data<T>(), bias ? bias->data<const T>() : nullptr, M, N,
-                            cpu_act(act));
+    cpu::grad::bias_act_fwd(y.data<T>(), pre.data<T>(), bias ? bias->data<const T>() : nullptr, M,
+                            N, cpu_act(act));
   });
   count(op, "cpu");
 }

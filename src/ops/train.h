@@ -82,9 +82,11 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
                               Tensor* workspace = nullptr);
 size_t flash_attention_backward_workspace(const Tensor& q);
 
-// y = act(z), z = x w^T + bias. x: [M, K]; w: [N, K]; bias: optional [N]; y, z: [M, N] (z kept
-// for the backward). CUDA: bf16, z from cuBLASLt (bias in its epilogue), then the activation.
-void linear_act_forward(Tensor& y, Tensor& z, const Tensor& x, const Tensor& w, const Tensor* bias,
+// y = act(z), z = x w^T + bias. x: [M, K]; w: [N, K]; bias: optional [N]; y and z (optional:
+// kept for the backward) [M, N]. CUDA: bf16 through cuBLASLt with the bias in its epilogue;
+// GeluTanh in its epilogue too (z as its aux output), other activations (cuBLASLt has no erf GELU
+// nor SiLU epilogue) in a pass of their own after the GEMM.
+void linear_act_forward(Tensor& y, Tensor* z, const Tensor& x, const Tensor& w, const Tensor* bias,
                         Act act);
 // With dz = dy * act'(z): dx = dz w, dw = dz^T x, db = the column sums of dz (each optional).
 // dy is not modified. CUDA (bf16, cuBLASLt): dz goes to dz_buffer, [M, N] bf16 from the caller.

@@ -339,18 +339,33 @@ def test_gradcheck_float64():
 # Linear + activation
 
 
+# torch's form of each linear_act activation (also the CUDA suite's reference).
+ACT_REFS = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+            "silu": F.silu, "none": lambda t: t}
+
+
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "none"])
 @pytest.mark.parametrize("M,K,N,bias", [(1, 1, 1, True), (7, 33, 17, False), (2 * 5, 64, 70, True)])
 def test_linear_act(act, M, K, N, bias):
     x = rand(M, K, seed=71).requires_grad_()
     w = (rand(N, K, seed=72) / math.sqrt(K)).requires_grad_()
     b = rand(N, seed=73).requires_grad_() if bias else None
-    acts = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-            "silu": F.silu, "none": lambda t: t}
     inputs = [x, w] + ([b] if bias else [])
     compare(lambda x, w, *b: L.linear_act(x, w, b[0] if b else None, act),
-            lambda x, w, *b: acts[act](F.linear(x, w, b[0] if b else None)), inputs,
+            lambda x, w, *b: ACT_REFS[act](F.linear(x, w, b[0] if b else None)), inputs,
             fwd_tol=1e-5, bwd_tol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "none"])
+def test_linear_act_without_grad_forms_the_output_in_place(act):
+    # No gradient wanted: the pre-activation is not kept; y is formed and activated in place.
+    x, w, b = rand(9, 24, seed=76), rand(40, 24, seed=77) / math.sqrt(24), rand(40, seed=78)
+    want = ACT_REFS[act](F.linear(x.double(), w.double(), b.double()))
+    with torch.no_grad():
+        got = L.linear_act(x, w, b, act)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    got = L.linear_act(x, w, b, act)  # nothing requires grad: the same path with grad enabled
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_linear_act_batched_input():

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import llmk.ops as L  # noqa: E402
 from llmk._C import ops as _C  # noqa: E402
-from test_ops import rope_ref  # noqa: E402  (the CPU suite's reference, in this folder)
+from test_ops import ACT_REFS, rope_ref  # noqa: E402  (the CPU suite's, in this folder)
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _C.cuda),
                                 reason="needs a GPU and a CUDA build of llmk")
@@ -346,21 +346,42 @@ def test_hf_models_bf16(family):
 # linear_act (bf16 on cuBLASLt)
 
 
+def linear_act_inputs(M, K, N, bias, seed):
+    dt = torch.bfloat16
+    x = rand(M, K, dtype=dt, seed=seed)
+    w = rand(N, K, dtype=dt, seed=seed + 1) / math.sqrt(K)
+    return x, w, rand(N, dtype=dt, seed=seed + 2) if bias else None
+
+
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "none"])
 @pytest.mark.parametrize("M,K,N,bias", [(1, 64, 8, True), (77, 136, 200, False),
                                         (256, 1024, 4096, True)])
 def test_linear_act_cuda(act, M, K, N, bias):
     import torch.nn.functional as F
-    dt = torch.bfloat16
-    x = rand(M, K, dtype=dt, seed=51)
-    w = rand(N, K, dtype=dt, seed=52) / math.sqrt(K)
-    b = rand(N, dtype=dt, seed=53) if bias else None
-    acts = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-            "silu": F.silu, "none": lambda t: t}
+    x, w, b = linear_act_inputs(M, K, N, bias, 51)
     inputs = [x, w] + ([b] if bias else [])
     L.reset_stats()
     check_all(run_both(lambda x, w, *b: L.linear_act(x, w, b[0] if b else None, act),
-                       lambda x, w, *b: acts[act](F.linear(x, w, b[0] if b else None)),
-                       inputs, dt, 54), dt, f"linear_act {act} {M}x{K}x{N}")
+                       lambda x, w, *b: ACT_REFS[act](F.linear(x, w, b[0] if b else None)),
+                       inputs, torch.bfloat16, 54), torch.bfloat16, f"linear_act {act} {M}x{K}x{N}")
     kernels = {s["op"]: s["kernel"] for s in L.stats()}
     assert kernels["linear_act_forward"] == "cuda" and kernels["linear_act_backward"] == "cuda"
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "silu", "none"])
+@pytest.mark.parametrize("M,K,N,bias", [(1, 64, 8, True), (77, 136, 200, False),
+                                        (128, 1024, 4096, True)])
+def test_linear_act_cuda_without_grad(act, M, K, N, bias):
+    # No gradient wanted: no pre-activation kept; gelu_tanh runs in cuBLASLt's epilogue (no
+    # fallback reason in the stats), the others after the GEMM in place.
+    import torch.nn.functional as F
+    x, w, b = linear_act_inputs(M, K, N, bias, 61)
+    lin = lambda dt: F.linear(x.to(dt), w.to(dt), None if b is None else b.to(dt))  # noqa: E731
+    L.reset_stats()
+    with torch.no_grad():
+        got = L.linear_act(x, w, b, act)
+    check(got, ACT_REFS[act](lin(torch.float64)), ACT_REFS[act](lin(torch.bfloat16)),
+          torch.bfloat16, f"linear_act {act}")
+    (row,) = [s for s in L.stats() if s["op"] == "linear_act_forward"]
+    assert row["kernel"] == "cuda"
+    assert (row["reason"] == "") == (act in ("gelu_tanh", "none")), row

@@ -219,26 +219,12 @@ def main():
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "attention": rows, "linear_act": lrows, "layer": layer}, f, indent=1)
     if args.png and rows:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("torch_ops: no matplotlib, no chart", file=sys.stderr)
-            return
-        labels = [f"S{r['S']} D{r['D']} {r['Hq']}/{r['Hkv']}" for r in rows]
-        x = range(len(rows))
-        plt.figure(figsize=(9, 4))
-        plt.bar([i - 0.2 for i in x], [r["fwd_speedup"] for r in rows], 0.4, label="forward")
-        plt.bar([i + 0.2 for i in x], [r["bwd_speedup"] for r in rows], 0.4, label="backward")
-        plt.axhline(1.0, color="k", lw=0.8)
-        plt.xticks(list(x), labels, rotation=20)
-        plt.ylabel("speedup over SDPA (flash)")
-        plt.title(f"llmk.ops.flash_attn, bf16, causal ({torch.cuda.get_device_name()})")
-        plt.legend()
-        plt.tight_layout()
-        plt.savefig(args.png)
-
+        from chart import bar_chart
+        bar_chart(args.png, [f"S{r['S']} D{r['D']} {r['Hq']}/{r['Hkv']}" for r in rows],
+                  {"forward": [r["fwd_speedup"] for r in rows],
+                   "backward": [r["bwd_speedup"] for r in rows]},
+                  f"llmk.ops.flash_attn, bf16, causal ({torch.cuda.get_device_name()})",
+                  "speedup over SDPA (flash)", hline=1.0)
 
 if __name__ == "__main__":
     main()

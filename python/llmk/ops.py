@@ -32,6 +32,7 @@ __all__ = [
     "geglu",
     "linear_act",
     "pairwise_cosine_diversity",
+    "distill_loss",
     "stats",
     "reset_stats",
 ]
@@ -87,11 +88,20 @@ class _Op:
         self.custom.register_fake(fake)
         return fake
 
-    def register_autograd(self, backward, setup_context):
+    def register_autograd(self, user_backward, setup_context):
+        def backward(ctx, *grads):
+            # No gradient reaches any output: none leaves for any input.
+            if all(g is None for g in grads):
+                return (None,) * len(ctx.needs_input_grad)
+            return user_backward(ctx, *grads)
+
         self.custom.register_autograd(backward, setup_context=setup_context)
         raw = self.raw
 
         def forward(ctx, *args):
+            # Outputs the caller never uses (the saved statistics, linear_act's z, distill_loss's
+            # gradient) get None in the backward instead of a materialised zero tensor.
+            ctx.set_materialize_grads(False)
             out = raw(*args)
             setup_context(ctx, args, out)
             return out
@@ -830,6 +840,147 @@ def pairwise_cosine_diversity(embeddings: Tensor, reduction: str = "mean") -> Te
            "llmk.ops.pairwise_cosine_diversity: CUDA tensors: no CUDA kernel yet; use CPU tensors")
     out = _cosine_diversity(embeddings, reduction == "rows")
     return out if reduction == "rows" else out.reshape(())
+
+
+# ---------------------------------------------------------------------------------------------
+# Distillation losses
+
+_DIVERGENCES = ("kl", "reverse_kl", "jsd")
+_REDUCTIONS = ("batchmean", "sum", "mean", "none")
+
+
+def _scale_dtype(t: Tensor) -> torch.dtype:
+    """The dtype of the kernels' scale factors: float32 on CUDA, t's own on the CPU."""
+    return torch.float32 if t.is_cuda else t.dtype
+
+
+def _grad_scale(rows: int, V: int, labels: Optional[Tensor], ignore_index: int, reduction: str,
+                like: Tensor) -> Optional[Tensor]:
+    """The reduction's factor of each row's gradient, as one value on the device (no host
+    synchronisation: the count of rows not ignored stays there); None for 1."""
+    if reduction in ("sum", "none"):
+        return None
+    per_row = V if reduction == "mean" else 1
+    dt = _scale_dtype(like)
+    if labels is None:
+        return torch.full((1,), 1.0 / max(rows * per_row, 1), dtype=dt, device=like.device)
+    n = (labels != ignore_index).sum().to(dt) * per_row
+    return (1.0 / n.clamp(min=1.0)).reshape(1)
+
+
+@_op("distill_loss")
+def _distill(student: Tensor, teacher: Tensor, labels: Optional[Tensor], loss: str, beta: float,
+             temperature: float, alpha: float, ignore_index: int, reduction: str,
+             want_grad: bool) -> tuple[Tensor, Tensor]:
+    """(the reduced loss, d loss / d student formed alongside, or an empty tensor)."""
+    V = student.shape[-1]
+    s2, t2 = _c(student).reshape(-1, V), _c(teacher).reshape(-1, V)
+    rows = s2.shape[0]
+    lab = None if labels is None else _c(labels).reshape(-1)
+    per_row = s2.new_empty(rows, dtype=_stat_dtype(s2))
+    scale = _grad_scale(rows, V, lab, ignore_index, reduction, s2)
+    grad = torch.empty_like(s2) if want_grad else s2.new_empty(0)
+    _C.distill_forward(per_row, grad if want_grad else None, s2, t2, lab, loss, beta,
+                       temperature, alpha, ignore_index, scale, _stream(student))
+    if reduction == "none":
+        out = per_row.view(student.shape[:-1])
+    elif reduction == "sum":
+        out = per_row.sum()
+    else:
+        out = (per_row.sum() * scale.to(per_row.dtype)).reshape(())
+    return out, grad
+
+
+@_distill.register_fake
+def _(student, teacher, labels, loss, beta, temperature, alpha, ignore_index, reduction,
+      want_grad):
+    dt = _stat_dtype(student)
+    out = (student.new_empty(student.shape[:-1], dtype=dt) if reduction == "none"
+           else student.new_empty((), dtype=dt))
+    V = student.shape[-1]
+    grad = (student.new_empty(student.numel() // V, V) if want_grad else student.new_empty(0))
+    return out, grad
+
+
+def _distill_setup(ctx, inputs, output):
+    student, teacher, labels = inputs[:3]
+    ctx.save_for_backward(output[1], student, teacher, labels)
+    ctx.args = inputs[3:9]  # loss, beta, temperature, alpha, ignore_index, reduction
+    ctx.shape = student.shape
+    ctx.per_row = inputs[8] == "none"
+    ctx.used = False
+
+
+def _distill_bwd(ctx, dout, _dgrad):
+    grad, student, teacher, labels = ctx.saved_tensors
+    s = dout.reshape(-1).to(_scale_dtype(grad))
+    if torch.compiler.is_compiling():
+        g = grad * (s.unsqueeze(1) if ctx.per_row else s).to(grad.dtype)
+    else:
+        if ctx.used:
+            # A second backward through this forward (retain_graph, gradcheck): the first scaled
+            # the gradient in place, so it is formed again.
+            grad = _distill.raw(student, teacher, labels, *ctx.args, True)[1]
+        ctx.used = True
+        # The gradient was formed in the forward; scaled in place by the incoming one (rows whose
+        # factor is exactly 1, the usual loss.backward(), are not touched on CUDA).
+        _C.scale_rows(grad, s.contiguous(), _stream(grad))
+        g = grad
+    return (g.view(ctx.shape),) + (None,) * 9
+
+
+_distill.register_autograd(_distill_bwd, setup_context=_distill_setup)
+
+
+def distill_loss(student_logits: Tensor, teacher_logits: Tensor, *, loss: str = "kl",
+                 beta: float = 0.5, temperature: float = 1.0, labels: Optional[Tensor] = None,
+                 alpha: float = 0.0, ignore_index: int = -100,
+                 reduction: str = "batchmean") -> Tensor:
+    """Distillation loss between a student's and a teacher's logits [..., V], forward and the
+    student's gradient in one pass (the gradient is formed during the forward; the teacher gets
+    none: pass it detached).
+
+    With q = softmax(student / T) and p = softmax(teacher / T) (T = temperature): loss "kl" is
+    KL(p || q), "reverse_kl" KL(q || p), "jsd" beta KL(p || m) + (1 - beta) KL(q || m) with
+    m = beta p + (1 - beta) q (beta 0 and 1 give "kl" and "reverse_kl", as in Liger Kernel).
+    Each row's loss is (1 - alpha) T^2 D + alpha CE, CE the cross-entropy of softmax(student)
+    with labels (temperature 1); T^2 keeps the soft term's gradients of one size across
+    temperatures. Rows whose label is ignore_index add nothing. reduction: "batchmean" (the
+    summed row losses over the rows not ignored), "sum", "mean" (over rows not ignored times V,
+    torch's KLDivLoss "mean"), "none" (one loss per row). The loss is float32 for 16-bit logits.
+    CPU: float32/float64; CUDA: bf16, fp16, float32, each row read once (docs/perf.md).
+    """
+    _check(loss in _DIVERGENCES,
+           lambda: f"llmk.ops.distill_loss: loss = {loss!r}; one of kl, reverse_kl, jsd")
+    _check(reduction in _REDUCTIONS,
+           lambda: f"llmk.ops.distill_loss: reduction = {reduction!r}; one of batchmean, sum, "
+           "mean, none")
+    _check_float("distill_loss", student_logits=student_logits, teacher_logits=teacher_logits)
+    _check(student_logits.shape == teacher_logits.shape and student_logits.dim() >= 1
+           and student_logits.shape[-1] > 0,
+           lambda: f"llmk.ops.distill_loss: student_logits {tuple(student_logits.shape)} and "
+           f"teacher_logits {tuple(teacher_logits.shape)} must have one shape [..., V], V > 0")
+    _check(not teacher_logits.requires_grad or not torch.is_grad_enabled(),
+           "llmk.ops.distill_loss: teacher_logits requires grad, but the teacher gets no "
+           "gradient here; pass teacher_logits.detach()")
+    _check(temperature > 0 and math.isfinite(temperature),
+           lambda: f"llmk.ops.distill_loss: temperature = {temperature} must be positive")
+    _check(0.0 <= beta <= 1.0, lambda: f"llmk.ops.distill_loss: beta = {beta} must be in [0, 1]")
+    _check(0.0 <= alpha <= 1.0,
+           lambda: f"llmk.ops.distill_loss: alpha = {alpha} must be in [0, 1]")
+    _check(alpha == 0.0 or labels is not None,
+           lambda: f"llmk.ops.distill_loss: alpha = {alpha} mixes in the hard labels: pass labels")
+    if labels is not None:
+        _check(isinstance(labels, Tensor) and not labels.is_floating_point()
+               and labels.shape == student_logits.shape[:-1]
+               and labels.device == student_logits.device,
+               lambda: f"llmk.ops.distill_loss: labels must be an integer tensor of shape "
+               f"{tuple(student_logits.shape[:-1])} on {student_logits.device}")
+        if labels.dtype != torch.int64:
+            labels = labels.to(torch.int64)
+    want_grad = torch.is_grad_enabled() and student_logits.requires_grad
+    return _distill(student_logits, teacher_logits, labels, loss, float(beta),
+                    float(temperature), float(alpha), int(ignore_index), reduction, want_grad)[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -394,6 +394,44 @@ void register_ops(nb::module_& parent) {
         });
       },
       nb::arg("dx"), nb::arg("dout"), nb::arg("x"), nb::arg("rows"), nb::arg("stream"));
+  m.def(
+      "distill_forward",
+      [](Array loss, OptArray grad, Array student, Array teacher, OptArray labels,
+         const std::string& kind, double beta, double temperature, double alpha,
+         int64_t ignore_index, OptArray grad_scale, uintptr_t stream) {
+        Tensor tl = tensor_of(loss, "loss");
+        std::optional<Tensor> tg = opt_tensor(grad, "grad"), tlab = opt_tensor(labels, "labels"),
+                              ts = opt_tensor(grad_scale, "grad_scale");
+        ops::DistillParams p;
+        if (kind == "kl") {
+          p.kind = ops::Divergence::KL;
+        } else if (kind == "reverse_kl") {
+          p.kind = ops::Divergence::ReverseKL;
+        } else if (kind == "jsd") {
+          p.kind = ops::Divergence::JSD;
+        } else {
+          throw Error(fmt::format("distill_forward: loss '{}' is not kl, reverse_kl or jsd", kind));
+        }
+        p.beta = beta;
+        p.temperature = temperature;
+        p.alpha = alpha;
+        p.ignore_index = ignore_index;
+        on_stream(stream, [&] {
+          ops::distill_forward(tl, tg ? &*tg : nullptr, tensor_of(student, "student"),
+                               tensor_of(teacher, "teacher"), tlab ? &*tlab : nullptr, p,
+                               ts ? &*ts : nullptr);
+        });
+      },
+      nb::arg("loss"), nb::arg("grad").none(), nb::arg("student"), nb::arg("teacher"),
+      nb::arg("labels").none(), nb::arg("kind"), nb::arg("beta"), nb::arg("temperature"),
+      nb::arg("alpha"), nb::arg("ignore_index"), nb::arg("grad_scale").none(), nb::arg("stream"));
+  m.def(
+      "scale_rows",
+      [](Array x, Array s, uintptr_t stream) {
+        Tensor t = tensor_of(x, "x");
+        on_stream(stream, [&] { ops::scale_rows(t, tensor_of(s, "s")); });
+      },
+      nb::arg("x"), nb::arg("s"), nb::arg("stream"));
   m.def("stats", [] {
     std::vector<std::tuple<std::string, std::string, std::string, uint64_t>> out;
     for (const ops::KernelCount& c : ops::train_op_stats()) {

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "kernels/cpu/attention_grad.h"
+#include "kernels/cpu/distill.h"
 #include "kernels/cpu/diversity.h"
 #include "kernels/cpu/grad.h"
 #include "ops/check.h"
@@ -17,6 +18,7 @@
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/backward.h"
+#include "kernels/cuda/distill.h"
 #include "kernels/cuda/gemm/linear.h"
 #include "kernels/cuda/grad.h"
 #endif
@@ -848,6 +850,102 @@ void cosine_diversity_backward(Tensor& dx, const Tensor& dout, const Tensor& x, 
   with_float(dt, [&]<class T>() {
     cpu::grad::cosine_diversity_bwd(dx.data<T>(), dout.data<const T>(), x.data<const T>(), N, d,
                                     rows);
+  });
+  count(op, "cpu");
+}
+
+// ---- distillation losses ----
+
+void distill_forward(Tensor& loss, Tensor* grad, const Tensor& student, const Tensor& teacher,
+                     const Tensor* labels, const DistillParams& p, const Tensor* grad_scale) {
+  constexpr std::string_view op = "distill_forward";
+  const Where at = check_float(op, {{"student", &student}, {"teacher", &teacher}}, true, true);
+  const DType dt = at.dt;
+  require_ndim(op, "student", student, 2);
+  require_shape(op, "teacher", teacher, student.shape());
+  const int64_t rows = student.dim(0), V = student.dim(1);
+  LLMK_CHECK(V > 0, "ops::{}: student is {}: rows of no logits", op, student.str());
+  LLMK_CHECK(p.temperature > 0 && std::isfinite(p.temperature),
+             "ops::{}: temperature {} must be positive", op, p.temperature);
+  LLMK_CHECK(p.beta >= 0 && p.beta <= 1, "ops::{}: beta {} must be in [0, 1]", op, p.beta);
+  LLMK_CHECK(p.alpha >= 0 && p.alpha <= 1, "ops::{}: alpha {} must be in [0, 1]", op, p.alpha);
+  LLMK_CHECK(p.alpha == 0 || labels, "ops::{}: alpha {} mixes in the hard label: labels needed", op,
+             p.alpha);
+  const DType loss_dt = at.cuda ? DType::F32 : dt;
+  LLMK_CHECK(loss.device() == student.device() && loss.is_contiguous(),
+             "ops::{}: loss must be contiguous, on student's device", op);
+  require_dtype(op, "loss", loss, loss_dt);
+  require_shape(op, "loss", loss, {rows});
+  if (labels) {
+    LLMK_CHECK(labels->device() == student.device() && labels->is_contiguous(),
+               "ops::{}: labels must be contiguous, on student's device", op);
+    require_dtype(op, "labels", *labels, DType::I64);
+    require_shape(op, "labels", *labels, {rows});
+  }
+  if (grad) {
+    LLMK_CHECK(grad->device() == student.device() && grad->is_contiguous(),
+               "ops::{}: grad must be contiguous, on student's device", op);
+    require_dtype(op, "grad", *grad, dt);
+    require_shape(op, "grad", *grad, student.shape());
+    require_disjoint(op, "grad", *grad, "student", student);
+    require_disjoint(op, "grad", *grad, "teacher", teacher);
+  }
+  // grad_scale: f32 on CUDA; on the CPU in the logits' dtype (f64 keeps 1/n exact enough).
+  const DType scale_dt = at.cuda ? DType::F32 : dt;
+  if (grad_scale) {
+    LLMK_CHECK(grad_scale->device() == student.device() && grad_scale->dtype() == scale_dt &&
+                   grad_scale->numel() == 1,
+               "ops::{}: grad_scale must be one {} on student's device", op, dtype_name(scale_dt));
+  }
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    with_cuda_float(dt, [&]<class T>() {
+      cuda::grad::distill_rows(loss.data<float>(), grad ? grad->data<T>() : nullptr,
+                               student.data<const T>(), teacher.data<const T>(),
+                               labels ? labels->data<const int64_t>() : nullptr, rows, V, p,
+                               grad_scale ? grad_scale->data<const float>() : nullptr);
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
+  with_float(dt, [&]<class T>() {
+    const double scale = grad_scale ? static_cast<double>(grad_scale->data<const T>()[0]) : 1.0;
+    cpu::grad::distill_rows(loss.data<T>(), grad ? grad->data<T>() : nullptr,
+                            student.data<const T>(), teacher.data<const T>(),
+                            labels ? labels->data<const int64_t>() : nullptr, rows, V, p, scale);
+  });
+  count(op, "cpu");
+}
+
+void scale_rows(Tensor& x, const Tensor& s) {
+  constexpr std::string_view op = "scale_rows";
+  const Where at = check_float(op, {{"x", &x}}, true, true);
+  require_ndim(op, "x", x, 2);
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  const DType s_dt = at.cuda ? DType::F32 : at.dt;  // f32 on CUDA, x's dtype on the CPU
+  LLMK_CHECK(s.device() == x.device() && s.dtype() == s_dt && s.is_contiguous() &&
+                 (s.numel() == rows || s.numel() == 1),
+             "ops::{}: s must be {} on x's device with 1 or {} values, not {}", op,
+             dtype_name(s_dt), rows, s.str());
+  const int64_t stride = s.numel() == 1 ? 0 : 1;
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    with_cuda_float(at.dt, [&]<class T>() {
+      cuda::grad::scale_rows(x.data<T>(), s.data<const float>(), stride, rows, cols);
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
+  with_float(at.dt, [&]<class T>() {
+    T* p = x.data<T>();
+    const T* f = s.data<const T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T v = f[r * stride];
+      if (v == T(1)) continue;
+      for (int64_t c = 0; c < cols; ++c) p[r * cols + c] *= v;
+    }
   });
   count(op, "cpu");
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/cpu/distill.h"
 
 namespace llmk::ops {
 
@@ -98,6 +99,21 @@ void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, c
 // others); the backward gives dx from dout of out's shape. f32 or f64, x's rows contiguous.
 void cosine_diversity_forward(Tensor& out, const Tensor& x, bool rows);
 void cosine_diversity_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool rows);
+
+// Distillation losses from logits (kernels/cpu/distill.h defines them): per row of student and
+// teacher [rows, V] (same float dtype, contiguous), loss [rows] (f32 for 16-bit logits, else
+// their dtype) and, when grad is not null, grad [rows, V] (the logits' dtype) = d loss[r] /
+// d student[r] times grad_scale, one value on the logits' device (null: 1; f32 on CUDA, the
+// logits' dtype on the CPU), so that a reduction's 1/n stays on the device. labels: [rows] int64
+// or null (alpha must be 0 then).
+using DistillParams = cpu::grad::DistillParams;
+using Divergence = cpu::grad::Divergence;
+void distill_forward(Tensor& loss, Tensor* grad, const Tensor& student, const Tensor& teacher,
+                     const Tensor* labels, const DistillParams& p,
+                     const Tensor* grad_scale = nullptr);
+// x [rows, cols] *= s per row (s: [rows] or [1] on x's device; f32 on CUDA, x's dtype on the
+// CPU), in place. CUDA: rows whose factor is exactly 1 are left untouched without being read.
+void scale_rows(Tensor& x, const Tensor& s);
 
 // Which kernel ran how often for these ops since the last reset (process-wide): one entry per
 // (op, kernel), with the reason when the kernel is a fallback.

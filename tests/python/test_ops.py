@@ -17,7 +17,7 @@ DEV = "cpu"
 
 def rand(*shape, dtype=torch.float32, seed=None, scale=1.0):
     g = torch.Generator().manual_seed(seed if seed is not None else hash(shape) % (2**31))
-    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+    return (torch.randn(tuple(shape), generator=g, dtype=torch.float64) * scale).to(dtype)
 
 
 def assert_close(got, want, tol, what=""):
@@ -520,3 +520,150 @@ def test_pairwise_cosine_diversity_errors_and_compile():
     (g,) = torch.autograd.grad(f(x), x)
     (want,) = torch.autograd.grad(L.pairwise_cosine_diversity(x, "rows").square().sum(), x)
     assert torch.allclose(g, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Distillation losses
+
+
+def distill_ref(s, t, labels, loss="kl", beta=0.5, temperature=1.0, alpha=0.0, ignore_index=-100,
+                reduction="batchmean"):
+    """The losses of llmk.ops.distill_loss written out in torch (float64 in the tests)."""
+    T = temperature
+    lq, lp = F.log_softmax(s / T, -1), F.log_softmax(t / T, -1)
+    q, p = lq.exp(), lp.exp()
+    kind = loss if loss != "jsd" else {0.0: "kl", 1.0: "reverse_kl"}.get(beta, "jsd")
+
+    def kl(a, la, lb):  # sum a (la - lb), 0 where a is 0
+        return torch.where(a > 0, a * (la - lb), torch.zeros_like(a)).sum(-1)
+    if kind == "kl":
+        D = kl(p, lp, lq)
+    elif kind == "reverse_kl":
+        D = kl(q, lq, lp)
+    else:
+        m = beta * p + (1 - beta) * q
+        D = beta * kl(p, lp, m.log()) + (1 - beta) * kl(q, lq, m.log())
+    row = (1 - alpha) * T * T * D
+    V = s.shape[-1]
+    if labels is not None:
+        keep = labels != ignore_index
+        if alpha:
+            ce = F.cross_entropy(s.reshape(-1, V), labels.reshape(-1), reduction="none",
+                                 ignore_index=ignore_index).reshape(labels.shape)
+            row = row + alpha * ce
+        row = torch.where(keep, row, torch.zeros_like(row))
+        n = int(keep.sum())
+    else:
+        n = row.numel()
+    if reduction == "none":
+        return row
+    if reduction == "sum":
+        return row.sum()
+    return row.sum() / max(n * (V if reduction == "mean" else 1), 1)
+
+
+@pytest.mark.parametrize("loss,beta", [("kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.5),
+                                       ("jsd", 0.0), ("jsd", 1.0), ("jsd", 0.25)])
+@pytest.mark.parametrize("temperature", [1.0, 4.0])
+@pytest.mark.parametrize("shape", [(1, 7), (2, 3, 130), (5, 1000)])
+def test_distill_loss(loss, beta, temperature, shape):
+    s = rand(*shape, seed=91, scale=3.0).requires_grad_()
+    t = rand(*shape, seed=92, scale=3.0)
+    compare(lambda s, t: L.distill_loss(s, t, loss=loss, beta=beta, temperature=temperature),
+            lambda s, t: distill_ref(s, t, None, loss, beta, temperature), [s, t],
+            fwd_tol=1e-5, bwd_tol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["batchmean", "sum", "mean", "none"])
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 1.0])
+def test_distill_loss_labels_and_reductions(reduction, alpha):
+    # ignore_index rows (one of them the first) add nothing; the hard label's cross-entropy mixed
+    # in with alpha; a vocabulary that is no multiple of any vector width.
+    s = rand(4, 3, 1001, seed=93, scale=2.0).requires_grad_()
+    t = rand(4, 3, 1001, seed=94, scale=2.0)
+    labels = torch.randint(0, 1001, (4, 3), generator=torch.Generator().manual_seed(95))
+    labels[0, 0] = labels[2, 1] = -100
+    for loss in ("kl", "jsd"):
+        compare(lambda s, t: L.distill_loss(s, t, loss=loss, temperature=2.0, labels=labels,
+                                            alpha=alpha, reduction=reduction),
+                lambda s, t: distill_ref(s, t, labels, loss, 0.5, 2.0, alpha, -100, reduction),
+                [s, t], fwd_tol=1e-5, bwd_tol=1e-5)
+
+
+def test_distill_loss_edges():
+    # Every row ignored: loss 0 and gradient 0 (batchmean divides by at least 1).
+    s = rand(3, 50, seed=96).requires_grad_()
+    t = rand(3, 50, seed=97)
+    out = L.distill_loss(s, t, labels=torch.full((3,), -100), alpha=0.5)
+    out.backward()
+    assert out.item() == 0.0 and s.grad.abs().max().item() == 0.0
+    # A large vocabulary (32,003) over one row, KL at T = 4.
+    s = rand(1, 32003, seed=98, scale=4.0).requires_grad_()
+    t = rand(1, 32003, seed=99, scale=4.0)
+    compare(lambda s, t: L.distill_loss(s, t, temperature=4.0),
+            lambda s, t: distill_ref(s, t, None, "kl", 0.5, 4.0), [s, t], fwd_tol=1e-5,
+            bwd_tol=1e-5)
+    # A logit of -inf in the teacher (a masked token) adds 0, not NaN.
+    s = rand(2, 9, seed=100).requires_grad_()
+    t = rand(2, 9, seed=101)
+    t[:, 3] = -math.inf
+    for loss in ("kl", "reverse_kl", "jsd"):
+        got = L.distill_loss(s.double(), t.double(), loss=loss)
+        want = distill_ref(s.double(), t.double(), None, loss)
+        assert torch.isfinite(got) == torch.isfinite(want), loss
+        if torch.isfinite(want):
+            assert_close(got, want, 1e-12, loss)
+
+
+def test_distill_loss_gradcheck():
+    s = rand(2, 5, dtype=torch.float64, seed=102).requires_grad_()
+    t = rand(2, 5, dtype=torch.float64, seed=103)
+    labels = torch.tensor([1, -100])
+    for loss in ("kl", "reverse_kl", "jsd"):
+        assert torch.autograd.gradcheck(
+            lambda s: L.distill_loss(s, t, loss=loss, temperature=1.5, labels=labels, alpha=0.4,
+                                     reduction="sum"), (s,))
+
+
+def test_distill_loss_errors():
+    s, t = rand(2, 5, seed=104), rand(2, 5, seed=105)
+    with pytest.raises(llmk.Error, match="loss = 'mse'"):
+        L.distill_loss(s, t, loss="mse")
+    with pytest.raises(llmk.Error, match="temperature"):
+        L.distill_loss(s, t, temperature=0.0)
+    with pytest.raises(llmk.Error, match="pass labels"):
+        L.distill_loss(s, t, alpha=0.5)
+    with pytest.raises(llmk.Error, match="detach"):
+        L.distill_loss(s, t.clone().requires_grad_())
+    with pytest.raises(llmk.Error, match="one shape"):
+        L.distill_loss(s, rand(2, 6, seed=106))
+    with pytest.raises(llmk.Error, match="outside"):
+        L.distill_loss(s, t, labels=torch.tensor([1, 5]), alpha=0.5)
+
+
+def test_distill_loss_backward_twice():
+    # The first backward scales the gradient formed in the forward in place; a second one
+    # through the same forward (retain_graph) forms it again.
+    s, t = rand(3, 20, seed=107).requires_grad_(), rand(3, 20, seed=108)
+    out = L.distill_loss(s, t, loss="jsd", reduction="none")
+    g = rand(3, seed=109)
+    (g1,) = torch.autograd.grad(out, s, g, retain_graph=True)
+    (g2,) = torch.autograd.grad(out, s, 2 * g)
+    assert_close(g2, 2 * g1, 1e-6, "second backward")
+
+
+def test_distill_loss_compiles():
+    torch._dynamo.reset()
+    labels = torch.tensor([[3, -100, 7]])
+
+    def f(s, t):
+        return L.distill_loss(s, t, loss="jsd", beta=0.3, temperature=2.0, labels=labels,
+                              alpha=0.2)
+
+    s, t = rand(1, 3, 40, seed=110).requires_grad_(), rand(1, 3, 40, seed=111)
+    want = f(s, t)
+    (gwant,) = torch.autograd.grad(want, s)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(s, t)
+    (ggot,) = torch.autograd.grad(got, s)
+    assert_close(got, want, 1e-6, "compiled loss")
+    assert_close(ggot, gwant, 1e-6, "compiled gradient")

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import llmk.ops as L  # noqa: E402
 from llmk._C import ops as _C  # noqa: E402
-from test_ops import ACT_REFS, rope_ref  # noqa: E402  (the CPU suite's, in this folder)
+from test_ops import ACT_REFS, distill_ref, rope_ref  # noqa: E402  (the CPU suite's)
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _C.cuda),
                                 reason="needs a GPU and a CUDA build of llmk")
@@ -24,7 +24,7 @@ EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 def rand(*shape, dtype, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    return torch.randn(tuple(shape), generator=g, device="cuda", dtype=torch.float32).to(dtype)
 
 
 def attention_math(q, k, v, causal, left, right, softcap, scale, upcast):
@@ -59,6 +59,8 @@ def check(got, want, base, dtype, what, floor=0.0):
     got, want, base = got.double(), want.double(), base.double()
     err = (got - want).abs().max().item()
     ref = (base - want).abs().max().item()
+    if not math.isfinite(ref):  # torch's own result at dtype overflowed: judged on eps alone
+        ref = 0.0
     scale = max(want.abs().max().item(), floor)
     assert torch.isfinite(got).all(), f"{what}: non-finite"
     assert err <= 2 * ref + EPS[dtype] * scale, \
@@ -385,3 +387,60 @@ def test_linear_act_cuda_without_grad(act, M, K, N, bias):
     (row,) = [s for s in L.stats() if s["op"] == "linear_act_forward"]
     assert row["kernel"] == "cuda"
     assert (row["reason"] == "") == (act in ("gelu_tanh", "none")), row
+
+
+# ---------------------------------------------------------------------------------------------
+# distill_loss (one row per cluster of blocks, staged in shared memory where it fits)
+
+
+def distill_case(dt, shape, loss, beta, temperature, alpha, reduction, seed):
+    """llmk's loss and student gradient at dt, and the float64 reference's and torch's at dt
+    (each from the same dt-rounded logits, the same random output gradient)."""
+    s = rand(*shape, dtype=torch.float32, seed=seed) * 3
+    t = rand(*shape, dtype=torch.float32, seed=seed + 1) * 3
+    g = torch.Generator(device="cuda").manual_seed(seed + 2)
+    labels = torch.randint(0, shape[-1], shape[:-1], generator=g, device="cuda")
+    labels.view(-1)[::3] = -100
+    kw = dict(loss=loss, beta=beta, temperature=temperature, alpha=alpha, reduction=reduction)
+    res = []
+    for fn, at in ((L.distill_loss, dt), (None, torch.float64), (None, dt)):
+        x = s.to(dt).to(at).requires_grad_()
+        y = t.to(dt).to(at)
+        out = (fn(x, y, labels=labels, **kw) if fn else
+               distill_ref(x, y, labels, loss, beta, temperature, alpha, -100, reduction))
+        go = rand(*out.shape, dtype=torch.float32, seed=seed + 3).to(out.dtype)
+        (gx,) = torch.autograd.grad(out, x, go)
+        res.append((out, gx))
+    return res
+
+
+@pytest.mark.parametrize("dt", DT3)
+@pytest.mark.parametrize("shape", [(1, 7), (3, 1001), (4, 32003), (2, 128256)])
+@pytest.mark.parametrize("loss,beta", [("kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.5)])
+def test_distill_loss_cuda(dt, shape, loss, beta):
+    (out, g), (want, gwant), (_, gbase) = distill_case(dt, shape, loss, beta, 2.0, 0.3,
+                                                       "batchmean", 120)
+    assert out.dtype == (torch.float64 if dt == torch.float64 else torch.float32)
+    err = abs(out.item() - want.item())
+    assert err <= 1e-4 * max(abs(want.item()), 1e-3), f"loss {out.item()} vs {want.item()}"
+    assert g.dtype == dt
+    check(g, gwant, gbase, dt, f"distill {loss} {shape} gradient")
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("temperature,alpha", [(1.0, 0.0), (4.0, 1.0)])
+def test_distill_loss_cuda_reductions(reduction, temperature, alpha):
+    dt = torch.bfloat16
+    (out, g), (want, gwant), (_, gbase) = distill_case(dt, (5, 3, 4099), "jsd", 0.25,
+                                                       temperature, alpha, reduction, 130)
+    d = (out.double() - want).abs().max().item()
+    assert d <= 1e-4 * max(want.abs().max().item(), 1e-3)
+    check(g, gwant, gbase, dt, f"distill {reduction} gradient")
+
+
+def test_distill_loss_cuda_label_outside_gives_nan():
+    s = rand(2, 100, dtype=torch.bfloat16, seed=140)
+    t = rand(2, 100, dtype=torch.bfloat16, seed=141)
+    out = L.distill_loss(s, t, labels=torch.tensor([5, 100], device="cuda"), alpha=0.5,
+                         reduction="none")
+    assert torch.isfinite(out[0]) and torch.isnan(out[1])

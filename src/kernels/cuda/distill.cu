@@ -1,0 +1,513 @@
+// Distillation losses from logits (distill.h). A cluster of C blocks (C <= 8, the portable
+// cluster size) takes one row, each block a chunk of ceil(V / C) logits of both tensors. Pass 1
+// reads the chunk (into shared memory where it fits) and keeps online-softmax statistics of the
+// student and teacher at temperature T (and of the student at temperature 1 for the hard label);
+// the blocks of the cluster combine theirs through distributed shared memory. Pass 2 forms the
+// gradient from the chunk in shared memory (JSD first sums its loss and sum q g there, a second
+// cluster exchange). So a row is read from HBM once and its gradient written once.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "core/cuda/check.h"
+#include "core/cuda/device.h"
+#include "core/cuda/stream.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/distill.h"
+
+namespace llmk::cuda::grad {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kMaxCluster = 8;                 // the portable cluster size
+constexpr size_t kMaxStageBytes = 100 * 1024;  // shared memory a block may stage its chunk in
+
+struct Args {
+  float* loss;
+  void* grad;
+  const void* student;
+  const void* teacher;
+  const int64_t* labels;
+  const float* grad_scale;
+  int64_t rows, V, chunk;  // chunk: logits per block, a multiple of the vector width
+  int kind;                // Divergence after effective_divergence (the kernel's kKind)
+  float beta, inv_t, temperature, alpha;
+  int64_t ignore_index;
+  bool stage, hard_separate;  // hard_separate: alpha > 0 and T != 1 (a third softmax)
+};
+
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+// 2^x, the hardware approximation (relative error about 2^-22; results below 2^-126 are 0).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Online log-sum-exp in base 2 with a weighted sum carried along: z = sum 2^(x - m),
+// w = sum 2^(x - m) y. (The kernel works in log2 units: logits times log2(e) / T.)
+struct Acc {
+  float m = -INFINITY, z = 0.0f, w = 0.0f;
+  // The N values x (weights y) of one vector: one rescale to their common maximum, then N
+  // independent exponentials (no chain through m from one element to the next). wy: whether
+  // the weighted sum is kept.
+  template <int N, bool wy>
+  __device__ void add_vec(const float (&x)[N], const float (&y)[N]) {
+    float mx = x[0];
+#pragma unroll
+    for (int k = 1; k < N; ++k) mx = fmaxf(mx, x[k]);
+    const float mm = fmaxf(m, mx);
+    if (mm == -INFINITY) return;  // all -inf so far
+    const float c = ex2(m - mm);  // 0 when m is -inf
+    float zs = 0.0f, ws = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float e = ex2(x[k] - mm);
+      zs += e;
+      if constexpr (wy) ws += e * y[k];
+    }
+    z = z * c + zs;
+    if constexpr (wy) w = w * c + ws;
+    m = mm;
+  }
+  __device__ void merge(const Acc& o) {
+    if (o.m == -INFINITY) return;
+    if (m == -INFINITY) {
+      *this = o;
+      return;
+    }
+    const float mm = fmaxf(m, o.m), c0 = ex2(m - mm), c1 = ex2(o.m - mm);
+    z = z * c0 + o.z * c1;
+    w = w * c0 + o.w * c1;
+    m = mm;
+  }
+  __device__ float lse2() const { return m + log2f(z); }  // log2 of sum 2^x
+};
+
+struct Stats {
+  Acc a, b, s1;  // student / T (w: KL's or ReverseKL's term), teacher / T, student at T = 1
+};
+
+__device__ Acc shfl_acc(const Acc& v, int lane_mask) {
+  Acc o;
+  o.m = __shfl_xor_sync(0xffffffffu, v.m, lane_mask);
+  o.z = __shfl_xor_sync(0xffffffffu, v.z, lane_mask);
+  o.w = __shfl_xor_sync(0xffffffffu, v.w, lane_mask);
+  return o;
+}
+
+// The block's statistics, combined into scratch[0] (every thread may read it after the call).
+__device__ void block_stats(Stats& s, Stats* scratch) {
+  for (int k = 16; k > 0; k >>= 1) {
+    s.a.merge(shfl_acc(s.a, k));
+    s.b.merge(shfl_acc(s.b, k));
+    s.s1.merge(shfl_acc(s.s1, k));
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < kThreads / 32; ++i) {
+      scratch[0].a.merge(scratch[i].a);
+      scratch[0].b.merge(scratch[i].b);
+      scratch[0].s1.merge(scratch[i].s1);
+    }
+  }
+  __syncthreads();
+}
+
+// Sum of v over the block into scratch[0] (float2: two sums at once).
+__device__ float2 block_sum2(float2 v, float2* scratch) {
+  for (int k = 16; k > 0; k >>= 1) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, k);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, k);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float2 t = scratch[0];
+    for (int i = 1; i < kThreads / 32; ++i) {
+      t.x += scratch[i].x;
+      t.y += scratch[i].y;
+    }
+    scratch[0] = t;
+  }
+  __syncthreads();
+  return scratch[0];
+}
+
+// N consecutive elements <-> floats in one access (N * sizeof(T) bytes, aligned to that).
+template <class T, int N>
+__device__ __forceinline__ void load_n(const T* p, float (&f)[N]) {
+  if constexpr (N == 1) {
+    f[0] = to_float(*p);
+  } else {
+    static_assert(N * sizeof(T) == 16, "16-byte vectors");
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < N; ++k) f[k] = to_float(h[k]);
+  }
+}
+template <class T, int N>
+__device__ __forceinline__ void store_n(T* p, const float (&f)[N]) {
+  if constexpr (N == 1) {
+    *p = from_float<T>(f[0]);
+  } else {
+    uint4 raw;
+    T* h = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < N; ++k) h[k] = from_float<T>(f[k]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  }
+}
+template <class T, int kVec, int kKind>
+__global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  auto cluster_sync = [&] { cluster.sync(); };
+  auto cluster_arrive = [] {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  };
+  auto cluster_wait = [] { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); };
+  auto at_rank = [&](auto* p, int r) { return cluster.map_shared_rank(p, r); };
+#else  // no clusters before sm_90: one block per row (the host launches no cluster there)
+  constexpr int C = 1, rank = 0;
+  auto cluster_sync = [] { __syncthreads(); };
+  auto cluster_arrive = [] {};
+  auto cluster_wait = [] {};
+  auto at_rank = [](auto* p, int) { return p; };
+#endif
+  const int64_t row = blockIdx.x / C;
+  extern __shared__ uint4 smem_raw[];
+  T* sS = reinterpret_cast<T*>(smem_raw);
+  T* sT = sS + a.chunk;
+  __shared__ Stats scratch[kThreads / 32];
+  __shared__ Stats part;    // this block's statistics, read by the cluster
+  __shared__ float2 part2;  // this block's JSD sums, read by the cluster
+  __shared__ float2 scratch2[kThreads / 32];
+
+  const int64_t V = a.V, lo = rank * a.chunk, hi = min(V, lo + a.chunk);
+  const T* S = static_cast<const T*>(a.student) + row * V;
+  const T* Tt = static_cast<const T*>(a.teacher) + row * V;
+  T* G = a.grad ? static_cast<T*>(a.grad) + row * V : nullptr;
+  const int64_t label = a.labels ? a.labels[row] : 0;
+  const bool ignored = a.labels && label == a.ignore_index;
+  const bool bad_label = a.labels && !ignored && (label < 0 || label >= V);
+  constexpr bool kKL = kKind == static_cast<int>(Divergence::KL);
+  constexpr bool kRKL = kKind == static_cast<int>(Divergence::ReverseKL);
+  // Logits in log2 units: x = student * log2(e) / T, y the same of the teacher; s1 = student *
+  // log2(e) (the hard label's softmax, at temperature 1).
+  const float c2 = a.inv_t * kLog2e;
+
+  // Pass 1: statistics (and the chunk into shared memory). Four vectors of each tensor are
+  // loaded before any is used, so that each thread has eight loads in flight.
+  Stats st;
+  if (!ignored) {
+    using Raw = std::conditional_t<kVec == 1, T, uint4>;
+    auto body = [&](int64_t i, const Raw& rs, const Raw& rt) {
+      if (a.stage) {
+        *reinterpret_cast<Raw*>(sS + (i - lo)) = rs;
+        *reinterpret_cast<Raw*>(sT + (i - lo)) = rt;
+      }
+      const T* hs = reinterpret_cast<const T*>(&rs);
+      const T* ht = reinterpret_cast<const T*>(&rt);
+      float s[kVec], x[kVec], y[kVec], xy[kVec], yx[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        s[k] = to_float(hs[k]) * kLog2e;
+        x[k] = to_float(hs[k]) * c2;
+        y[k] = to_float(ht[k]) * c2;
+        xy[k] = x[k] - y[k];
+        yx[k] = -xy[k];
+      }
+      st.a.add_vec<kVec, kRKL>(x, xy);
+      st.b.add_vec<kVec, kKL>(y, yx);
+      if (a.hard_separate) st.s1.add_vec<kVec, false>(s, s);
+    };
+    constexpr int kUnroll = 4;
+    const int64_t step = static_cast<int64_t>(kThreads) * kVec;
+    int64_t i = lo + static_cast<int64_t>(threadIdx.x) * kVec;
+    for (; i + (kUnroll - 1) * step < hi; i += kUnroll * step) {
+      Raw rs[kUnroll], rt[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        rs[u] = *reinterpret_cast<const Raw*>(S + i + u * step);
+        rt[u] = *reinterpret_cast<const Raw*>(Tt + i + u * step);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) body(i + u * step, rs[u], rt[u]);
+    }
+    for (; i < hi; i += step) {
+      body(i, *reinterpret_cast<const Raw*>(S + i), *reinterpret_cast<const Raw*>(Tt + i));
+    }
+  }
+  block_stats(st, scratch);
+  if (threadIdx.x == 0) part = scratch[0];
+  cluster_sync();
+  Stats row_st;
+  for (int r = 0; r < C; ++r) {
+    const Stats* o = at_rank(&part, r);
+    row_st.a.merge(o->a);
+    row_st.b.merge(o->b);
+    row_st.s1.merge(o->s1);
+  }
+  // The other blocks' statistics are read: this block's shared memory may go once every block
+  // of the cluster has arrived here too (waited for at the end).
+  cluster_arrive();
+  const float lse_a = row_st.a.lse2(), lse_b = row_st.b.lse2();  // log2 units
+  const float lse1 = a.hard_separate ? row_st.s1.lse2() : lse_a * a.temperature;
+  float D = 0.0f;  // natural units
+  if constexpr (kKL) D = kLn2 * (row_st.b.w / row_st.b.z - lse_b + lse_a);
+  if constexpr (kRKL) D = kLn2 * (row_st.a.w / row_st.a.z - lse_a + lse_b);
+
+  auto load_at = [&](int64_t i, float(&s)[kVec], float(&t)[kVec]) {
+    if (a.stage) {
+      load_n<T, kVec>(sS + (i - lo), s);
+      load_n<T, kVec>(sT + (i - lo), t);
+    } else {
+      load_n<T, kVec>(S + i, s);
+      load_n<T, kVec>(Tt + i, t);
+    }
+  };
+  const float beta = a.beta;
+  // JSD: D and sum_i q_i g_i (g_i = (1 - beta)(log q_i - log m_i)) over the row.
+  float qg = 0.0f;
+  if constexpr (!kKL && !kRKL) {
+    float2 acc = make_float2(0.0f, 0.0f);
+    if (!ignored) {
+      for (int64_t i = lo + static_cast<int64_t>(threadIdx.x) * kVec; i < hi;
+           i += static_cast<int64_t>(kThreads) * kVec) {
+        float s[kVec], t[kVec];
+        load_at(i, s, t);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float lq = s[k] * c2 - lse_a, lp = t[k] * c2 - lse_b;  // log2 units
+          const float q = ex2(lq), p = ex2(lp), m = beta * p + (1.0f - beta) * q;
+          // D's terms as beta p (log p - log m) + (1 - beta) q (log q - log m): summed as
+          // p log p + q log q - m log m they cancel from about -log V down to D.
+          const float lm = log2f(m);
+          const float dq = q > 0.0f ? (1.0f - beta) * q * (lq - lm) : 0.0f;
+          acc.x += (p > 0.0f ? beta * p * (lp - lm) : 0.0f) + dq;
+          acc.y += dq;
+        }
+      }
+    }
+    const float2 b = block_sum2(acc, scratch2);
+    if (threadIdx.x == 0) part2 = b;
+    cluster_wait();  // (the arrival after the statistics)
+    cluster_sync();  // every block's part2 written
+    for (int r = 0; r < C; ++r) {
+      const float2 o = *at_rank(&part2, r);
+      D += kLn2 * o.x;
+      qg += kLn2 * o.y;
+    }
+    cluster_arrive();  // part2 read; waited for at the end
+  }
+
+  const float soft = 1.0f - a.alpha, hard = a.alpha, T_ = a.temperature;
+  const float nan = __int_as_float(0x7fc00000);
+  if (G) {
+    const float scale = a.grad_scale ? *a.grad_scale : 1.0f;
+    // v = soft T d + hard (softmax - [i == label]), times scale; a label outside [0, V): NaN.
+    const float cs = bad_label ? nan : soft * T_ * scale, ch = bad_label ? nan : hard * scale;
+    for (int64_t i = lo + static_cast<int64_t>(threadIdx.x) * kVec; i < hi;
+         i += static_cast<int64_t>(kThreads) * kVec) {
+      float g[kVec];
+      if (ignored) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) g[k] = 0.0f;
+      } else {
+        float s[kVec], t[kVec];
+        load_at(i, s, t);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const float lq = s[k] * c2 - lse_a, lp = t[k] * c2 - lse_b;  // log2 units
+          const float q = ex2(lq), p = ex2(lp);
+          float d;
+          if constexpr (kKL) {
+            d = q - p;
+          } else if constexpr (kRKL) {
+            d = q > 0.0f ? q * (kLn2 * (lq - lp) - D) : 0.0f;
+          } else {
+            const float m = beta * p + (1.0f - beta) * q;
+            d = q > 0.0f ? q * ((1.0f - beta) * kLn2 * (lq - log2f(m)) - qg) : 0.0f;
+          }
+          float v = cs * d;
+          if (hard != 0.0f) {
+            v += ch * (ex2(s[k] * kLog2e - lse1) - (i + k == label ? 1.0f : 0.0f));
+          }
+          g[k] = v;
+        }
+      }
+      store_n<T, kVec>(G + i, g);
+    }
+  }
+  if (rank == 0 && threadIdx.x == 0) {
+    float l = 0.0f;
+    if (bad_label) {
+      l = nan;
+    } else if (!ignored) {
+      l = soft * T_ * T_ * D;
+      if (hard != 0.0f) l += hard * kLn2 * (lse1 - to_float(S[label]) * kLog2e);
+    }
+    a.loss[row] = l;
+  }
+  cluster_wait();  // no block leaves while another may still read its shared memory
+}
+
+template <class T, int kVec, int kKind>
+void launch(const Args& a, int C, size_t smem) {
+  auto* kernel = distill_kernel<T, kVec, kKind>;
+  if (smem > 48 * 1024) {
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+  }
+  if (C > 8) {
+    LLMK_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(C);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(a.rows * C));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = current_stream();
+  cfg.attrs = attr;
+  cfg.numAttrs = C > 1 ? 1 : 0;
+  LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+}
+
+// The largest power of two, up to kMaxCluster, that a cluster of kThreads-thread blocks may
+// span on this GPU (8 where the query fails: the portable size).
+int max_cluster_blocks() {
+  static const int n = [] {
+    auto* kernel = distill_kernel<float, 1, 0>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return 8;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(kMaxCluster);
+    cfg.blockDim = dim3(kThreads);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim = {kMaxCluster, 1, 1};
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int size = 0;
+    if (cudaOccupancyMaxPotentialClusterSize(&size, kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 8;
+    }
+    int c = 1;
+    while (c * 2 <= std::min(size, kMaxCluster)) c *= 2;
+    return std::max(c, 1);
+  }();
+  return n;
+}
+
+template <class T>
+__global__ void scale_rows_kernel(T* x, const float* s, int64_t s_stride, int64_t rows,
+                                  int64_t cols) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float f = s[r * s_stride];
+    if (f == 1.0f) continue;
+    T* xr = x + r * cols;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      xr[i] = from_float<T>(to_float(xr[i]) * f);
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void distill_rows(float* loss, T* grad, const T* student, const T* teacher, const int64_t* labels,
+                  int64_t rows, int64_t V, const DistillParams& p, const float* grad_scale) {
+  if (rows == 0) return;
+  Args a{};
+  a.loss = loss;
+  a.grad = grad;
+  a.student = student;
+  a.teacher = teacher;
+  a.labels = labels;
+  a.grad_scale = grad_scale;
+  a.rows = rows;
+  a.V = V;
+  a.kind = static_cast<int>(cpu::grad::effective_divergence(p));
+  a.beta = static_cast<float>(p.beta);
+  a.inv_t = static_cast<float>(1.0 / p.temperature);
+  a.temperature = static_cast<float>(p.temperature);
+  a.alpha = static_cast<float>(p.alpha);
+  a.ignore_index = p.ignore_index;
+  a.hard_separate = p.alpha != 0.0 && p.temperature != 1.0;
+  constexpr int kVecN = static_cast<int>(16 / sizeof(T));
+  const bool vec = V % kVecN == 0 && is_aligned(student, 16) && is_aligned(teacher, 16) &&
+                   (!grad || is_aligned(grad, 16));
+  const int w = vec ? kVecN : 1;
+  // The fewest blocks per row (a power of two up to 8) whose chunk of both tensors fits the
+  // staging budget; a row too long for 8 stages is read from global memory again instead.
+  // (Clusters exist from sm_90 on; each thread reads back in pass 2 only what it staged.)
+  const int max_cluster = device_info().cc_major >= 9 ? max_cluster_blocks() : 1;
+  int C = 1;
+  auto chunk_of = [&](int c) { return (V + c * w - 1) / (c * w) * w; };
+  while (C<max_cluster&& static_cast<size_t>(chunk_of(C)) * 2 * sizeof(T)> kMaxStageBytes) {
+    C *= 2;
+  }
+  a.chunk = chunk_of(C);
+  const size_t stage_bytes = static_cast<size_t>(a.chunk) * 2 * sizeof(T);
+  a.stage = stage_bytes <= kMaxStageBytes && (grad || a.kind == static_cast<int>(Divergence::JSD));
+  const size_t smem = a.stage ? stage_bytes : 0;
+  auto with_kind = [&]<int kVec>() {
+    switch (static_cast<Divergence>(a.kind)) {
+      case Divergence::KL:
+        return launch<T, kVec, static_cast<int>(Divergence::KL)>(a, C, smem);
+      case Divergence::ReverseKL:
+        return launch<T, kVec, static_cast<int>(Divergence::ReverseKL)>(a, C, smem);
+      case Divergence::JSD:
+        return launch<T, kVec, static_cast<int>(Divergence::JSD)>(a, C, smem);
+    }
+  };
+  if (vec) {
+    with_kind.template operator()<kVecN>();
+  } else {
+    with_kind.template operator()<1>();
+  }
+}
+
+template <class T>
+void scale_rows(T* x, const float* s, int64_t s_stride, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>(rows, 4 * device_info().sm_count));
+  scale_rows_kernel<T><<<blocks, 256, 0, current_stream()>>>(x, s, s_stride, rows, cols);
+  LLMK_CUDA_CHECK(cudaGetLastError());
+}
+
+#define LLMK_DISTILL_INSTANTIATE(T)                                                               \
+  template void distill_rows<T>(float*, T*, const T*, const T*, const int64_t*, int64_t, int64_t, \
+                                const DistillParams&, const float*);                              \
+  template void scale_rows<T>(T*, const float*, int64_t, int64_t, int64_t);
+LLMK_DISTILL_INSTANTIATE(float)
+LLMK_DISTILL_INSTANTIATE(__nv_bfloat16)
+LLMK_DISTILL_INSTANTIATE(__half)
+#undef LLMK_DISTILL_INSTANTIATE
+
+}  // namespace llmk::cuda::grad

@@ -33,6 +33,8 @@ __all__ = [
     "linear_act",
     "pairwise_cosine_diversity",
     "distill_loss",
+    "fused_linear_distill_loss",
+    "fused_linear_cross_entropy",
     "stats",
     "reset_stats",
 ]
@@ -981,6 +983,204 @@ def distill_loss(student_logits: Tensor, teacher_logits: Tensor, *, loss: str = 
     want_grad = torch.is_grad_enabled() and student_logits.requires_grad
     return _distill(student_logits, teacher_logits, labels, loss, float(beta),
                     float(temperature), float(alpha), int(ignore_index), reduction, want_grad)[0]
+
+
+def _chunk_rows(rows: int, V: int, itemsize: int, chunk_rows: Optional[int]) -> int:
+    """Rows per chunk of the fused losses: the caller's, else as many as keep one chunk of logits
+    at 512 MiB."""
+    if chunk_rows is not None:
+        return max(1, min(rows, int(chunk_rows)))
+    return max(1, min(rows, (512 << 20) // max(V * itemsize, 1)))
+
+
+def _fused_distill_forward(sh, sw, sb, th, tw, tb, tl, labels, loss, beta, temperature, alpha,
+                           ignore_index, reduction, chunk_rows, need):
+    """The loss of student logits sh @ sw^T + sb against the teacher's (tl, or th @ tw^T + tb;
+    neither: the student's own, for the hard label alone), chunk by chunk over rows, with the
+    gradients for sh, sw and sb formed on the way (need: which of the three): (loss, dh, dw, db),
+    the gradients for an incoming gradient of 1."""
+    BT, H = sh.shape
+    V = sw.shape[0]
+    dh = torch.empty_like(sh) if need[0] else None
+    dw = torch.zeros_like(sw) if need[1] else None
+    db = torch.zeros(V, dtype=_stat_dtype(sh), device=sh.device) if need[2] else None
+    lab = None if labels is None else labels.reshape(-1)
+    scale = _grad_scale(BT, V, lab, ignore_index, reduction, sh)
+    per_row = sh.new_empty(BT, dtype=_stat_dtype(sh))
+    step = _chunk_rows(BT, V, sh.element_size(), chunk_rows)
+    stream = _stream(sh)
+    for r0 in range(0, BT, step):
+        r1 = min(BT, r0 + step)
+        h = sh[r0:r1]
+        logits = h @ sw.t() if sb is None else torch.addmm(sb, h, sw.t())
+        if tl is not None:
+            t = _c(tl[r0:r1])
+        elif th is not None:
+            t = th[r0:r1] @ tw.t() if tb is None else torch.addmm(tb, th[r0:r1], tw.t())
+        else:
+            t = logits
+        # The gradient for these logits replaces them (scaled by the reduction's factor).
+        _C.distill_forward(per_row[r0:r1], logits if any(need) else None, logits, t,
+                           None if lab is None else lab[r0:r1], loss, beta, temperature, alpha,
+                           ignore_index, scale, stream)
+        if dh is not None:
+            torch.mm(logits, sw, out=dh[r0:r1])
+        if dw is not None:
+            dw.addmm_(logits.t(), h)
+        if db is not None:
+            db += logits.sum(0, dtype=db.dtype)
+    out = per_row.sum() if reduction == "sum" else (per_row.sum() * scale.to(per_row.dtype))
+    return out.reshape(()), dh, dw, None if db is None else db.to(sb.dtype)
+
+
+class _FusedDistill(torch.autograd.Function):
+    """The fused linear losses: everything is formed in the forward; the backward scales the
+    gradients by the incoming one (a single value: reductions to a scalar only)."""
+
+    @staticmethod
+    def forward(ctx, sh, sw, sb, th, tw, tb, tl, labels, loss, beta, temperature, alpha,
+                ignore_index, reduction, chunk_rows, need):
+        ctx.set_materialize_grads(False)
+        out, dh, dw, db = _fused_distill_forward(
+            sh.detach(), sw.detach(), None if sb is None else sb.detach(), th, tw, tb, tl, labels,
+            loss, beta, temperature, alpha, ignore_index, reduction, chunk_rows, need)
+        ctx.save_for_backward(dh, dw, db)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        dh, dw, db = ctx.saved_tensors
+        if dout is None:
+            return (None,) * 16
+
+        def scaled(g):
+            return None if g is None else g * dout.to(g.dtype)
+        return (scaled(dh), scaled(dw), scaled(db)) + (None,) * 13
+
+
+def _check_fused_inputs(op: str, hidden: Tensor, weight: Tensor, bias: Optional[Tensor]):
+    _check_float(op, hidden=hidden, weight=weight, bias=bias)
+    _check(hidden.dim() >= 1 and weight.dim() == 2 and hidden.shape[-1] == weight.shape[1],
+           lambda: f"llmk.ops.{op}: hidden is {tuple(hidden.shape)} but weight "
+           f"{tuple(weight.shape)}; weight must be [V, hidden's last dimension]")
+    _check(bias is None or bias.shape == (weight.shape[0],),
+           lambda: f"llmk.ops.{op}: bias must be [{weight.shape[0]}]")
+
+
+def fused_linear_distill_loss(student_hidden: Tensor, student_weight: Tensor,
+                              student_bias: Optional[Tensor] = None, *,
+                              teacher_logits: Optional[Tensor] = None,
+                              teacher_hidden: Optional[Tensor] = None,
+                              teacher_weight: Optional[Tensor] = None,
+                              teacher_bias: Optional[Tensor] = None,
+                              teacher_topk=None, loss: str = "kl", beta: float = 0.5,
+                              temperature: float = 1.0, labels: Optional[Tensor] = None,
+                              alpha: float = 0.0, ignore_index: int = -100,
+                              reduction: str = "batchmean",
+                              chunk_rows: Optional[int] = None) -> Tensor:
+    """distill_loss of the student's logits student_hidden @ student_weight^T (+ bias) against
+    the teacher's (teacher_logits, or teacher_hidden @ teacher_weight^T + teacher_bias), without
+    forming the logits of more than chunk_rows rows at a time (default: 512 MiB of logits): each
+    chunk's logits come from a matmul (torch's, cuBLAS on CUDA), llmk's row kernel replaces them
+    by their gradient, and two more matmuls add the chunk's share of the gradients for
+    student_hidden, student_weight (accumulated in its dtype) and the bias. All of it happens in
+    the forward; the backward scales them. Losses, temperature, labels, alpha and ignore_index as
+    distill_loss; reduction "batchmean", "sum" or "mean" (a scalar). The teacher gets no
+    gradient. teacher_topk (a teacher given by its top-k logits) is not supported yet.
+    """
+    op = "fused_linear_distill_loss"
+    _check(teacher_topk is None,
+           "llmk.ops.fused_linear_distill_loss: teacher_topk is not supported yet; pass "
+           "teacher_logits or teacher_hidden and teacher_weight")
+    _check(loss in _DIVERGENCES,
+           lambda: f"llmk.ops.{op}: loss = {loss!r}; one of kl, reverse_kl, jsd")
+    _check(reduction in ("batchmean", "sum", "mean"),
+           lambda: f"llmk.ops.{op}: reduction = {reduction!r}; one of batchmean, sum, mean "
+           "(the gradients are formed for a scalar loss)")
+    _check_fused_inputs(op, student_hidden, student_weight, student_bias)
+    V = student_weight.shape[0]
+    rows_shape = student_hidden.shape[:-1]
+    if teacher_logits is not None:
+        _check(teacher_hidden is None and teacher_weight is None,
+               f"llmk.ops.{op}: give the teacher as teacher_logits or as teacher_hidden and "
+               "teacher_weight, not both")
+        _check_float(op, student_hidden=student_hidden, teacher_logits=teacher_logits)
+        _check(teacher_logits.shape == (*rows_shape, V),
+               lambda: f"llmk.ops.{op}: teacher_logits is {tuple(teacher_logits.shape)}, "
+               f"expected {(*rows_shape, V)}")
+        tl = _c(teacher_logits).reshape(-1, V)
+        th = tw = tb = None
+    else:
+        _check(teacher_hidden is not None and teacher_weight is not None,
+               f"llmk.ops.{op}: the teacher is missing: teacher_logits, or teacher_hidden and "
+               "teacher_weight")
+        _check_fused_inputs(op, teacher_hidden, teacher_weight, teacher_bias)
+        _check_float(op, student_hidden=student_hidden, teacher_hidden=teacher_hidden)
+        _check(teacher_hidden.shape[:-1] == rows_shape and teacher_weight.shape[0] == V,
+               lambda: f"llmk.ops.{op}: teacher_hidden {tuple(teacher_hidden.shape)} and "
+               f"teacher_weight {tuple(teacher_weight.shape)} must give {(*rows_shape, V)} logits")
+        tl = None
+        th = _c(teacher_hidden).reshape(-1, teacher_hidden.shape[-1])
+        tw, tb = _c(teacher_weight), None if teacher_bias is None else _c(teacher_bias)
+    for name, t in (("teacher_logits", teacher_logits), ("teacher_hidden", teacher_hidden),
+                    ("teacher_weight", teacher_weight), ("teacher_bias", teacher_bias)):
+        _check(t is None or not t.requires_grad or not torch.is_grad_enabled(),
+               lambda: f"llmk.ops.{op}: {name} requires grad, but the teacher gets no gradient "
+               f"here; pass {name}.detach()")
+    _check(temperature > 0 and math.isfinite(temperature),
+           lambda: f"llmk.ops.{op}: temperature = {temperature} must be positive")
+    _check(0.0 <= beta <= 1.0 and 0.0 <= alpha <= 1.0,
+           lambda: f"llmk.ops.{op}: beta = {beta} and alpha = {alpha} must be in [0, 1]")
+    _check(alpha == 0.0 or labels is not None,
+           lambda: f"llmk.ops.{op}: alpha = {alpha} mixes in the hard labels: pass labels")
+    if labels is not None:
+        _check(isinstance(labels, Tensor) and not labels.is_floating_point()
+               and labels.shape == rows_shape and labels.device == student_hidden.device,
+               lambda: f"llmk.ops.{op}: labels must be an integer tensor of shape "
+               f"{tuple(rows_shape)} on {student_hidden.device}")
+        labels = _c(labels).to(torch.int64)
+    return _fused_linear(op, student_hidden, student_weight, student_bias, th, tw, tb, tl, labels,
+                         loss, beta, temperature, alpha, ignore_index, reduction, chunk_rows)
+
+
+# The chunk loop is Python over matmuls and llmk's kernel: torch.compile runs it eagerly (a graph
+# break; fullgraph=True refuses it).
+@torch.compiler.disable
+def _fused_linear(op, hidden, weight, bias, th, tw, tb, tl, labels, loss, beta, temperature, alpha,
+                  ignore_index, reduction, chunk_rows):
+    grad_on = torch.is_grad_enabled()
+    need = tuple(bool(grad_on and t is not None and t.requires_grad)
+                 for t in (hidden, weight, bias))
+    sh = _c(hidden).reshape(-1, hidden.shape[-1]) if not need[0] else \
+        hidden.reshape(-1, hidden.shape[-1])
+    return _FusedDistill.apply(sh.contiguous(), weight.contiguous(), bias, th, tw, tb, tl, labels,
+                               loss, float(beta), float(temperature), float(alpha),
+                               int(ignore_index), reduction, chunk_rows, need)
+
+
+def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor,
+                               bias: Optional[Tensor] = None, *, ignore_index: int = -100,
+                               reduction: str = "mean",
+                               chunk_rows: Optional[int] = None) -> Tensor:
+    """Cross-entropy of the logits hidden @ weight^T (+ bias) with labels, chunked as
+    fused_linear_distill_loss (which it is with alpha = 1): the logits of at most chunk_rows rows
+    exist at once and the gradients are formed in the forward. reduction "mean" (over the rows
+    not ignored, as torch's cross_entropy) or "sum"."""
+    _check(reduction in ("mean", "sum"),
+           lambda: f"llmk.ops.fused_linear_cross_entropy: reduction = {reduction!r}; 'mean' "
+           "or 'sum'")
+    _check(isinstance(labels, Tensor),
+           "llmk.ops.fused_linear_cross_entropy: labels must be a tensor")
+    op = "fused_linear_cross_entropy"
+    _check_fused_inputs(op, hidden, weight, bias)
+    _check(not labels.is_floating_point() and labels.shape == hidden.shape[:-1]
+           and labels.device == hidden.device,
+           lambda: f"llmk.ops.{op}: labels must be an integer tensor of shape "
+           f"{tuple(hidden.shape[:-1])} on {hidden.device}")
+    # The hard label alone (alpha = 1): the student's own logits stand in for the teacher's.
+    return _fused_linear(op, hidden, weight, bias, None, None, None, None,
+                         _c(labels).to(torch.int64), "kl", 0.5, 1.0, 1.0, ignore_index,
+                         "batchmean" if reduction == "mean" else "sum", chunk_rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -887,8 +887,9 @@ void distill_forward(Tensor& loss, Tensor* grad, const Tensor& student, const Te
                "ops::{}: grad must be contiguous, on student's device", op);
     require_dtype(op, "grad", *grad, dt);
     require_shape(op, "grad", *grad, student.shape());
-    require_disjoint(op, "grad", *grad, "student", student);
-    require_disjoint(op, "grad", *grad, "teacher", teacher);
+    // grad may be student itself (in place), else apart from it.
+    if (grad->data() != student.data()) require_disjoint(op, "grad", *grad, "student", student);
+    if (grad->data() != teacher.data()) require_disjoint(op, "grad", *grad, "teacher", teacher);
   }
   // grad_scale: f32 on CUDA; on the CPU in the logits' dtype (f64 keeps 1/n exact enough).
   const DType scale_dt = at.cuda ? DType::F32 : dt;

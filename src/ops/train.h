@@ -105,7 +105,8 @@ void cosine_diversity_backward(Tensor& dx, const Tensor& dout, const Tensor& x, 
 // their dtype) and, when grad is not null, grad [rows, V] (the logits' dtype) = d loss[r] /
 // d student[r] times grad_scale, one value on the logits' device (null: 1; f32 on CUDA, the
 // logits' dtype on the CPU), so that a reduction's 1/n stays on the device. labels: [rows] int64
-// or null (alpha must be 0 then).
+// or null (alpha must be 0 then). grad may be student itself: the gradient replaces the logits
+// (and teacher may be student too: the hard label alone, with alpha 1).
 using DistillParams = cpu::grad::DistillParams;
 using Divergence = cpu::grad::Divergence;
 void distill_forward(Tensor& loss, Tensor* grad, const Tensor& student, const Tensor& teacher,

@@ -667,3 +667,82 @@ def test_distill_loss_compiles():
     (ggot,) = torch.autograd.grad(got, s)
     assert_close(got, want, 1e-6, "compiled loss")
     assert_close(ggot, gwant, 1e-6, "compiled gradient")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused linear losses (chunked: the logits of a few rows at a time)
+
+
+@pytest.mark.parametrize("teacher", ["logits", "hidden", "hidden_bias"])
+@pytest.mark.parametrize("loss,beta", [("kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.3)])
+@pytest.mark.parametrize("chunk_rows", [1, 4, None])
+def test_fused_linear_distill_loss(teacher, loss, beta, chunk_rows):
+    BT, H, Ht, V = 7, 12, 10, 37
+    h = rand(BT, H, seed=120).requires_grad_()
+    w = (rand(V, H, seed=121) / 2).requires_grad_()
+    b = rand(V, seed=122).requires_grad_()
+    th, tw, tb = rand(BT, Ht, seed=123), rand(V, Ht, seed=124) / 2, rand(V, seed=125)
+    tl = rand(BT, V, seed=126, scale=2.0)
+    labels = torch.randint(0, V, (BT,), generator=torch.Generator().manual_seed(127))
+    labels[3] = -100
+    kw = dict(loss=loss, beta=beta, temperature=2.0, labels=labels, alpha=0.25,
+              reduction="batchmean")
+
+    def ours(h, w, b):
+        t = ({"teacher_logits": tl.to(h.dtype)} if teacher == "logits" else
+             {"teacher_hidden": th.to(h.dtype), "teacher_weight": tw.to(h.dtype),
+              "teacher_bias": tb.to(h.dtype) if teacher == "hidden_bias" else None})
+        return L.fused_linear_distill_loss(h, w, b, **t, chunk_rows=chunk_rows, **kw)
+
+    def ref(h, w, b):
+        t = (tl if teacher == "logits" else
+             F.linear(th.double(), tw.double(), tb.double() if teacher == "hidden_bias" else None))
+        return distill_ref(F.linear(h, w, b), t.to(h.dtype), labels, loss, beta, 2.0, 0.25, -100,
+                           "batchmean")
+    compare(ours, ref, [h, w, b], fwd_tol=1e-5, bwd_tol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_fused_linear_cross_entropy(reduction):
+    h = rand(2, 5, 16, seed=130).requires_grad_()
+    w = (rand(50, 16, seed=131) / 3).requires_grad_()
+    labels = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(132))
+    labels[0, 1] = labels[1, 4] = -100
+    compare(lambda h, w: L.fused_linear_cross_entropy(h, w, labels, reduction=reduction,
+                                                      chunk_rows=3),
+            lambda h, w: F.cross_entropy(F.linear(h, w).reshape(-1, 50), labels.reshape(-1),
+                                         reduction=reduction),
+            [h, w], fwd_tol=1e-5, bwd_tol=1e-5)
+
+
+def test_fused_linear_losses_without_grad_and_errors():
+    h, w = rand(3, 8, seed=133), rand(20, 8, seed=134)
+    labels = torch.tensor([1, 2, 3])
+    with torch.no_grad():
+        got = L.fused_linear_cross_entropy(h.requires_grad_(), w, labels)
+    assert_close(got, F.cross_entropy(F.linear(h.detach(), w), labels), 1e-6, "no grad")
+    tl = rand(3, 20, seed=135)
+    with pytest.raises(llmk.Error, match="teacher_topk"):
+        L.fused_linear_distill_loss(h, w, teacher_topk=(None, None))
+    with pytest.raises(llmk.Error, match="reduction"):
+        L.fused_linear_distill_loss(h, w, teacher_logits=tl, reduction="none")
+    with pytest.raises(llmk.Error, match="teacher is missing"):
+        L.fused_linear_distill_loss(h, w)
+    with pytest.raises(llmk.Error, match="detach"):
+        L.fused_linear_distill_loss(h, w, teacher_logits=tl.clone().requires_grad_())
+    with pytest.raises(llmk.Error, match="expected"):
+        L.fused_linear_distill_loss(h, w, teacher_logits=rand(3, 21, seed=136))
+
+
+def test_fused_linear_cross_entropy_under_compile_runs_eagerly():
+    torch._dynamo.reset()
+    h, w = rand(4, 8, seed=137).requires_grad_(), rand(12, 8, seed=138).requires_grad_()
+    labels = torch.tensor([1, 2, -100, 11])
+
+    def f(h, w):
+        return L.fused_linear_cross_entropy(h * 2, w, labels) + h.sum() * 0
+
+    want = f(h, w)
+    got = torch.compile(f, backend="aot_eager")(h, w)
+    assert_close(got, want, 1e-6, "compiled")
+    assert_close(torch.autograd.grad(got, w)[0], torch.autograd.grad(want, w)[0], 1e-6, "grad")

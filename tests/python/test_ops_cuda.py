@@ -444,3 +444,31 @@ def test_distill_loss_cuda_label_outside_gives_nan():
     out = L.distill_loss(s, t, labels=torch.tensor([5, 100], device="cuda"), alpha=0.5,
                          reduction="none")
     assert torch.isfinite(out[0]) and torch.isnan(out[1])
+
+
+@pytest.mark.parametrize("loss", ["kl", "jsd"])
+def test_fused_linear_distill_loss_cuda(loss):
+    # bf16 hidden states and lm_heads, a vocabulary off the vector width, chunks of 64 rows.
+    import torch.nn.functional as F
+    BT, H, V = 300, 64, 5003
+    dt = torch.bfloat16
+    h, w = rand(BT, H, dtype=dt, seed=150), rand(V, H, dtype=dt, seed=151) / 4
+    th, tw = rand(BT, H, dtype=dt, seed=152), rand(V, H, dtype=dt, seed=153) / 4
+    g = torch.Generator(device="cuda").manual_seed(154)
+    labels = torch.randint(0, V, (BT,), generator=g, device="cuda")
+    labels[::7] = -100
+    res = []
+    for at in (dt, torch.float64, dt):
+        x, wx = h.to(at).requires_grad_(), w.to(at).requires_grad_()
+        if len(res) == 0:
+            out = L.fused_linear_distill_loss(x, wx, teacher_hidden=th, teacher_weight=tw,
+                                              loss=loss, temperature=2.0, labels=labels,
+                                              alpha=0.3, chunk_rows=64)
+        else:
+            out = distill_ref(F.linear(x, wx), F.linear(th.to(at), tw.to(at)), labels, loss, 0.5,
+                              2.0, 0.3, -100, "batchmean")
+        res.append((out,) + torch.autograd.grad(out, (x, wx)))
+    (out, gh, gw), (want, wh, ww), (base, bh, bw) = res
+    check(out, want, base, dt, f"fused {loss} loss")
+    check(gh, wh, bh, dt, f"fused {loss} d hidden")
+    check(gw, ww, bw, dt, f"fused {loss} d weight")

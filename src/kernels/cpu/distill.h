@@ -36,7 +36,8 @@ inline Divergence effective_divergence(const DistillParams& p) {
 
 // student, teacher: [rows, V], contiguous. labels: [rows] (null: every row counts, alpha must
 // be 0). loss: [rows], each row's loss. grad (optional, [rows, V]): d loss[r] / d student[r]
-// times grad_scale. A label outside [0, V) other than ignore_index throws llmk::Error.
+// times grad_scale; grad may be student itself. A label outside [0, V) other than ignore_index
+// throws llmk::Error.
 template <class T>
 void distill_rows(T* loss, T* grad, const T* student, const T* teacher, const int64_t* labels,
                   int64_t rows, int64_t V, const DistillParams& p, double grad_scale);

@@ -206,6 +206,11 @@ __global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
   const int64_t label = a.labels ? a.labels[row] : 0;
   const bool ignored = a.labels && label == a.ignore_index;
   const bool bad_label = a.labels && !ignored && (label < 0 || label >= V);
+  // The label's logit, read before any gradient is written (grad may be student itself).
+  const float s_label =
+      rank == 0 && threadIdx.x == 0 && a.alpha != 0.0f && a.labels && !ignored && !bad_label
+          ? to_float(S[label])
+          : 0.0f;
   constexpr bool kKL = kKind == static_cast<int>(Divergence::KL);
   constexpr bool kRKL = kKind == static_cast<int>(Divergence::ReverseKL);
   // Logits in log2 units: x = student * log2(e) / T, y the same of the teacher; s1 = student *
@@ -361,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
       l = nan;
     } else if (!ignored) {
       l = soft * T_ * T_ * D;
-      if (hard != 0.0f) l += hard * kLn2 * (lse1 - to_float(S[label]) * kLog2e);
+      if (hard != 0.0f) l += hard * kLn2 * (lse1 - s_label * kLog2e);
     }
     a.loss[row] = l;
   }

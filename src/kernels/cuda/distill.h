@@ -15,10 +15,11 @@ using cpu::grad::Divergence;
 
 // Per row of student and teacher [rows, V] (contiguous): loss[r] (fp32) and, when grad is not
 // null, grad [rows, V] (T) = d loss[r] / d student[r] times *grad_scale (an fp32 on the device;
-// null: 1). labels [rows] int64 on the device or null (alpha must be 0 then). A label outside
-// [0, V) other than ignore_index gives that row a NaN loss and gradient. Each row is read from
-// memory once where its share of each block's shared memory fits (a cluster of up to 8 blocks
-// splits a row), else twice (three times for JSD).
+// null: 1). labels [rows] int64 on the device or null (alpha must be 0 then). grad may be
+// student itself (the gradient replaces the logits: each is read before its place is written). A
+// label outside [0, V) other than ignore_index gives that row a NaN loss and gradient. Each row is
+// read from memory once where its share of each block's shared memory fits (a cluster of up to 8
+// blocks splits a row), else twice (three times for JSD).
 template <class T>
 void distill_rows(float* loss, T* grad, const T* student, const T* teacher, const int64_t* labels,
                   int64_t rows, int64_t V, const DistillParams& p, const float* grad_scale);

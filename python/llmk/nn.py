@@ -5,6 +5,7 @@
     mlp_up = llmk.nn.LinearSiLU(4096, 14336, bias=False)      # silu(x @ W^T) in one op
     attn = llmk.nn.FlashAttention(causal=True, window=4096)    # q, k, v: [batch, seq, heads, dim]
     llmk.nn.replace_linear_with_quantized(model, bits=8)       # forward-only int8 weights
+    kd = llmk.nn.FusedLinearDistillLoss(loss="jsd", temperature=2.0)  # chunked, no full logits
 
 Each module keeps its parameters like its torch counterpart (RMSNorm.weight, Linear.weight and
 .bias), so state dicts load unchanged.
@@ -20,7 +21,8 @@ from torch import Tensor, nn
 import llmk.ops as L
 
 __all__ = ["RMSNorm", "FlashAttention", "LinearGELU", "LinearSiLU", "QuantizedLinear",
-           "replace_linear_with_quantized"]
+           "replace_linear_with_quantized", "DistillLoss", "FusedLinearDistillLoss",
+           "FusedLinearCrossEntropyLoss"]
 
 
 class RMSNorm(nn.Module):
@@ -159,3 +161,56 @@ def replace_linear_with_quantized(model: nn.Module, bits: int = 8, group_size: i
             if isinstance(child, nn.Linear) and not any(full.endswith(s) for s in skip):
                 setattr(module, child_name, QuantizedLinear.from_float(child, bits, group_size))
     return model
+
+
+class DistillLoss(nn.Module):
+    """llmk.ops.distill_loss with its options fixed: forward(student_logits, teacher_logits,
+    labels=None)."""
+
+    def __init__(self, loss: str = "kl", beta: float = 0.5, temperature: float = 1.0,
+                 alpha: float = 0.0, ignore_index: int = -100, reduction: str = "batchmean"):
+        super().__init__()
+        self.options = dict(loss=loss, beta=beta, temperature=temperature, alpha=alpha,
+                            ignore_index=ignore_index, reduction=reduction)
+
+    def forward(self, student_logits: Tensor, teacher_logits: Tensor,
+                labels: Optional[Tensor] = None) -> Tensor:
+        return L.distill_loss(student_logits, teacher_logits, labels=labels, **self.options)
+
+
+class FusedLinearDistillLoss(DistillLoss):
+    """llmk.ops.fused_linear_distill_loss with its options fixed: forward(student_hidden,
+    student_weight, teacher_hidden=None, teacher_weight=None, teacher_logits=None, labels=None,
+    student_bias=None, teacher_bias=None); the logits of at most chunk_rows rows exist at once."""
+
+    def __init__(self, loss: str = "kl", beta: float = 0.5, temperature: float = 1.0,
+                 alpha: float = 0.0, ignore_index: int = -100, reduction: str = "batchmean",
+                 chunk_rows: Optional[int] = None):
+        super().__init__(loss, beta, temperature, alpha, ignore_index, reduction)
+        self.chunk_rows = chunk_rows
+
+    def forward(self, student_hidden: Tensor, student_weight: Tensor,
+                teacher_hidden: Optional[Tensor] = None, teacher_weight: Optional[Tensor] = None,
+                teacher_logits: Optional[Tensor] = None, labels: Optional[Tensor] = None,
+                student_bias: Optional[Tensor] = None,
+                teacher_bias: Optional[Tensor] = None) -> Tensor:
+        return L.fused_linear_distill_loss(
+            student_hidden, student_weight, student_bias, teacher_logits=teacher_logits,
+            teacher_hidden=teacher_hidden, teacher_weight=teacher_weight,
+            teacher_bias=teacher_bias, labels=labels, chunk_rows=self.chunk_rows, **self.options)
+
+
+class FusedLinearCrossEntropyLoss(nn.Module):
+    """llmk.ops.fused_linear_cross_entropy: forward(hidden, weight, labels, bias=None), the
+    logits of at most chunk_rows rows at once."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 chunk_rows: Optional[int] = None):
+        super().__init__()
+        self.ignore_index, self.reduction, self.chunk_rows = ignore_index, reduction, chunk_rows
+
+    def forward(self, hidden: Tensor, weight: Tensor, labels: Tensor,
+                bias: Optional[Tensor] = None) -> Tensor:
+        return L.fused_linear_cross_entropy(hidden, weight, labels, bias,
+                                            ignore_index=self.ignore_index,
+                                            reduction=self.reduction, chunk_rows=self.chunk_rows)

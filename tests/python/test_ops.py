@@ -746,3 +746,20 @@ def test_fused_linear_cross_entropy_under_compile_runs_eagerly():
     got = torch.compile(f, backend="aot_eager")(h, w)
     assert_close(got, want, 1e-6, "compiled")
     assert_close(torch.autograd.grad(got, w)[0], torch.autograd.grad(want, w)[0], 1e-6, "grad")
+
+
+def test_nn_loss_modules_match_the_ops():
+    import llmk.nn
+    s, t = rand(2, 3, 30, seed=140).requires_grad_(), rand(2, 3, 30, seed=141)
+    labels = torch.tensor([[1, 2, -100], [4, 5, 6]])
+    m = llmk.nn.DistillLoss(loss="jsd", beta=0.2, temperature=3.0, alpha=0.5)
+    assert_close(m(s, t, labels), L.distill_loss(s, t, loss="jsd", beta=0.2, temperature=3.0,
+                                                 alpha=0.5, labels=labels), 1e-12, "DistillLoss")
+    h, w = rand(6, 8, seed=142).requires_grad_(), rand(30, 8, seed=143).requires_grad_()
+    th, tw = rand(6, 8, seed=144), rand(30, 8, seed=145)
+    fm = llmk.nn.FusedLinearDistillLoss(loss="reverse_kl", temperature=2.0, chunk_rows=4)
+    assert_close(fm(h, w, th, tw), distill_ref(F.linear(h, w), F.linear(th, tw), None,
+                                                "reverse_kl", 0.5, 2.0), 1e-5, "fused module")
+    ce = llmk.nn.FusedLinearCrossEntropyLoss(chunk_rows=5)
+    lab = labels.reshape(-1)
+    assert_close(ce(h, w, lab), F.cross_entropy(F.linear(h, w), lab), 1e-5, "CE module")

@@ -20,13 +20,13 @@ log-probabilities, not logits).
 """
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import llmk.ops as L
+from timing import timed_interleaved
 
 
 def torch_loss(s, t, loss, T, beta):
@@ -147,21 +147,11 @@ def main():
 
     # Copy rate: one tensor of the logits' size copied (read + write).
     dst = torch.empty_like(t)
-    copy_t = []
-    times = {n: [] for n in variants}
-    for _ in range(args.samples):
-        for name, fn in list(variants.items()) + [("copy", None)]:
-            flush.fill_(1)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            if fn is None:
-                dst.copy_(t)
-            else:
-                torch.autograd.grad(fn(), params)
-            b.record()
-            b.synchronize()
-            (copy_t if fn is None else times[name]).append(a.elapsed_time(b))
-    copy_ms = statistics.median(copy_t)
+    names = list(variants)
+    grads = [lambda fn=variants[n]: torch.autograd.grad(fn(), params) for n in names]
+    us = timed_interleaved(grads + [lambda: dst.copy_(t)], args.samples, flush, warmup=1)
+    times = {n: us[i] / 1e3 for i, n in enumerate(names)}  # ms
+    copy_ms = us[-1] / 1e3
     nbytes = BT * V * 2
     copy_gbs = 2 * nbytes / copy_ms / 1e6
     floor_ms = 3 * nbytes / copy_gbs / 1e6
@@ -188,7 +178,7 @@ def main():
           "max |grad - torch's| |")
     print("|---|---|---|---|---|---|")
     for name in variants:
-        ms = statistics.median(times[name])
+        ms = times[name]
         r = {"variant": name, "ms": round(ms, 3), "over_floor": round(ms / floor_ms, 3),
              "memory_gib": round(mem[name], 3), **agree[name]}
         rows.append(r)

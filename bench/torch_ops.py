@@ -16,7 +16,6 @@ random dO (the forward is outside the events). TFLOP/s counts 4 B H S^2 D for th
 """
 import argparse
 import json
-import statistics
 import sys
 
 import torch
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import llmk.ops as L
+from timing import timed_interleaved
 
 ATTENTION = [  # B, Hq, Hkv, S, D, causal
     (4, 32, 32, 2048, 128, True),
@@ -80,25 +80,6 @@ LINEAR = [  # M, K, N: the issue's 128 x 4096 x 16384, and a training-sized batc
 
 
 ACTS = {"gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "gelu": F.gelu, "silu": F.silu}
-
-
-def timed_interleaved(fns, samples, flush):
-    """timed() for several functions at once, their samples interleaved (f1, f2, ..., f1, f2,
-    ...), so that clock and power drift over the run weighs on all of them alike."""
-    for fn in fns:
-        for _ in range(3):
-            fn()
-    times = [[] for _ in fns]
-    for _ in range(samples):
-        for i, fn in enumerate(fns):
-            flush.fill_(1)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times[i].append(a.elapsed_time(b) * 1e3)  # us
-    return [statistics.median(t) for t in times]
 
 
 def linear_rows(M, K, N, samples, flush):

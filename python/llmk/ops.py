@@ -786,22 +786,32 @@ def linear_act(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
 # Diversity
 
 
+def _diversity_workspace(x: Tensor) -> Optional[Tensor]:
+    """The CUDA kernels' scratch (None on the CPU)."""
+    if not x.is_cuda:
+        return None
+    return torch.empty(_C.cosine_diversity_workspace(x), dtype=torch.uint8, device=x.device)
+
+
 @_op("cosine_diversity")
 def _cosine_diversity(x: Tensor, rows: bool) -> Tensor:
-    out = x.new_empty(x.shape[0] if rows else 1)
-    _C.cosine_diversity_forward(out, _c(x), rows, _stream(x))
+    x = _c(x)
+    out = x.new_empty(x.shape[0] if rows else 1, dtype=_stat_dtype(x))
+    _C.cosine_diversity_forward(out, x, rows, _diversity_workspace(x), _stream(x))
     return out
 
 
 @_cosine_diversity.register_fake
 def _(x, rows):
-    return x.new_empty(x.shape[0] if rows else 1)
+    return x.new_empty(x.shape[0] if rows else 1, dtype=_stat_dtype(x))
 
 
 @_op("cosine_diversity_backward")
 def _cosine_diversity_backward(dout: Tensor, x: Tensor, rows: bool) -> Tensor:
+    x = _c(x)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _C.cosine_diversity_backward(dx, _c(dout), _c(x), rows, _stream(x))
+    _C.cosine_diversity_backward(dx, _c(dout).to(_stat_dtype(x)), x, rows,
+                                 _diversity_workspace(x), _stream(x))
     return dx
 
 
@@ -830,7 +840,7 @@ def pairwise_cosine_diversity(embeddings: Tensor, reduction: str = "mean") -> Te
     mean over ordered pairs i != j of 1 - cos(e_i, e_j); "rows", [N], each row's mean distance
     to the others. A zero row has cosine 0 with every row (distance 1) and a zero gradient; with
     fewer than two rows there are no pairs and the result is 0. Forward and backward; float32 or
-    float64 on the CPU (no CUDA kernel yet)."""
+    float64 on the CPU, bf16, fp16 or float32 on CUDA (the result float32 for 16-bit rows)."""
     _check(reduction in ("mean", "rows"),
            lambda: f"llmk.ops.pairwise_cosine_diversity: reduction = {reduction!r}; 'mean' or "
            "'rows'")
@@ -838,8 +848,6 @@ def pairwise_cosine_diversity(embeddings: Tensor, reduction: str = "mean") -> Te
     _check(embeddings.dim() == 2,
            lambda: f"llmk.ops.pairwise_cosine_diversity: embeddings is {tuple(embeddings.shape)}; "
            "[N, d] expected")
-    _check(not embeddings.is_cuda,
-           "llmk.ops.pairwise_cosine_diversity: CUDA tensors: no CUDA kernel yet; use CPU tensors")
     out = _cosine_diversity(embeddings, reduction == "rows")
     return out if reduction == "rows" else out.reshape(())
 

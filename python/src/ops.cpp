@@ -380,20 +380,30 @@ void register_ops(nb::module_& parent) {
       nb::arg("w"), nb::arg("z"), nb::arg("act"), nb::arg("dz_buffer").none(), nb::arg("stream"));
   m.def(
       "cosine_diversity_forward",
-      [](Array out, Array x, bool rows, uintptr_t stream) {
+      [](Array out, Array x, bool rows, OptArray workspace, uintptr_t stream) {
         Tensor t = tensor_of(out, "out");
-        on_stream(stream, [&] { ops::cosine_diversity_forward(t, tensor_of(x, "x"), rows); });
-      },
-      nb::arg("out"), nb::arg("x"), nb::arg("rows"), nb::arg("stream"));
-  m.def(
-      "cosine_diversity_backward",
-      [](Array dx, Array dout, Array x, bool rows, uintptr_t stream) {
-        Tensor t = tensor_of(dx, "dx");
+        std::optional<Tensor> ws = opt_tensor(workspace, "workspace");
         on_stream(stream, [&] {
-          ops::cosine_diversity_backward(t, tensor_of(dout, "dout"), tensor_of(x, "x"), rows);
+          ops::cosine_diversity_forward(t, tensor_of(x, "x"), rows, ws ? &*ws : nullptr);
         });
       },
-      nb::arg("dx"), nb::arg("dout"), nb::arg("x"), nb::arg("rows"), nb::arg("stream"));
+      nb::arg("out"), nb::arg("x"), nb::arg("rows"), nb::arg("workspace").none(),
+      nb::arg("stream"));
+  m.def(
+      "cosine_diversity_backward",
+      [](Array dx, Array dout, Array x, bool rows, OptArray workspace, uintptr_t stream) {
+        Tensor t = tensor_of(dx, "dx");
+        std::optional<Tensor> ws = opt_tensor(workspace, "workspace");
+        on_stream(stream, [&] {
+          ops::cosine_diversity_backward(t, tensor_of(dout, "dout"), tensor_of(x, "x"), rows,
+                                         ws ? &*ws : nullptr);
+        });
+      },
+      nb::arg("dx"), nb::arg("dout"), nb::arg("x"), nb::arg("rows"), nb::arg("workspace").none(),
+      nb::arg("stream"));
+  m.def(
+      "cosine_diversity_workspace",
+      [](Array x) { return ops::cosine_diversity_workspace(tensor_of(x, "x")); }, nb::arg("x"));
   m.def(
       "distill_forward",
       [](Array loss, OptArray grad, Array student, Array teacher, OptArray labels,

@@ -19,6 +19,7 @@
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/backward.h"
 #include "kernels/cuda/distill.h"
+#include "kernels/cuda/diversity.h"
 #include "kernels/cuda/gemm/linear.h"
 #include "kernels/cuda/grad.h"
 #endif
@@ -825,29 +826,89 @@ void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, c
 
 // ---- pairwise cosine diversity ----
 
-void cosine_diversity_forward(Tensor& out, const Tensor& x, bool rows) {
-  constexpr std::string_view op = "cosine_diversity_forward";
-  const DType dt = check_float_cpu(op, {{"x", &x}, {"out", &out}});
+namespace {
+
+// The checks both directions share; returns where the op runs and the CUDA scratch it needs.
+Where check_diversity(std::string_view op, const Tensor& x, const Tensor& result,
+                      std::string_view result_name, const Tensor* workspace) {
+  const Where at = check_float(op, {{"x", &x}}, true, true);
   require_ndim(op, "x", x, 2);
+  LLMK_CHECK(result.device() == x.device() && result.is_contiguous(),
+             "ops::{}: {} must be contiguous, on x's device", op, result_name);
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    LLMK_CHECK(x.dim(1) <= cuda::grad::cosine_diversity_max_dim(),
+               "ops::{}: x is {}: CUDA takes rows of at most {} values", op, x.str(),
+               cuda::grad::cosine_diversity_max_dim());
+    const size_t need = cuda::grad::cosine_diversity_workspace(x.dim(0), x.dim(1));
+    LLMK_CHECK(workspace && workspace->device() == Device::CUDA && workspace->is_contiguous() &&
+                   static_cast<size_t>(workspace->nbytes()) >= need,
+               "ops::{}: CUDA needs a contiguous workspace of {} bytes", op, need);
+#endif
+  }
+  (void)workspace;  // the CPU kernels need none
+  return at;
+}
+
+}  // namespace
+
+size_t cosine_diversity_workspace(const Tensor& x) {
+#ifdef LLMK_HAS_CUDA
+  if (x.device() == Device::CUDA && x.ndim() == 2) {
+    return cuda::grad::cosine_diversity_workspace(x.dim(0), x.dim(1));
+  }
+#endif
+  (void)x;
+  return 0;
+}
+
+void cosine_diversity_forward(Tensor& out, const Tensor& x, bool rows, Tensor* workspace) {
+  constexpr std::string_view op = "cosine_diversity_forward";
+  const Where at = check_diversity(op, x, out, "out", workspace);
   const int64_t N = x.dim(0), d = x.dim(1);
   require_shape(op, "out", out, rows ? Shape{N} : Shape{1});
+  require_dtype(op, "out", out, at.cuda ? DType::F32 : at.dt);
   require_disjoint(op, "out", out, "x", x);
-  with_float(dt, [&]<class T>() {
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    with_cuda_float(at.dt, [&]<class T>() {
+      cuda::grad::cosine_diversity_fwd(out.data<float>(), x.data<const T>(), N, d, rows,
+                                       workspace->data());
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
+  with_float(at.dt, [&]<class T>() {
     cpu::grad::cosine_diversity_fwd(out.data<T>(), x.data<const T>(), N, d, rows);
   });
   count(op, "cpu");
 }
 
-void cosine_diversity_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool rows) {
+void cosine_diversity_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool rows,
+                               Tensor* workspace) {
   constexpr std::string_view op = "cosine_diversity_backward";
-  const DType dt = check_float_cpu(op, {{"x", &x}, {"dout", &dout}, {"dx", &dx}});
-  require_ndim(op, "x", x, 2);
+  const Where at = check_diversity(op, x, dx, "dx", workspace);
   const int64_t N = x.dim(0), d = x.dim(1);
   require_shape(op, "dout", dout, rows ? Shape{N} : Shape{1});
+  require_dtype(op, "dout", dout, at.cuda ? DType::F32 : at.dt);
+  LLMK_CHECK(dout.device() == x.device() && dout.is_contiguous(),
+             "ops::{}: dout must be contiguous, on x's device", op);
   require_shape(op, "dx", dx, x.shape());
+  require_dtype(op, "dx", dx, at.dt);
   require_disjoint(op, "dx", dx, "x", x);
   require_disjoint(op, "dx", dx, "dout", dout);
-  with_float(dt, [&]<class T>() {
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    with_cuda_float(at.dt, [&]<class T>() {
+      cuda::grad::cosine_diversity_bwd(dx.data<T>(), dout.data<const float>(), x.data<const T>(), N,
+                                       d, rows, workspace->data());
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
+  with_float(at.dt, [&]<class T>() {
     cpu::grad::cosine_diversity_bwd(dx.data<T>(), dout.data<const T>(), x.data<const T>(), N, d,
                                     rows);
   });

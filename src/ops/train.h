@@ -94,11 +94,16 @@ void linear_act_forward(Tensor& y, Tensor* z, const Tensor& x, const Tensor& w, 
 void linear_act_backward(Tensor* dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x,
                          const Tensor& w, const Tensor& z, Act act, Tensor* dz_buffer = nullptr);
 
-// Pairwise cosine diversity of x [N, d] (kernels/cpu/diversity.h), CPU only so far: out [1] (rows
+// Pairwise cosine diversity of x [N, d] (kernels/cpu/diversity.h defines it): out [1] (rows
 // false: the mean over ordered pairs i != j of 1 - cos) or [N] (rows: each row's mean over the
-// others); the backward gives dx from dout of out's shape. f32 or f64, x's rows contiguous.
-void cosine_diversity_forward(Tensor& out, const Tensor& x, bool rows);
-void cosine_diversity_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool rows);
+// others); the backward gives dx from dout of out's shape. CPU: f32 or f64, out and dout in x's
+// dtype; CUDA: bf16, f16 or f32 x, f32 out and dout, rows of at most
+// cuda::grad::cosine_diversity_max_dim() values, and cosine_diversity_workspace(x) bytes of CUDA
+// memory from the caller.
+void cosine_diversity_forward(Tensor& out, const Tensor& x, bool rows, Tensor* workspace = nullptr);
+void cosine_diversity_backward(Tensor& dx, const Tensor& dout, const Tensor& x, bool rows,
+                               Tensor* workspace = nullptr);
+size_t cosine_diversity_workspace(const Tensor& x);
 
 // Distillation losses from logits (kernels/cpu/distill.h defines them): per row of student and
 // teacher [rows, V] (same float dtype, contiguous), loss [rows] (f32 for 16-bit logits, else

@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 import llmk.ops as L  # noqa: E402
 from llmk._C import ops as _C  # noqa: E402
-from test_ops import ACT_REFS, distill_ref, rope_ref  # noqa: E402  (the CPU suite's)
+from test_ops import (ACT_REFS, cosine_diversity_ref, distill_ref,  # noqa: E402
+                      rope_ref)  # (the CPU suite's)
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _C.cuda),
                                 reason="needs a GPU and a CUDA build of llmk")
@@ -472,3 +473,48 @@ def test_fused_linear_distill_loss_cuda(loss):
     check(out, want, base, dt, f"fused {loss} loss")
     check(gh, wh, bh, dt, f"fused {loss} d hidden")
     check(gw, ww, bw, dt, f"fused {loss} d weight")
+
+
+# ---------------------------------------------------------------------------------------------
+# pairwise_cosine_diversity (O(N d), column sums in a fixed order)
+
+
+@pytest.mark.parametrize("dt", DT3)
+@pytest.mark.parametrize("n,d", [(1, 5), (2, 3), (3, 1), (17, 64), (2003, 33), (4099, 1000),
+                                 (3001, 1024), (1000, 512)])
+def test_pairwise_cosine_diversity_cuda(dt, n, d):
+    # d 1024 and 512: the register fast path (d a multiple of 32 vectors); the others: general.
+    x = rand(n, d, dtype=dt, seed=n + d)
+    if n > 2:
+        x[1] = 0.0  # a zero row: distance 1 to every row, a zero gradient
+    x64 = x.double().cpu()
+    norm = x64.norm(dim=1)
+    S = (x64 / torch.where(norm > 0, norm, 1.0).unsqueeze(1)).sum(0)
+    inv = torch.where(norm > 0, 1.0 / torch.where(norm > 0, norm, 1.0), 0.0)
+    for reduction in ("mean", "rows"):
+        out = L.pairwise_cosine_diversity(x, reduction)
+        assert out.dtype == torch.float32
+        want = cosine_diversity_ref(x64, reduction == "rows")
+        # f32 sums of unit vectors, against values of order 1.
+        assert (out.double().cpu() - want).abs().max().item() <= 1e-5, f"{reduction} {n}x{d}"
+        if n < 2:
+            continue
+        w = rand(*out.shape, dtype=torch.float32, seed=9)
+        xr = x.detach().clone().requires_grad_()
+        (gx,) = torch.autograd.grad((L.pairwise_cosine_diversity(xr, reduction) * w).sum(), xr)
+        x64r = x64.clone().requires_grad_()
+        (gw,) = torch.autograd.grad((cosine_diversity_ref(x64r, reduction == "rows")
+                                     * w.double().cpu()).sum(), x64r)
+        gx = gx.double().cpu()
+        # The size of the terms the gradient is formed from (du_k / |x_k|, before the projection
+        # cancels them; a gradient can be exactly 0, as for d = 1), and f16's quantum near 0.
+        wmax = w.abs().max().item()
+        du = (2 * wmax * S.norm().item() / (n - 1) if reduction == "rows"
+              else 2 * wmax * S.norm().item() / (n * (n - 1)))
+        terms = du * inv.max().item()
+        tol = max(4 * EPS[dt], 1e-5) * max(gw.abs().max().item(), terms)
+        tol += 2.0**-24 if dt == torch.float16 else 0.0
+        err = (gx - gw).abs().max().item()
+        assert err <= tol, f"{reduction} {n}x{d} gradient {err:.3e} (tolerance {tol:.3e})"
+        if n > 2:
+            assert (gx[1] == 0).all()

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""llmk.ops.pairwise_cosine_diversity on the GPU beside torch's N x N cosines: the mean and the
+row means, forward and forward + backward.
+
+    PYTHONPATH=<llmk with CUDA> python3 bench/diversity.py [--n 65536] [--d 1024] [--samples 20]
+        [--json FILE]
+
+bf16 embeddings [N, d]. Each sample: a 256 MiB write that flushes the L2, then the call between
+CUDA events; the median; llmk and torch interleaved. Floor: reading x once (the mean's forward)
+at the copy rate measured in the same run. torch: F.normalize, u @ u.T in bf16, then the means
+over j != i (float32 sums). Memory: peak allocated beyond the input.
+"""
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import llmk.ops as L
+from timing import timed_interleaved
+
+
+def torch_diversity(x, rows):
+    u = F.normalize(x, dim=1)
+    c = (u @ u.T).float()
+    n = x.shape[0]
+    per_row = (n - 1) - (c.sum(1) - c.diagonal())
+    return per_row / (n - 1) if rows else per_row.sum() / (n * (n - 1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=65536)
+    ap.add_argument("--d", type=int, default=1024)
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("diversity: needs a GPU")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(args.n, args.d, generator=g, device="cuda").to(torch.bfloat16)
+    x.requires_grad_()
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    cases = {}
+    for red in ("mean", "rows"):
+        rows = red == "rows"
+        w = torch.randn(args.n, generator=g, device="cuda") if rows else None
+
+        def scalar(out, w=w):
+            return (out * w).sum() if w is not None else out
+
+        cases[f"llmk {red} fwd"] = lambda red=red: L.pairwise_cosine_diversity(x.detach(), red)
+        cases[f"llmk {red} fwd+bwd"] = lambda red=red, scalar=scalar: torch.autograd.grad(
+            scalar(L.pairwise_cosine_diversity(x, red)), x)
+        cases[f"torch {red} fwd"] = lambda rows=rows: torch_diversity(x.detach(), rows)
+        cases[f"torch {red} fwd+bwd"] = lambda rows=rows, scalar=scalar: torch.autograd.grad(
+            scalar(torch_diversity(x, rows)), x)
+    agree = {red: (L.pairwise_cosine_diversity(x.detach(), red).double()
+                   - torch_diversity(x.detach(), red == "rows").double()).abs().max().item()
+             for red in ("mean", "rows")}
+    mem = {}
+    for name, fn in cases.items():
+        fn()
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        mem[name] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    dst = torch.empty_like(x.detach())
+    names = list(cases)
+    us = timed_interleaved([cases[n] for n in names] + [lambda: dst.copy_(x.detach())],
+                           args.samples, flush, warmup=1)
+    times = {n: us[i] for i, n in enumerate(names)}
+    nbytes = x.numel() * 2
+    copy_gbs = 2 * nbytes / us[-1] / 1e3
+    floor_us = nbytes / copy_gbs / 1e3
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: N {args.n} x d {args.d} "
+          f"bf16; copy rate {copy_gbs:.0f} GB/s; floor (x read once) {floor_us:.1f} us; "
+          f"max |llmk - torch|: mean {agree['mean']:.2e}, rows {agree['rows']:.2e}")
+    print("| case | us | memory GiB |")
+    print("|---|---|---|")
+    rows_out = []
+    for name in cases:
+        us_ = times[name]
+        rows_out.append({"case": name, "us": round(us_, 1), "memory_gib": round(mem[name], 3)})
+        print(f"| {name} | {us_:.1f} | {mem[name]:.3f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "n": args.n, "d": args.d,
+                       "copy_gbs": round(copy_gbs), "floor_us": round(floor_us, 1),
+                       "agreement": agree, "cases": rows_out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

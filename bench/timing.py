@@ -1,0 +1,25 @@
+"""GPU timing shared by the bench scripts: CUDA events around each call, the L2 flushed first."""
+import statistics
+
+import torch
+
+
+def timed_interleaved(fns, samples, flush, warmup=3):
+    """The median time in microseconds of each of fns, called `warmup` times each first, then
+    sampled interleaved (f1, f2, ..., f1, f2, ...) so that clock and power drift over the run
+    weighs on all of them alike. Each sample: flush.fill_(1) (a write larger than the L2), then
+    the call alone between two events."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(samples):
+        for i, fn in enumerate(fns):
+            flush.fill_(1)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[i].append(a.elapsed_time(b) * 1e3)
+    return [statistics.median(t) for t in times]

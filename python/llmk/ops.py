@@ -32,6 +32,8 @@ __all__ = [
     "geglu",
     "linear_act",
     "pairwise_cosine_diversity",
+    "pairwise_cosine_distance",
+    "cosine_topk",
     "distill_loss",
     "fused_linear_distill_loss",
     "fused_linear_cross_entropy",
@@ -850,6 +852,53 @@ def pairwise_cosine_diversity(embeddings: Tensor, reduction: str = "mean") -> Te
            "[N, d] expected")
     out = _cosine_diversity(embeddings, reduction == "rows")
     return out if reduction == "rows" else out.reshape(())
+
+
+def _unit_rows(x: Tensor) -> Tensor:
+    """x's rows over their norms (zero rows stay zero: cosine 0 with every row)."""
+    n = x.norm(dim=1, keepdim=True)
+    return torch.where(n > 0, x / torch.where(n > 0, n, torch.ones_like(n)), torch.zeros_like(x))
+
+
+def _check_embeddings(op: str, embeddings: Tensor) -> None:
+    _check_float(op, embeddings=embeddings)
+    _check(embeddings.dim() == 2,
+           lambda: f"llmk.ops.{op}: embeddings is {tuple(embeddings.shape)}; [N, d] expected")
+
+
+def pairwise_cosine_distance(embeddings: Tensor) -> Tensor:
+    """The N x N matrix of 1 - cos(e_i, e_j) for embeddings [N, d], as one matmul of the
+    normalised rows (torch's, on tensor cores for 16-bit CUDA tensors), differentiable. A zero row
+    has cosine 0 with every row, itself included (distance 1). Memory: N x N; for each row's
+    nearest rows without it, cosine_topk."""
+    _check_embeddings("pairwise_cosine_distance", embeddings)
+    u = _unit_rows(embeddings)
+    return 1 - u @ u.T
+
+
+def cosine_topk(embeddings: Tensor, k: int, chunk_rows: Optional[int] = None
+                ) -> tuple[Tensor, Tensor]:
+    """Each row's k nearest other rows by cosine distance, without the N x N matrix: (distances
+    [N, k] ascending, indices [N, k] int64). Chunks of chunk_rows rows (default: 64 MiB of
+    similarities at a time) are multiplied against all rows and reduced by torch.topk; the
+    distances are differentiable. A row is never its own neighbour; k must be below N."""
+    _check_embeddings("cosine_topk", embeddings)
+    N = embeddings.shape[0]
+    _check(isinstance(k, int) and 0 < k < N,
+           lambda: f"llmk.ops.cosine_topk: k = {k!r}; an int in [1, {N - 1}] for {N} rows")
+    u = _unit_rows(embeddings)
+    step = chunk_rows or max(1, (64 << 20) // max(N * u.element_size(), 1))
+    dist, idx = [], []
+    for r0 in range(0, N, step):
+        r1 = min(N, r0 + step)
+        sim = u[r0:r1] @ u.T
+        rows = torch.arange(r0, r1, device=u.device)
+        sim = sim.index_put((rows - r0, rows), torch.tensor(-math.inf, dtype=sim.dtype,
+                                                            device=sim.device))
+        v, i = torch.topk(sim, k, dim=1)
+        dist.append(1 - v)
+        idx.append(i)
+    return torch.cat(dist), torch.cat(idx)
 
 
 # ---------------------------------------------------------------------------------------------

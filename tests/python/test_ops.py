@@ -763,3 +763,34 @@ def test_nn_loss_modules_match_the_ops():
     ce = llmk.nn.FusedLinearCrossEntropyLoss(chunk_rows=5)
     lab = labels.reshape(-1)
     assert_close(ce(h, w, lab), F.cross_entropy(F.linear(h, w), lab), 1e-5, "CE module")
+
+
+def test_pairwise_cosine_distance_and_topk():
+    x = rand(50, 7, dtype=torch.float64, seed=150)
+    x[4] = 0.0
+    D = L.pairwise_cosine_distance(x)
+    u = x / x.norm(dim=1, keepdim=True).clamp(min=1e-300)
+    u[4] = 0.0
+    want = 1 - u @ u.T
+    assert_close(D, want, 1e-12, "distance matrix")
+    assert D[4].eq(1).all() and D[:, 4].eq(1).all()
+    # Row means of the matrix without its diagonal are pairwise_cosine_diversity's rows.
+    off = (D.sum(1) - D.diagonal()) / 49
+    assert_close(off, L.pairwise_cosine_diversity(x, "rows"), 1e-12, "against diversity rows")
+    for chunk in (1, 7, None):
+        dist, idx = L.cosine_topk(x, 5, chunk_rows=chunk)
+        masked = want.clone()
+        masked.fill_diagonal_(math.inf)
+        wd, wi = torch.topk(masked, 5, dim=1, largest=False)
+        assert_close(dist, wd, 1e-12, f"topk distances, chunk {chunk}")
+        assert (idx != torch.arange(50).unsqueeze(1)).all()
+        # Indices agree except among ties (the zero row's neighbours are all at distance 1).
+        same = (idx == wi) | (wd == 1.0)
+        assert same.all()
+    # (Rows 5-13: no zero row, where a perturbation turns u from 0 into a unit vector.)
+    assert torch.autograd.gradcheck(lambda t: L.cosine_topk(t, 3)[0],
+                                    (x[5:14].clone().requires_grad_(),))
+    with pytest.raises(llmk.Error, match="k = 50"):
+        L.cosine_topk(x, 50)
+    with pytest.raises(llmk.Error, match=r"\[N, d\] expected"):
+        L.pairwise_cosine_distance(x[0])

@@ -37,6 +37,7 @@ __all__ = [
     "distill_loss",
     "fused_linear_distill_loss",
     "fused_linear_cross_entropy",
+    "attention_transfer_loss",
     "stats",
     "reset_stats",
 ]
@@ -1238,6 +1239,134 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor,
     return _fused_linear(op, hidden, weight, bias, None, None, None, None,
                          _c(labels).to(torch.int64), "kl", 0.5, 1.0, 1.0, ignore_index,
                          "batchmean" if reduction == "mean" else "sum", chunk_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention transfer (MiniLM-style)
+
+
+def _relations(q: Tensor, R: int) -> Tensor:
+    """[B, S, H, D] -> [B, R, S, H D / R]: the heads concatenated and split into R relation heads
+    (MiniLM v2), so that teacher and student may differ in head count and head dim."""
+    B, S, H, D = q.shape
+    return q.reshape(B, S, R, H * D // R).transpose(1, 2)
+
+
+def _key_blocks(S: int, block: int):
+    return [(j0, min(S, j0 + block)) for j0 in range(0, S, block)]
+
+
+def _scores(q, k, scale, j0, j1, causal):
+    """q [B, R, S, d] against keys j0..j1: scaled scores [B, R, S, j1 - j0], -inf above the
+    causal diagonal."""
+    a = (q @ k[:, :, j0:j1].transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(q.shape[2], device=q.device).unsqueeze(1)
+        j = torch.arange(j0, j1, device=q.device).unsqueeze(0)
+        a = a.masked_fill(j > i, -math.inf)
+    return a
+
+
+def _finite(m: Tensor) -> Tensor:
+    """m with -inf (a row with no key yet) as 0, to subtract from scores without NaN."""
+    return torch.where(torch.isinf(m), torch.zeros_like(m), m)
+
+
+def _rescale(m: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
+    """The running maximum after the block a, and the factor the sums so far take."""
+    new = torch.maximum(m, a.amax(-1))
+    return new, torch.exp(m - _finite(new))
+
+
+class _AttentionTransfer(torch.autograd.Function):
+    """KL(teacher || student) of each query row's attention distribution, averaged over batch,
+    relation heads and rows; keys in blocks, so no S x S matrix exists (forward: online
+    log-sum-exps and the KL's weighted sum; backward: the blocks again)."""
+
+    @staticmethod
+    def forward(ctx, tq, tk, sq, sk, st, ss, causal, block):
+        ctx.set_materialize_grads(False)
+        shape = sq.shape[:3]
+        m_t = torch.full(shape, -math.inf, dtype=sq.dtype, device=sq.device)
+        z_t, w, m_s, z_s = (torch.zeros(shape, dtype=sq.dtype, device=sq.device),
+                            torch.zeros(shape, dtype=sq.dtype, device=sq.device),
+                            m_t.clone(), torch.zeros(shape, dtype=sq.dtype, device=sq.device))
+        for j0, j1 in _key_blocks(sq.shape[2], block):
+            a_t, a_s = _scores(tq, tk, st, j0, j1, causal), _scores(sq, sk, ss, j0, j1, causal)
+            # Teacher: z = sum e^(a - m), w = sum e^(a - m) (a_t - a_s) (masked terms add 0).
+            m_t, c = _rescale(m_t, a_t)
+            e = torch.exp(a_t - _finite(m_t).unsqueeze(-1))
+            diff = torch.where(e > 0, a_t - a_s, torch.zeros_like(a_t))
+            z_t = z_t * c + e.sum(-1)
+            w = w * c + (e * diff).sum(-1)
+            m_s, c = _rescale(m_s, a_s)
+            z_s = z_s * c + torch.exp(a_s - _finite(m_s).unsqueeze(-1)).sum(-1)
+        lse_t, lse_s = m_t + z_t.log(), m_s + z_s.log()
+        kl = w / z_t - lse_t + lse_s  # per row
+        ctx.save_for_backward(tq, tk, sq, sk, lse_t, lse_s)
+        ctx.params = (st, ss, causal, block)
+        return kl.mean()
+
+    @staticmethod
+    def backward(ctx, dout):
+        if dout is None:
+            return (None,) * 8
+        tq, tk, sq, sk, lse_t, lse_s = ctx.saved_tensors
+        st, ss, causal, block = ctx.params
+        g = dout / lse_s.numel()
+        dq, dk = torch.zeros_like(sq), torch.zeros_like(sk)
+        for j0, j1 in _key_blocks(sq.shape[2], block):
+            p_t = torch.exp(_scores(tq, tk, st, j0, j1, causal) - lse_t.unsqueeze(-1))
+            p_s = torch.exp(_scores(sq, sk, ss, j0, j1, causal) - lse_s.unsqueeze(-1))
+            da = (p_s - p_t) * (g * ss)  # d loss / d (q k^T) of the student
+            dq += da @ sk[:, :, j0:j1]
+            dk[:, :, j0:j1] += da.transpose(-1, -2) @ sq
+        return None, None, dq, dk, None, None, None, None
+
+
+def attention_transfer_loss(teacher_q: Tensor, teacher_k: Tensor, student_q: Tensor,
+                            student_k: Tensor, temperature: float = 1.0, causal: bool = True,
+                            relation_heads: Optional[int] = None, block: int = 256) -> Tensor:
+    """Teacher-student attention transfer (MiniLM): the KL divergence KL(teacher || student)
+    between each query's attention distributions softmax(q k^T / (sqrt(d) T)), averaged over
+    batch, relation heads and query rows, with its gradient into student_q and student_k (the
+    teacher gets none). Inputs [B, S, H, D] as flash_attn's (teacher and student share B and S).
+    The heads of each side are concatenated and split into relation_heads heads (MiniLM v2;
+    default: the smaller head count), which both sides' H D must divide: so teacher and student
+    may differ in head count and head dim. Keys go in blocks of `block`: no S x S matrix is
+    formed, forward or backward. Causal masks are bottom-right aligned as flash_attn's (S x S
+    here). Written with torch ops (CPU and CUDA); no fused kernel yet."""
+    op = "attention_transfer_loss"
+    _check_float(op, teacher_q=teacher_q, teacher_k=teacher_k, student_q=student_q,
+                 student_k=student_k)
+    for name, t in (("teacher_q", teacher_q), ("teacher_k", teacher_k),
+                    ("student_q", student_q), ("student_k", student_k)):
+        _check(t.dim() == 4, lambda: f"llmk.ops.{op}: {name} is {tuple(t.shape)}; "
+               "[B, S, H, D] expected")
+    _check(teacher_q.shape == teacher_k.shape and student_q.shape == student_k.shape
+           and teacher_q.shape[:2] == student_q.shape[:2],
+           lambda: f"llmk.ops.{op}: q and k of each side must match, and both sides share B and "
+           f"S: teacher {tuple(teacher_q.shape)} / {tuple(teacher_k.shape)}, student "
+           f"{tuple(student_q.shape)} / {tuple(student_k.shape)}")
+    for name, t in (("teacher_q", teacher_q), ("teacher_k", teacher_k)):
+        _check(not t.requires_grad or not torch.is_grad_enabled(),
+               lambda: f"llmk.ops.{op}: {name} requires grad, but the teacher gets no gradient "
+               f"here; pass {name}.detach()")
+    _check(temperature > 0 and math.isfinite(temperature),
+           lambda: f"llmk.ops.{op}: temperature = {temperature} must be positive")
+    Ht, Hs = teacher_q.shape[2], student_q.shape[2]
+    R = relation_heads if relation_heads is not None else min(Ht, Hs)
+    wt, ws = Ht * teacher_q.shape[3], Hs * student_q.shape[3]
+    _check(isinstance(R, int) and R > 0 and wt % R == 0 and ws % R == 0,
+           lambda: f"llmk.ops.{op}: relation_heads = {R!r} must divide both sides' H D "
+           f"({wt} and {ws})")
+    _check(isinstance(block, int) and block > 0,
+           lambda: f"llmk.ops.{op}: block = {block!r} must be a positive int")
+    tq, tk = _relations(teacher_q.detach(), R), _relations(teacher_k.detach(), R)
+    sq, sk = _relations(student_q, R), _relations(student_k, R)
+    st = 1.0 / (math.sqrt(wt // R) * temperature)
+    ss = 1.0 / (math.sqrt(ws // R) * temperature)
+    return _AttentionTransfer.apply(tq, tk, sq, sk, st, ss, bool(causal), block)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -794,3 +794,63 @@ def test_pairwise_cosine_distance_and_topk():
         L.cosine_topk(x, 50)
     with pytest.raises(llmk.Error, match=r"\[N, d\] expected"):
         L.pairwise_cosine_distance(x[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention transfer
+
+
+def attention_transfer_ref(tq, tk, sq, sk, temperature, causal, R):
+    """The materialised S x S form (float64 in the tests)."""
+    def rel(x):
+        B, S, H, D = x.shape
+        return x.reshape(B, S, R, H * D // R).transpose(1, 2)
+
+    def logp(q, k):
+        d = q.shape[2] * q.shape[3] // R
+        a = rel(q) @ rel(k).transpose(-1, -2) / (math.sqrt(d) * temperature)
+        if causal:
+            S = a.shape[-1]
+            a = a.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), -math.inf)
+        return F.log_softmax(a, -1)
+    lt, ls = logp(tq, tk), logp(sq, sk)
+    pt = lt.exp()
+    kl = torch.where(pt > 0, pt * (lt - ls), torch.zeros_like(pt)).sum(-1)
+    return kl.mean()
+
+
+SAME_HEADS, FEWER_HEADS = (4, 16, 4, 16, None), (8, 8, 2, 12, 4)
+
+
+@pytest.mark.parametrize("S,causal,heads", [
+    (1, True, SAME_HEADS), (1, False, FEWER_HEADS), (17, True, FEWER_HEADS),
+    (17, False, SAME_HEADS), (300, False, FEWER_HEADS), (1000, True, SAME_HEADS)])
+def test_attention_transfer_loss(S, causal, heads):
+    # (teacher heads, dim, student heads, dim, relation heads): equal shapes, and a student with
+    # fewer, wider heads compared through 4 relation heads.
+    Ht, Dt, Hs, Ds, R = heads
+    tq, tk = rand(2, S, Ht, Dt, seed=160), rand(2, S, Ht, Dt, seed=161)
+    sq = rand(2, S, Hs, Ds, seed=162).requires_grad_()
+    sk = rand(2, S, Hs, Ds, seed=163).requires_grad_()
+    rr = R if R is not None else min(Ht, Hs)
+    compare(lambda sq, sk: L.attention_transfer_loss(tq.to(sq.dtype), tk.to(sq.dtype), sq, sk,
+                                                     temperature=2.0, causal=causal,
+                                                     relation_heads=R, block=64),
+            lambda sq, sk: attention_transfer_ref(tq.double(), tk.double(), sq, sk, 2.0, causal,
+                                                  rr),
+            [sq, sk], fwd_tol=1e-5, bwd_tol=1e-5)
+
+
+def test_attention_transfer_loss_gradcheck_and_errors():
+    tq, tk = rand(1, 9, 2, 4, dtype=torch.float64, seed=164), rand(1, 9, 2, 4,
+                                                                  dtype=torch.float64, seed=165)
+    sq = rand(1, 9, 2, 4, dtype=torch.float64, seed=166).requires_grad_()
+    sk = rand(1, 9, 2, 4, dtype=torch.float64, seed=167).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda q, k: L.attention_transfer_loss(tq, tk, q, k, block=4), (sq, sk))
+    with pytest.raises(llmk.Error, match="relation_heads"):
+        L.attention_transfer_loss(tq, tk, sq, sk, relation_heads=3)
+    with pytest.raises(llmk.Error, match="detach"):
+        L.attention_transfer_loss(tq.clone().requires_grad_(), tk, sq, sk)
+    with pytest.raises(llmk.Error, match="share B and S"):
+        L.attention_transfer_loss(tq, tk, sq[:, :5], sk[:, :5])

@@ -1052,7 +1052,7 @@ def _chunk_rows(rows: int, V: int, itemsize: int, chunk_rows: Optional[int]) -> 
 
 
 def _fused_distill_forward(sh, sw, sb, th, tw, tb, tl, labels, loss, beta, temperature, alpha,
-                           ignore_index, reduction, chunk_rows, need):
+                           ignore_index, reduction, chunk_rows, need, topk=None):
     """The loss of student logits sh @ sw^T + sb against the teacher's (tl, or th @ tw^T + tb;
     neither: the student's own, for the hard label alone), chunk by chunk over rows, with the
     gradients for sh, sw and sb formed on the way (need: which of the three): (loss, dh, dw, db),
@@ -1073,6 +1073,9 @@ def _fused_distill_forward(sh, sw, sb, th, tw, tb, tl, labels, loss, beta, tempe
         logits = h @ sw.t() if sb is None else torch.addmm(sb, h, sw.t())
         if tl is not None:
             t = _c(tl[r0:r1])
+        elif topk is not None:  # the top k logits in place, -inf (probability 0) elsewhere
+            t = torch.full_like(logits, -math.inf)
+            t.scatter_(1, topk[1][r0:r1], topk[0][r0:r1].to(t.dtype))
         elif th is not None:
             t = th[r0:r1] @ tw.t() if tb is None else torch.addmm(tb, th[r0:r1], tw.t())
         else:
@@ -1097,11 +1100,11 @@ class _FusedDistill(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, sh, sw, sb, th, tw, tb, tl, labels, loss, beta, temperature, alpha,
-                ignore_index, reduction, chunk_rows, need):
+                ignore_index, reduction, chunk_rows, need, topk):
         ctx.set_materialize_grads(False)
         out, dh, dw, db = _fused_distill_forward(
             sh.detach(), sw.detach(), None if sb is None else sb.detach(), th, tw, tb, tl, labels,
-            loss, beta, temperature, alpha, ignore_index, reduction, chunk_rows, need)
+            loss, beta, temperature, alpha, ignore_index, reduction, chunk_rows, need, topk)
         ctx.save_for_backward(dh, dw, db)
         return out
 
@@ -1109,11 +1112,11 @@ class _FusedDistill(torch.autograd.Function):
     def backward(ctx, dout):
         dh, dw, db = ctx.saved_tensors
         if dout is None:
-            return (None,) * 16
+            return (None,) * 17
 
         def scaled(g):
             return None if g is None else g * dout.to(g.dtype)
-        return (scaled(dh), scaled(dw), scaled(db)) + (None,) * 13
+        return (scaled(dh), scaled(dw), scaled(db)) + (None,) * 14
 
 
 def _check_fused_inputs(op: str, hidden: Tensor, weight: Tensor, bias: Optional[Tensor]):
@@ -1144,12 +1147,11 @@ def fused_linear_distill_loss(student_hidden: Tensor, student_weight: Tensor,
     student_hidden, student_weight (accumulated in its dtype) and the bias. All of it happens in
     the forward; the backward scales them. Losses, temperature, labels, alpha and ignore_index as
     distill_loss; reduction "batchmean", "sum" or "mean" (a scalar). The teacher gets no
-    gradient. teacher_topk (a teacher given by its top-k logits) is not supported yet.
+    gradient. teacher_topk = (values, indices), each [..., k]: a teacher known by its k largest
+    logits only (as exported for offline distillation); its distribution is the softmax over
+    those k (the tail gets probability 0), so "reverse_kl", infinite there, is refused.
     """
     op = "fused_linear_distill_loss"
-    _check(teacher_topk is None,
-           "llmk.ops.fused_linear_distill_loss: teacher_topk is not supported yet; pass "
-           "teacher_logits or teacher_hidden and teacher_weight")
     _check(loss in _DIVERGENCES,
            lambda: f"llmk.ops.{op}: loss = {loss!r}; one of kl, reverse_kl, jsd")
     _check(reduction in ("batchmean", "sum", "mean"),
@@ -1158,7 +1160,30 @@ def fused_linear_distill_loss(student_hidden: Tensor, student_weight: Tensor,
     _check_fused_inputs(op, student_hidden, student_weight, student_bias)
     V = student_weight.shape[0]
     rows_shape = student_hidden.shape[:-1]
-    if teacher_logits is not None:
+    topk = None
+    if teacher_topk is not None:
+        _check(teacher_logits is None and teacher_hidden is None and teacher_weight is None,
+               f"llmk.ops.{op}: give the teacher one way: teacher_topk, teacher_logits, or "
+               "teacher_hidden and teacher_weight")
+        _check(isinstance(teacher_topk, (tuple, list)) and len(teacher_topk) == 2,
+               f"llmk.ops.{op}: teacher_topk must be (values, indices)")
+        vals, idx = teacher_topk
+        _check_float(op, student_hidden=student_hidden, teacher_topk_values=vals)
+        _check(isinstance(idx, Tensor) and idx.dtype == torch.int64 and idx.shape == vals.shape
+               and vals.shape[:-1] == rows_shape and 1 <= vals.shape[-1] <= V
+               and idx.device == vals.device,
+               lambda: f"llmk.ops.{op}: teacher_topk must be values and int64 indices of one "
+               f"shape {(*rows_shape, 'k')} with 1 <= k <= {V}")
+        _check(loss != "reverse_kl",
+               f"llmk.ops.{op}: reverse_kl with teacher_topk is infinite (the teacher's tail has "
+               "probability 0); use kl or jsd")
+        # One host synchronisation: an index outside [0, V) would fault the device's scatter.
+        _check(idx.numel() == 0 or (int(idx.min()) >= 0 and int(idx.max()) < V),
+               lambda: f"llmk.ops.{op}: teacher_topk indices must lie in [0, {V})")
+        k = vals.shape[-1]
+        topk = (_c(vals).reshape(-1, k), _c(idx).reshape(-1, k))
+        tl = th = tw = tb = None
+    elif teacher_logits is not None:
         _check(teacher_hidden is None and teacher_weight is None,
                f"llmk.ops.{op}: give the teacher as teacher_logits or as teacher_hidden and "
                "teacher_weight, not both")
@@ -1181,7 +1206,8 @@ def fused_linear_distill_loss(student_hidden: Tensor, student_weight: Tensor,
         th = _c(teacher_hidden).reshape(-1, teacher_hidden.shape[-1])
         tw, tb = _c(teacher_weight), None if teacher_bias is None else _c(teacher_bias)
     for name, t in (("teacher_logits", teacher_logits), ("teacher_hidden", teacher_hidden),
-                    ("teacher_weight", teacher_weight), ("teacher_bias", teacher_bias)):
+                    ("teacher_weight", teacher_weight), ("teacher_bias", teacher_bias),
+                    ("teacher_topk values", teacher_topk[0] if topk is not None else None)):
         _check(t is None or not t.requires_grad or not torch.is_grad_enabled(),
                lambda: f"llmk.ops.{op}: {name} requires grad, but the teacher gets no gradient "
                f"here; pass {name}.detach()")
@@ -1198,14 +1224,14 @@ def fused_linear_distill_loss(student_hidden: Tensor, student_weight: Tensor,
                f"{tuple(rows_shape)} on {student_hidden.device}")
         labels = _c(labels).to(torch.int64)
     return _fused_linear(op, student_hidden, student_weight, student_bias, th, tw, tb, tl, labels,
-                         loss, beta, temperature, alpha, ignore_index, reduction, chunk_rows)
+                         loss, beta, temperature, alpha, ignore_index, reduction, chunk_rows, topk)
 
 
 # The chunk loop is Python over matmuls and llmk's kernel: torch.compile runs it eagerly (a graph
 # break; fullgraph=True refuses it).
 @torch.compiler.disable
 def _fused_linear(op, hidden, weight, bias, th, tw, tb, tl, labels, loss, beta, temperature, alpha,
-                  ignore_index, reduction, chunk_rows):
+                  ignore_index, reduction, chunk_rows, topk=None):
     grad_on = torch.is_grad_enabled()
     need = tuple(bool(grad_on and t is not None and t.requires_grad)
                  for t in (hidden, weight, bias))
@@ -1213,7 +1239,7 @@ def _fused_linear(op, hidden, weight, bias, th, tw, tb, tl, labels, loss, beta, 
         hidden.reshape(-1, hidden.shape[-1])
     return _FusedDistill.apply(sh.contiguous(), weight.contiguous(), bias, th, tw, tb, tl, labels,
                                loss, float(beta), float(temperature), float(alpha),
-                               int(ignore_index), reduction, chunk_rows, need)
+                               int(ignore_index), reduction, chunk_rows, need, topk)
 
 
 def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor,

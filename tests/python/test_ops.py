@@ -722,7 +722,7 @@ def test_fused_linear_losses_without_grad_and_errors():
         got = L.fused_linear_cross_entropy(h.requires_grad_(), w, labels)
     assert_close(got, F.cross_entropy(F.linear(h.detach(), w), labels), 1e-6, "no grad")
     tl = rand(3, 20, seed=135)
-    with pytest.raises(llmk.Error, match="teacher_topk"):
+    with pytest.raises(llmk.Error, match="teacher_topk must be values and int64 indices"):
         L.fused_linear_distill_loss(h, w, teacher_topk=(None, None))
     with pytest.raises(llmk.Error, match="reduction"):
         L.fused_linear_distill_loss(h, w, teacher_logits=tl, reduction="none")
@@ -854,3 +854,33 @@ def test_attention_transfer_loss_gradcheck_and_errors():
         L.attention_transfer_loss(tq.clone().requires_grad_(), tk, sq, sk)
     with pytest.raises(llmk.Error, match="share B and S"):
         L.attention_transfer_loss(tq, tk, sq[:, :5], sk[:, :5])
+
+
+@pytest.mark.parametrize("loss", ["kl", "jsd"])
+@pytest.mark.parametrize("k", [1, 5, 37])
+def test_fused_linear_distill_loss_teacher_topk(loss, k):
+    # The teacher as its top k logits: its softmax over those k, the tail at probability 0 (k = V:
+    # the whole distribution).
+    BT, H, V = 6, 10, 37
+    h = rand(BT, H, seed=170).requires_grad_()
+    w = (rand(V, H, seed=171) / 2).requires_grad_()
+    full = rand(BT, V, seed=172, scale=2.0)
+    vals, idx = torch.topk(full, k, dim=1)
+    dense = torch.full_like(full, -math.inf).scatter(1, idx, vals)
+    compare(lambda h, w: L.fused_linear_distill_loss(h, w, teacher_topk=(vals.to(h.dtype), idx),
+                                                     loss=loss, temperature=2.0, chunk_rows=4),
+            lambda h, w: distill_ref(F.linear(h, w), dense.double(), None, loss, 0.5, 2.0),
+            [h, w], fwd_tol=1e-5, bwd_tol=1e-5)
+
+
+def test_fused_linear_distill_loss_teacher_topk_errors():
+    h, w = rand(3, 8, seed=173), rand(20, 8, seed=174)
+    vals, idx = torch.topk(rand(3, 20, seed=175), 4, dim=1)
+    with pytest.raises(llmk.Error, match="infinite"):
+        L.fused_linear_distill_loss(h, w, teacher_topk=(vals, idx), loss="reverse_kl")
+    with pytest.raises(llmk.Error, match=r"in \[0, 20\)"):
+        L.fused_linear_distill_loss(h, w, teacher_topk=(vals, idx + 17))
+    with pytest.raises(llmk.Error, match="int64 indices"):
+        L.fused_linear_distill_loss(h, w, teacher_topk=(vals, idx.int()))
+    with pytest.raises(llmk.Error, match="one way"):
+        L.fused_linear_distill_loss(h, w, teacher_topk=(vals, idx), teacher_logits=vals)

@@ -73,7 +73,7 @@ struct Acc {
     for (int k = 0; k < N; ++k) {
       const float e = ex2(x[k] - mm);
       zs += e;
-      if constexpr (wy) ws += e * y[k];
+      if constexpr (wy) ws += e > 0.0f ? e * y[k] : 0.0f;  // 0 (-inf) adds 0, not NaN
     }
     z = z * c + zs;
     if constexpr (wy) w = w * c + ws;

@@ -368,6 +368,14 @@ bool with_fast(int64_t d, const void* x, F&& f) {
   }
 }
 
+template <class K>
+void set_smem(K* kernel, size_t smem) {
+  if (smem > 48 * 1024) {
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+  }
+}
+
 int row_blocks(int64_t N) {
   return static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>((N + kWarps - 1) / kWarps, 8 * device_info().sm_count)));
@@ -378,40 +386,24 @@ template <class T>
 void column_sums(float* into, const Work& w, const float* weight, const T* x, int64_t N, int64_t d,
                  bool compute_inv) {
   const int P = sum_blocks();
-  const cudaStream_t st0 = current_stream();
-  if (compute_inv) LLMK_CUDA_CHECK(cudaMemsetAsync(w.nonzero, 0, sizeof(unsigned), st0));
-  const bool fast = with_fast<T>(d, x, [&]<int kPer>() {
-    colsum_fast_kernel<T, kPer><<<P, kThreads, 0, st0>>>(w.partial, compute_inv ? w.inv : nullptr,
-                                                         w.nonzero, compute_inv ? nullptr : w.inv,
-                                                         weight, x, N);
-  });
-  if (fast) {
-    LLMK_CUDA_CHECK(cudaGetLastError());
-    reduce_kernel<<<static_cast<unsigned>((d + 31) / 32), kThreads, 0, st0>>>(into, w.partial, P,
-                                                                              d);
-    LLMK_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  const int warps = colsum_warps(d);  // >= 1: cosine_diversity_max_dim() was checked
-  const size_t smem = static_cast<size_t>(warps) * static_cast<size_t>(d) * 4;
-  if (smem > 48 * 1024) {
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(
-        colsum_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
   const cudaStream_t st = current_stream();
-  colsum_kernel<T><<<P, warps * 32, smem, st>>>(w.partial, compute_inv ? w.inv : nullptr, w.nonzero,
-                                                compute_inv ? nullptr : w.inv, weight, x, N, d);
+  if (compute_inv) LLMK_CUDA_CHECK(cudaMemsetAsync(w.nonzero, 0, sizeof(unsigned), st));
+  const bool fast = with_fast<T>(d, x, [&]<int kPer>() {
+    colsum_fast_kernel<T, kPer><<<P, kThreads, 0, st>>>(w.partial, compute_inv ? w.inv : nullptr,
+                                                        w.nonzero, compute_inv ? nullptr : w.inv,
+                                                        weight, x, N);
+  });
+  if (!fast) {
+    const int warps = colsum_warps(d);  // >= 1: cosine_diversity_max_dim() was checked
+    const size_t smem = static_cast<size_t>(warps) * static_cast<size_t>(d) * 4;
+    set_smem(colsum_kernel<T>, smem);
+    colsum_kernel<T><<<P, warps * 32, smem, st>>>(w.partial, compute_inv ? w.inv : nullptr,
+                                                  w.nonzero, compute_inv ? nullptr : w.inv, weight,
+                                                  x, N, d);
+  }
   LLMK_CUDA_CHECK(cudaGetLastError());
   reduce_kernel<<<static_cast<unsigned>((d + 31) / 32), kThreads, 0, st>>>(into, w.partial, P, d);
   LLMK_CUDA_CHECK(cudaGetLastError());
-}
-
-template <class K>
-void set_smem(K* kernel, size_t smem) {
-  if (smem > 48 * 1024) {
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
-  }
 }
 
 }  // namespace
@@ -458,13 +450,11 @@ void cosine_diversity_bwd(T* dx, const float* dout, const T* x, int64_t N, int64
   const Work w = carve(workspace, N, d);
   column_sums<T>(w.S, w, nullptr, x, N, d, true);
   if (rows) column_sums<T>(w.G, w, dout, x, N, d, false);  // G = sum_i g_i u_i
-  if (!with_fast<T>(d, x,
-                    [&]<int kPer>() {
-                      if (!is_aligned(dx, 16)) return;  // (dx from the caller: checked below)
+  const bool fast = is_aligned(dx, 16) && with_fast<T>(d, x, [&]<int kPer>() {
                       bwd_fast_kernel<T, kPer><<<row_blocks(N), kThreads, 0, st>>>(
                           dx, dout, x, w.inv, w.S, w.G, N, rows);
-                    }) ||
-      !is_aligned(dx, 16)) {
+                    });
+  if (!fast) {
     const size_t smem = 4 * static_cast<size_t>(d) * (rows ? 2 : 1);
     set_smem(bwd_kernel<T>, smem);
     bwd_kernel<T><<<row_blocks(N), kThreads, smem, st>>>(dx, dout, x, w.inv, w.S, w.G, N, d, rows);

@@ -164,6 +164,15 @@ void softmax(Tensor& out, const Tensor& x);
 // out: [M] i32 = index of the largest element of each row of x: [M, N] (the lowest index among
 // equals). CPU f32; CUDA f32 or bf16.
 void argmax(Tensor& out, const Tensor& x);
+// The largest k of ops::topk_lse.
+inline constexpr int64_t kMaxTopk = 1024;
+// Per row of logits: [rows, vocab] f32 (last dimension contiguous), the k largest logits and
+// their columns, and the log-sum-exp (a teacher's top-k logits for offline distillation; a
+// log-probability is logit - lse). ids: [rows, k] i32, values: [rows, k] f32 (both contiguous),
+// values descending and equal values by ascending id; lse: [rows] f32 (contiguous).
+// 1 <= k <= min(vocab, kMaxTopk). CPU and CUDA give the same ids and values bit for bit, and
+// lse within float rounding; non-finite logits as kernels/cpu/topk.h says.
+void topk_lse(Tensor& ids, Tensor& values, Tensor& lse, const Tensor& logits);
 // dst = src, same shape and device; either may be strided; converts between f32/f16/bf16.
 void copy(Tensor& dst, const Tensor& src);
 

@@ -26,6 +26,7 @@ Command add_tokenize(CLI::App& app);
 Command add_bench(CLI::App& app);
 Command add_logits(CLI::App& app);
 Command add_chat(CLI::App& app);
+Command add_teacher_topk(CLI::App& app);
 
 // The default model: $LLMK_MODELS_DIR (or ./models) /SmolLM2-135M-Instruct.Q4_1.gguf.
 std::string default_model_path();
@@ -64,6 +65,9 @@ void add_sampler_options(CLI::App& cmd, SamplerOptions& s);
 // The most bytes of text a prompt file or one chat message may hold: more than a context of a
 // million tokens takes, and a bound on what `-f /dev/zero` or `chat < /dev/zero` can ask for.
 inline constexpr size_t kMaxTextBytes = size_t{16} << 20;
+// The whitespace-separated token ids of `text`, each a decimal integer from 0 to INT32_MAX;
+// `where` names the text in errors ("<where>: element 3 ('x') is not a token id ...").
+std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& where);
 // One line of `in` without its newline; false at the end of the input. A line longer than
 // `max_bytes` throws "<what> line <n> is longer than <max_bytes> bytes".
 bool read_line(std::istream& in, std::string& line, size_t max_bytes, const std::string& what,

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -78,6 +79,26 @@ void add_threads_option(CLI::App& cmd, int& threads) {
                              "take cores from each other); default: all",
                              max_threads()))
       ->check(in_range(0, max_threads()));
+}
+
+std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& where) {
+  const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  for (;;) {
+    while (i < text.size() && space(text[i])) ++i;
+    if (i == text.size()) return ids;
+    size_t j = i;
+    while (j < text.size() && !space(text[j])) ++j;
+    const std::string_view word = text.substr(i, j - i);
+    int32_t id = -1;
+    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+    LLMK_CHECK(ec == std::errc() && end == word.data() + word.size() && id >= 0,
+               "{}: element {} ('{}') is not a token id (an integer from 0 to {})", where,
+               ids.size() + 1, printable(word, 40), std::numeric_limits<int32_t>::max());
+    ids.push_back(id);
+    i = j;
+  }
 }
 
 bool read_line(std::istream& in, std::string& line, size_t max_bytes, const std::string& what,

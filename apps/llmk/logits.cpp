@@ -4,10 +4,6 @@
 // row-major to --out: row i holds the logits after token i.
 #include <fmt/format.h>
 
-#include <cctype>
-#include <charconv>
-#include <limits>
-#include <string_view>
 
 #include "apps/llmk/commands.h"
 #include "core/error.h"
@@ -18,30 +14,6 @@
 #include "ops/ops.h"
 
 namespace llmk::cli {
-
-namespace {
-// The whitespace-separated token ids of `text`, each a decimal integer from 0 to INT32_MAX;
-// `path` names the file in errors.
-std::vector<int32_t> parse_ids(std::string_view text, const std::string& path) {
-  const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  for (;;) {
-    while (i < text.size() && space(text[i])) ++i;
-    if (i == text.size()) return ids;
-    size_t j = i;
-    while (j < text.size() && !space(text[j])) ++j;
-    const std::string_view word = text.substr(i, j - i);
-    int32_t id = -1;
-    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
-    LLMK_CHECK(ec == std::errc() && end == word.data() + word.size() && id >= 0,
-               "{}: element {} ('{}') is not a token id (an integer from 0 to {})", path,
-               ids.size() + 1, printable(word, 40), std::numeric_limits<int32_t>::max());
-    ids.push_back(id);
-    i = j;
-  }
-}
-}  // namespace
 
 Command add_logits(CLI::App& cmd) {
   struct Args {
@@ -63,7 +35,7 @@ Command add_logits(CLI::App& cmd) {
   return [a] {
     prepare(a->model, a->threads);
     const std::vector<int32_t> ids =
-        parse_ids(formats::read_file(a->ids_file, kMaxTextBytes), a->ids_file);
+        parse_token_ids(formats::read_file(a->ids_file, kMaxTextBytes), a->ids_file);
     LLMK_CHECK(!ids.empty(), "{}: no token ids", a->ids_file);
     const auto n = static_cast<int64_t>(ids.size());
     LLMK_CHECK(a->prefill <= n, "--prefill {} is more than the {} ids of {}", a->prefill, n,

@@ -32,6 +32,10 @@ int main(int argc, char** argv) {
       *app.add_subcommand("bench", "Time prefill and decode on random token ids (no tokenizer)"));
   const llmk::cli::Command logits = llmk::cli::add_logits(*app.add_subcommand(
       "logits", "Write the logits of a token sequence to a file (for comparisons)"));
+  const llmk::cli::Command teacher_topk = llmk::cli::add_teacher_topk(*app.add_subcommand(
+      "teacher-topk",
+      "Write a teacher model's top-k logits over a dataset of token sequences (safetensors), "
+      "for offline distillation"));
   const llmk::cli::Command tokenize = llmk::cli::add_tokenize(
       *app.add_subcommand("tokenize", "Show the token ids and pieces of a text"));
   try {
@@ -53,6 +57,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("bench")) code = bench();
     if (app.got_subcommand("chat")) code = chat();
     if (app.got_subcommand("logits")) code = logits();
+    if (app.got_subcommand("teacher-topk")) code = teacher_topk();
     llmk::cli::check_stdout();
     return code;
   } catch (const llmk::Error& e) {

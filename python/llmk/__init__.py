@@ -93,3 +93,25 @@ class LLM:
             )
             texts.append(text.decode("utf-8", errors="replace"))
         return texts[0] if single else texts
+
+    def teacher_topk(
+        self,
+        sequences: Sequence[Prompt],
+        path: str,
+        k: int = 32,
+        chunk: int = 512,
+        progress: Optional[Callable[[int, int], None]] = None,
+    ) -> dict:
+        """Runs the model over each sequence (a string, tokenized with BOS where the tokenizer
+        adds one, or a list of token ids) from position 0, and writes every position's k
+        largest logits, their ids and the log-sum-exp of the whole row to the safetensors file
+        `path`, as `llmk teacher-topk` does (the layout: llmk.ops.load_teacher_topk). Rows go
+        to the file as they are computed. chunk: positions per forward pass. progress, if
+        given, is called with (sequences done, positions done) after each sequence. A sequence
+        longer than the context, an id outside the vocabulary or k outside [1, min(vocab,
+        1024)] raises llmk.Error before any work. Returns {"sequences", "positions",
+        "seconds"}."""
+        ids = [self.tokenize(s) if isinstance(s, str) else [int(t) for t in s]
+               for s in sequences]
+        n, p, sec = self._engine.teacher_topk(ids, str(path), int(k), int(chunk), progress)
+        return {"sequences": n, "positions": p, "seconds": sec}

@@ -38,6 +38,7 @@ __all__ = [
     "fused_linear_distill_loss",
     "fused_linear_cross_entropy",
     "attention_transfer_loss",
+    "load_teacher_topk",
     "stats",
     "reset_stats",
 ]
@@ -1149,7 +1150,9 @@ def fused_linear_distill_loss(student_hidden: Tensor, student_weight: Tensor,
     distill_loss; reduction "batchmean", "sum" or "mean" (a scalar). The teacher gets no
     gradient. teacher_topk = (values, indices), each [..., k]: a teacher known by its k largest
     logits only (as exported for offline distillation); its distribution is the softmax over
-    those k (the tail gets probability 0), so "reverse_kl", infinite there, is refused.
+    those k (the tail gets probability 0), so "reverse_kl", infinite there, is refused. The values
+    may be of any floating dtype (float32 as `llmk teacher-topk` writes them): each chunk rounds
+    them to the student's dtype, as it does teacher logits.
     """
     op = "fused_linear_distill_loss"
     _check(loss in _DIVERGENCES,
@@ -1168,7 +1171,10 @@ def fused_linear_distill_loss(student_hidden: Tensor, student_weight: Tensor,
         _check(isinstance(teacher_topk, (tuple, list)) and len(teacher_topk) == 2,
                f"llmk.ops.{op}: teacher_topk must be (values, indices)")
         vals, idx = teacher_topk
-        _check_float(op, student_hidden=student_hidden, teacher_topk_values=vals)
+        _check(isinstance(vals, Tensor) and vals.is_floating_point()
+               and vals.device == student_hidden.device,
+               lambda: f"llmk.ops.{op}: teacher_topk values must be a floating-point tensor on "
+               f"{student_hidden.device}")
         _check(isinstance(idx, Tensor) and idx.dtype == torch.int64 and idx.shape == vals.shape
                and vals.shape[:-1] == rows_shape and 1 <= vals.shape[-1] <= V
                and idx.device == vals.device,
@@ -1393,6 +1399,60 @@ def attention_transfer_loss(teacher_q: Tensor, teacher_k: Tensor, student_q: Ten
     st = 1.0 / (math.sqrt(wt // R) * temperature)
     ss = 1.0 / (math.sqrt(ws // R) * temperature)
     return _AttentionTransfer.apply(tq, tk, sq, sk, st, ss, bool(causal), block)
+
+
+# ---------------------------------------------------------------------------------------------
+# Teacher top-k files (llmk teacher-topk, llmk.LLM.teacher_topk)
+
+_TOPK_DTYPES = {"I64": torch.int64, "I32": torch.int32, "F32": torch.float32}
+
+
+def load_teacher_topk(path: str, device: Union[str, torch.device, None] = None) -> dict:
+    """A teacher top-k file written by `llmk teacher-topk` or llmk.LLM.teacher_topk, as torch
+    tensors: {"offsets" int64 [S + 1], "ids" int64 [P, k], "values" float32 [P, k], "lse"
+    float32 [P], "tokens" int32 [P], "k", "vocab_size", "model"}. Sequence s holds rows
+    offsets[s] .. offsets[s+1] - 1; row i of a sequence holds the teacher's logits after its
+    token i (predicting token i + 1), descending; exp(values - lse) are their probabilities
+    under the teacher's full softmax. (values[rows], ids[rows]) is the teacher_topk argument of
+    fused_linear_distill_loss for the student's hidden states at those rows. The file is mapped,
+    not read whole, when device is None (the CPU)."""
+    import json
+    import mmap
+    with open(path, "rb") as f:
+        head = f.read(8)
+        _check(len(head) == 8, lambda: f"llmk.ops.load_teacher_topk: {path}: not a safetensors "
+               "file (shorter than 8 bytes)")
+        n = int.from_bytes(head, "little")
+        _check(n <= 100_000_000, lambda: f"llmk.ops.load_teacher_topk: {path}: header of {n} "
+               "bytes: not a safetensors file")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise Error(f"llmk.ops.load_teacher_topk: {path}: malformed header ({e})") from None
+        meta = header.pop("__metadata__", {}) if isinstance(header, dict) else {}
+        _check(meta.get("format") == "llmk-teacher-topk",
+               lambda: f"llmk.ops.load_teacher_topk: {path}: not a teacher top-k file (its "
+               "metadata has no format = llmk-teacher-topk)")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    out = {}
+    for name in ("offsets", "ids", "values", "lse", "tokens"):
+        info = header.get(name)
+        _check(isinstance(info, dict) and info.get("dtype") in _TOPK_DTYPES,
+               lambda: f"llmk.ops.load_teacher_topk: {path}: tensor {name!r} missing or of an "
+               "unexpected dtype")
+        dt = _TOPK_DTYPES[info["dtype"]]
+        b, e = info["data_offsets"]
+        count = (e - b) // torch.tensor([], dtype=dt).element_size()
+        _check(8 + n + e <= len(mm) and math.prod(info["shape"]) == count,
+               lambda: f"llmk.ops.load_teacher_topk: {path}: tensor {name!r} does not match its "
+               "shape or lies past the end of the file")
+        t = torch.frombuffer(mm, dtype=dt, count=count, offset=8 + n + b).reshape(info["shape"])
+        out[name] = t if device is None else t.to(device)
+    out["ids"] = out["ids"].to(torch.int64)
+    out["k"] = int(meta.get("k", out["ids"].shape[-1]))
+    out["vocab_size"] = int(meta.get("vocab_size", 0))
+    out["model"] = meta.get("model", "")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 // llmk._C: the engine for Python (nanobind); llmk._C.ops (ops.cpp) holds the training ops.
 // _Engine: a model and its tokenizer loaded from a GGUF file or a Hugging Face folder, with
-// tokenize, detokenize and generate over engine/generator.h (detokenize gives bytes). python/llmk/__init__.py wraps it as llmk.LLM.
+// tokenize, detokenize and generate over engine/generator.h (detokenize gives bytes), and
+// teacher_topk over engine/teacher_topk.h. python/llmk/__init__.py wraps it as llmk.LLM.
 // llmk::Error becomes llmk.Error (a RuntimeError) with the same one-line message. generate()
 // releases the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
+#include "engine/teacher_topk.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -82,6 +85,26 @@ class Engine {
     return nb::bytes(text.data(), text.size());
   }
 
+  // engine/teacher_topk.h's export; progress (None or a callable) gets (sequences done,
+  // positions done) after each sequence. Returns (sequences, positions, seconds).
+  std::tuple<int64_t, int64_t, double> teacher_topk(const std::vector<std::vector<int32_t>>& seqs,
+                                                    const std::string& path, int k, int64_t chunk,
+                                                    nb::object progress) {
+    TeacherTopkOptions o;
+    o.k = k;
+    o.chunk = chunk;
+    if (!progress.is_none()) {
+      o.progress = [&](int64_t s, int64_t p) {
+        nb::gil_scoped_acquire held;
+        progress(s, p);
+      };
+    }
+    nb::gil_scoped_release released;
+    std::lock_guard<std::mutex> one_at_a_time(mu_);
+    const TeacherTopkStats st = export_teacher_topk(*model_, seqs, path, o);
+    return {st.sequences, st.positions, st.seconds};
+  }
+
   std::string device() const { return model_->device() == Device::CUDA ? "cuda" : "cpu"; }
   int64_t context() const { return model_->context(); }
   std::string summary() const { return model_->config().summary(); }
@@ -127,6 +150,8 @@ NB_MODULE(_C, m) {
           nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("temperature"), nb::arg("top_k"),
           nb::arg("top_p"), nb::arg("min_p"), nb::arg("repeat_penalty"), nb::arg("seed"),
           nb::arg("stop_at_eos"), nb::arg("on_text").none())
+      .def("teacher_topk", &Engine::teacher_topk, nb::arg("sequences"), nb::arg("path"),
+           nb::arg("k"), nb::arg("chunk"), nb::arg("progress").none())
       .def_prop_ro("device", &Engine::device)
       .def_prop_ro("context", &Engine::context)
       .def_prop_ro("summary", &Engine::summary);

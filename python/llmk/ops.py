@@ -857,9 +857,12 @@ def pairwise_cosine_diversity(embeddings: Tensor, reduction: str = "mean") -> Te
 
 
 def _unit_rows(x: Tensor) -> Tensor:
-    """x's rows over their norms (zero rows stay zero: cosine 0 with every row)."""
-    n = x.norm(dim=1, keepdim=True)
-    return torch.where(n > 0, x / torch.where(n > 0, n, torch.ones_like(n)), torch.zeros_like(x))
+    """x's rows over their norms, in x's dtype (the norms and their reciprocals in float32 at
+    least; zero rows stay zero: cosine 0 with every row)."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    n = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=acc)
+    r = torch.where(n > 0, 1 / torch.where(n > 0, n, torch.ones_like(n)), torch.zeros_like(n))
+    return (x * r).to(x.dtype)
 
 
 def _check_embeddings(op: str, embeddings: Tensor) -> None:
@@ -869,13 +872,15 @@ def _check_embeddings(op: str, embeddings: Tensor) -> None:
 
 
 def pairwise_cosine_distance(embeddings: Tensor) -> Tensor:
-    """The N x N matrix of 1 - cos(e_i, e_j) for embeddings [N, d], as one matmul of the
-    normalised rows (torch's, on tensor cores for 16-bit CUDA tensors), differentiable. A zero row
-    has cosine 0 with every row, itself included (distance 1). Memory: N x N; for each row's
-    nearest rows without it, cosine_topk."""
+    """The N x N matrix of 1 - cos(e_i, e_j) for embeddings [N, d], in their dtype, as one matmul
+    of the normalised rows whose epilogue adds the 1 (torch.addmm with a bias row, alpha -1:
+    cuBLASLt's bias epilogue, on tensor cores, for 16-bit CUDA tensors), differentiable. A zero
+    row has cosine 0 with every row, itself included (distance 1). Memory: N x N; for each
+    row's nearest rows without it, cosine_topk."""
     _check_embeddings("pairwise_cosine_distance", embeddings)
     u = _unit_rows(embeddings)
-    return 1 - u @ u.T
+    ones = torch.ones(u.shape[0], dtype=u.dtype, device=u.device)
+    return torch.addmm(ones, u, u.T, alpha=-1)
 
 
 def cosine_topk(embeddings: Tensor, k: int, chunk_rows: Optional[int] = None

@@ -722,7 +722,7 @@ def test_fused_linear_losses_without_grad_and_errors():
         got = L.fused_linear_cross_entropy(h.requires_grad_(), w, labels)
     assert_close(got, F.cross_entropy(F.linear(h.detach(), w), labels), 1e-6, "no grad")
     tl = rand(3, 20, seed=135)
-    with pytest.raises(llmk.Error, match="teacher_topk must be values and int64 indices"):
+    with pytest.raises(llmk.Error, match="teacher_topk values must be a floating-point tensor"):
         L.fused_linear_distill_loss(h, w, teacher_topk=(None, None))
     with pytest.raises(llmk.Error, match="reduction"):
         L.fused_linear_distill_loss(h, w, teacher_logits=tl, reduction="none")
@@ -790,6 +790,7 @@ def test_pairwise_cosine_distance_and_topk():
     # (Rows 5-13: no zero row, where a perturbation turns u from 0 into a unit vector.)
     assert torch.autograd.gradcheck(lambda t: L.cosine_topk(t, 3)[0],
                                     (x[5:14].clone().requires_grad_(),))
+    assert torch.autograd.gradcheck(L.pairwise_cosine_distance, (x[5:14].clone().requires_grad_(),))
     with pytest.raises(llmk.Error, match="k = 50"):
         L.cosine_topk(x, 50)
     with pytest.raises(llmk.Error, match=r"\[N, d\] expected"):
@@ -882,5 +883,7 @@ def test_fused_linear_distill_loss_teacher_topk_errors():
         L.fused_linear_distill_loss(h, w, teacher_topk=(vals, idx + 17))
     with pytest.raises(llmk.Error, match="int64 indices"):
         L.fused_linear_distill_loss(h, w, teacher_topk=(vals, idx.int()))
+    with pytest.raises(llmk.Error, match="values must be a floating-point tensor"):
+        L.fused_linear_distill_loss(h, w, teacher_topk=(idx, idx))
     with pytest.raises(llmk.Error, match="one way"):
         L.fused_linear_distill_loss(h, w, teacher_topk=(vals, idx), teacher_logits=vals)

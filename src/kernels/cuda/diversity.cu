@@ -2,7 +2,7 @@
 // row once for |x_i| and again (from L1) to add u_i into its own slice of the block's column
 // sums in shared memory; the blocks' sums are added in a fixed order, so S (and every result)
 // does not depend on scheduling. Row outputs and gradients then take a warp per row again, S in
-// shared memory.
+// shared memory, last row first: the rows the column sums read last may still be in the L2.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -89,25 +89,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// out[c] = sum over the P partial rows: a block per 32 columns, warp w summing rows w, w + 8, ...
-// (in order), then warp 0 the eight warps' sums in order: reproducible, and P loads spread over
-// eight warps instead of one thread.
-__global__ void __launch_bounds__(kThreads)
+// out[c] = sum over the P partial rows: a block per 32 columns, warp w summing rows w, w + 32,
+// ... (in order), then warp 0 the 32 warps' sums in order: reproducible, and P loads spread over
+// 32 warps instead of one thread (d / 32 blocks: few, so each must be wide).
+constexpr int kReduceWarps = 32;
+__global__ void __launch_bounds__(kReduceWarps * 32)
     reduce_kernel(float* out, const float* partial, int P, int64_t d) {
-  __shared__ float part[kWarps][32];
+  __shared__ float part[kReduceWarps][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
   float t = 0.0f;
   if (c < d) {
 #pragma unroll 4
-    for (int p = warp; p < P; p += kWarps) t += partial[static_cast<int64_t>(p) * d + c];
+    for (int p = warp; p < P; p += kReduceWarps) t += partial[static_cast<int64_t>(p) * d + c];
   }
   part[warp][lane] = t;
   __syncthreads();
   if (warp == 0 && c < d) {
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += part[w][lane];
+    for (int w = 0; w < kReduceWarps; ++w) sum += part[w][lane];
     out[c] = sum;
   }
 }
@@ -133,8 +134,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) sS[c] = S[c];
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + warp; i < N;
-       i += static_cast<int64_t>(gridDim.x) * kWarps) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < N;
+       t += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t i = N - 1 - t;  // the rows the column sums read last first
     const T* r = x + i * d;
     float dot = 0.0f;
     for (int64_t c = lane; c < d; c += 32) dot += to_float(r[c]) * sS[c];
@@ -165,8 +167,9 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float pairs = static_cast<float>(N) * static_cast<float>(N - 1);
   const float others = static_cast<float>(N - 1);
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * kWarps + warp; k < N;
-       k += static_cast<int64_t>(gridDim.x) * kWarps) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < N;
+       t += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t k = N - 1 - t;  // the rows the column sums read last first
     const T* r = x + k * d;
     T* o = dx + k * d;
     const float s = inv[k];
@@ -221,8 +224,17 @@ __device__ __forceinline__ int64_t col(int j, int lane, int e) {
   return static_cast<int64_t>(j * 32 + lane) * kElems<T> + e;
 }
 
+// Blocks per SM of colsum_fast_kernel: as many as hold a lane's sums (kPer x E floats) and its
+// row without spilling (at 4 blocks, 64 registers a thread, bf16 rows of 1024 spilled 56 bytes
+// and the kernel ran at half the DRAM rate of rows_fast_kernel on the same rows); the grid is
+// one wave of them.
 template <class T, int kPer>
-__global__ void __launch_bounds__(kThreads, kPer <= 4 ? 4 : 2)
+constexpr int kColsumFastBlocks = kPer* kElems<T> <= 16   ? 4
+                                  : kPer* kElems<T> <= 32 ? 3
+                                                          : 1;
+
+template <class T, int kPer>
+__global__ void __launch_bounds__(kThreads, kColsumFastBlocks<T, kPer>)
     colsum_fast_kernel(float* partial, float* inv_out, unsigned* nonzero, const float* inv_in,
                        const float* weight, const T* x, int64_t N) {
   unsigned nz = 0;  // this warp's nonzero rows
@@ -280,8 +292,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kPer; ++j)
 #pragma unroll
     for (int e = 0; e < E; ++e) s_reg[j][e] = S[col<T>(j, lane, e)];
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + warp; i < N;
-       i += static_cast<int64_t>(gridDim.x) * kWarps) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < N;
+       t += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t i = N - 1 - t;  // the rows the column sums read last first
     Row<T, kPer> row;
     row.load(x + i * d, lane);
     float dot = 0.0f;
@@ -314,8 +327,9 @@ __global__ void __launch_bounds__(kThreads)
     }
   const float pairs = static_cast<float>(N) * static_cast<float>(N - 1);
   const float others = static_cast<float>(N - 1);
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * kWarps + warp; k < N;
-       k += static_cast<int64_t>(gridDim.x) * kWarps) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < N;
+       t += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t k = N - 1 - t;  // the rows the column sums read last first
     Row<T, kPer> row;
     row.load(x + k * d, lane);
     const float s = inv[k], g = rows ? dout[k] : dout[0];
@@ -385,10 +399,11 @@ int row_blocks(int64_t N) {
 template <class T>
 void column_sums(float* into, const Work& w, const float* weight, const T* x, int64_t N, int64_t d,
                  bool compute_inv) {
-  const int P = sum_blocks();
+  int P = sum_blocks();  // partial rows: at most this many
   const cudaStream_t st = current_stream();
   if (compute_inv) LLMK_CUDA_CHECK(cudaMemsetAsync(w.nonzero, 0, sizeof(unsigned), st));
   const bool fast = with_fast<T>(d, x, [&]<int kPer>() {
+    P = kColsumFastBlocks<T, kPer> * device_info().sm_count;
     colsum_fast_kernel<T, kPer><<<P, kThreads, 0, st>>>(w.partial, compute_inv ? w.inv : nullptr,
                                                         w.nonzero, compute_inv ? nullptr : w.inv,
                                                         weight, x, N);
@@ -402,7 +417,8 @@ void column_sums(float* into, const Work& w, const float* weight, const T* x, in
                                                   x, N, d);
   }
   LLMK_CUDA_CHECK(cudaGetLastError());
-  reduce_kernel<<<static_cast<unsigned>((d + 31) / 32), kThreads, 0, st>>>(into, w.partial, P, d);
+  reduce_kernel<<<static_cast<unsigned>((d + 31) / 32), kReduceWarps * 32, 0, st>>>(into, w.partial,
+                                                                                    P, d);
   LLMK_CUDA_CHECK(cudaGetLastError());
 }
 

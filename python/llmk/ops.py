@@ -634,8 +634,12 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     1/sqrt(dim). A query that sees no key gets zeros (and lse -inf). The backward gives dq, dk,
     dv (dk, dv summed over each query group). The CPU kernels are always deterministic;
     the CUDA backward adds dq's parts in no fixed order (its last bits may change from run to
-    run), so deterministic=True with CUDA tensors that need gradients is an error.
+    run), so deterministic=True with CUDA tensors that need gradients is an error. Under CUDA
+    autocast, float32 CUDA inputs are cast to autocast's dtype first, as SDPA does.
     """
+    if q.is_cuda and torch.is_autocast_enabled("cuda"):
+        dt = torch.get_autocast_dtype("cuda")
+        q, k, v = (t.to(dt) if t.dtype == torch.float32 else t for t in (q, k, v))
     _check_float("flash_attn", q=q, k=k, v=v)
     if deterministic and q.is_cuda and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError(

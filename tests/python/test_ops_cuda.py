@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 import llmk.ops as L  # noqa: E402
 from llmk._C import ops as _C  # noqa: E402
-from test_ops import (ACT_REFS, cosine_diversity_ref, distill_ref,  # noqa: E402
-                      rope_ref)  # (the CPU suite's)
+from test_ops import (ACT_REFS, attention_transfer_ref, cosine_diversity_ref,  # noqa: E402
+                      distill_ref, rope_ref)  # (the CPU suite's)
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _C.cuda),
                                 reason="needs a GPU and a CUDA build of llmk")
@@ -473,6 +473,114 @@ def test_fused_linear_distill_loss_cuda(loss):
     check(out, want, base, dt, f"fused {loss} loss")
     check(gh, wh, bh, dt, f"fused {loss} d hidden")
     check(gw, ww, bw, dt, f"fused {loss} d weight")
+
+
+@pytest.mark.parametrize("loss", ["kl", "jsd"])
+@pytest.mark.parametrize("V", [37, 32003])
+def test_distill_loss_cuda_infinite_teacher_logits(loss, V):
+    # Teacher logits of -inf (a top-k teacher's tail): probability 0, adding nothing to KL or JSD,
+    # never NaN; a row whose teacher keeps a single logit.
+    s = rand(4, V, dtype=torch.float32, seed=180) * 3
+    t = rand(4, V, dtype=torch.float32, seed=181) * 3
+    t[0, ::2] = -math.inf
+    t[1, 1:] = -math.inf
+    t[3, : V // 2] = -math.inf
+    x = s.clone().requires_grad_()
+    out = L.distill_loss(x, t, loss=loss, temperature=2.0)
+    (gx,) = torch.autograd.grad(out, x)
+    x64 = s.double().requires_grad_()
+    want = distill_ref(x64, t.double(), None, loss, 0.5, 2.0)
+    (gw,) = torch.autograd.grad(want, x64)
+    assert torch.isfinite(out) and torch.isfinite(gx).all()
+    assert abs(out.item() - want.item()) <= 1e-5 * max(abs(want.item()), 1.0)
+    assert (gx.double() - gw).abs().max().item() <= 1e-6 * max(gw.abs().max().item(), 1.0)
+
+
+@pytest.mark.parametrize("k", [1, 64, 5003])
+def test_fused_linear_distill_loss_teacher_topk_cuda(k):
+    # bf16 hidden states and lm_head; the teacher as its top k logits (k = V: all of them).
+    import torch.nn.functional as F
+    BT, H, V = 200, 64, 5003
+    dt = torch.bfloat16
+    h, w = rand(BT, H, dtype=dt, seed=185), rand(V, H, dtype=dt, seed=186) / 4
+    vals, idx = torch.topk(rand(BT, V, dtype=torch.float32, seed=187) * 2, k, dim=1)
+    dense = torch.full((BT, V), -math.inf, device="cuda", dtype=torch.float64)
+    dense.scatter_(1, idx, vals.double())
+    res = []
+    for at in (dt, torch.float64, dt):
+        x, wx = h.to(at).requires_grad_(), w.to(at).requires_grad_()
+        if len(res) == 0:
+            out = L.fused_linear_distill_loss(x, wx, teacher_topk=(vals, idx), loss="kl",
+                                              temperature=2.0, chunk_rows=64)
+        else:
+            out = distill_ref(F.linear(x, wx), dense.to(at), None, "kl", 0.5, 2.0)
+        res.append((out,) + torch.autograd.grad(out, (x, wx)))
+    (out, gh, gw), (want, wh, ww), (base, bh, bw) = res
+    assert torch.isfinite(out)
+    check(out, want, base, dt, f"top-{k} loss")
+    check(gh, wh, bh, dt, f"top-{k} d hidden")
+    check(gw, ww, bw, dt, f"top-{k} d weight")
+
+
+@pytest.mark.parametrize("dt", DT3)
+def test_pairwise_cosine_distance_cuda(dt):
+    x = rand(1000, 72, dtype=dt, seed=195)
+    x[3] = 0.0
+    xr = x.clone().requires_grad_()
+    D = L.pairwise_cosine_distance(xr)
+    assert D.dtype == dt and D.shape == (1000, 1000)
+    x64 = x.double().requires_grad_()
+    n = x64.norm(dim=1, keepdim=True)
+    u = torch.where(n > 0, x64 / torch.where(n > 0, n, 1.0), 0.0)
+    want = 1 - u @ u.T
+    w = rand(1000, 1000, dtype=torch.float32, seed=196)
+    (g,) = torch.autograd.grad((D.float() * w).sum(), xr)
+    (gw,) = torch.autograd.grad((want * w.double()).sum(), x64)
+    # u rounded to dt, the product of two of them summed in f32, the result rounded to dt.
+    assert (D.double() - want).abs().max().item() <= 4 * EPS.get(dt, 2.0**-20)
+    assert D[3].eq(1).all() and D[:, 3].eq(1).all()
+    err = (g.double() - gw).abs().max().item()
+    assert err <= 8 * EPS.get(dt, 2.0**-20) * gw.abs().max().item(), err
+
+
+def test_flash_attn_cuda_under_autocast():
+    # float32 inputs under autocast run in autocast's dtype (as SDPA), gradients reach them.
+    q, k, v = (rand(2, 64, 4, 64, dtype=torch.float32, seed=197 + i).requires_grad_()
+               for i in range(3))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = L.flash_attn(q, k, v, causal=True)
+    want = L.flash_attn(*(t.detach().bfloat16() for t in (q, k, v)), causal=True)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+    out.float().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in (q, k, v))
+
+
+def test_cosine_topk_and_attention_transfer_cuda():
+    # The torch-composed ops on CUDA tensors, float32 against float64.
+    x = rand(3001, 33, dtype=torch.float32, seed=190)
+    x[7] = 0.0
+    dist, idx = L.cosine_topk(x, 4, chunk_rows=512)
+    x64 = x.double()
+    u = x64 / x64.norm(dim=1, keepdim=True).clamp(min=1e-300)
+    full = 1 - u @ u.T
+    full.fill_diagonal_(math.inf)
+    wd, _ = torch.topk(full, 4, dim=1, largest=False)
+    assert (dist.double() - wd).abs().max().item() <= 1e-5
+    assert (full.gather(1, idx) - wd).abs().max().item() <= 1e-5  # the indices' own distances
+    tq, tk = rand(2, 300, 8, 16, dtype=torch.float32, seed=191), rand(2, 300, 8, 16,
+                                                                       dtype=torch.float32,
+                                                                       seed=192)
+    sq = rand(2, 300, 2, 24, dtype=torch.float32, seed=193).requires_grad_()
+    sk = rand(2, 300, 2, 24, dtype=torch.float32, seed=194).requires_grad_()
+    out = L.attention_transfer_loss(tq, tk, sq, sk, temperature=2.0, causal=True,
+                                    relation_heads=2, block=64)
+    g = torch.autograd.grad(out, (sq, sk))
+    r = [t.detach().cpu().double().requires_grad_() for t in (sq, sk)]
+    want = attention_transfer_ref(tq.cpu().double(), tk.cpu().double(), r[0], r[1], 2.0, True, 2)
+    gw = torch.autograd.grad(want, r)
+    assert abs(out.item() - want.item()) <= 1e-5 * max(abs(want.item()), 1.0)
+    for a, b in zip(g, gw):
+        assert (a.cpu().double() - b).abs().max().item() <= 1e-5 * max(b.abs().max().item(), 1.0)
 
 
 # ---------------------------------------------------------------------------------------------

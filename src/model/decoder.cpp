@@ -38,7 +38,9 @@ class DecoderModel final : public Model {
   DecoderModel(const std::string& path, ModelConfig config, int64_t context,
                const LoadOptions& opts, const WeightSource& src)
       : Model(path, std::move(config), context, opts.sequences, opts.device),
-        act_(opts.device == Device::CPU ? DType::F32 : DType::BF16) {
+        act_(opts.device == Device::CPU ? DType::F32 : DType::BF16),
+        page_size_(opts.page_size) {
+    LLMK_CHECK(opts.page_size >= 0, "page size {} must be >= 0", opts.page_size);
     check_layer_count(src, this->config().n_layers);
     WeightLoader loader(src, opts.device, opts.progress);
     load_weights(loader);  // planning pass: shapes checked, bytes counted, nothing copied
@@ -68,7 +70,13 @@ class DecoderModel final : public Model {
   uint64_t activation_bytes(int64_t t) const;
   // Keys per page of the KV pool: on CUDA a page a few tiles of the decode kernel long; on the
   // CPU one page per sequence (its keys stay contiguous for the CPU kernel).
-  int64_t page_size() const { return device() == Device::CUDA ? kPageSizeCuda : context(); }
+  int64_t page_size() const {
+    if (page_size_ > 0) return page_size_;
+    return device() == Device::CUDA ? kPageSizeCuda : context();
+  }
+  int64_t kv_page_size() const override { return page_size(); }
+  int64_t kv_pages() const override { return sequences() * pages_per_sequence(); }
+  void copy_kv_page(int32_t src, int32_t dst, int64_t rows) override;
   int64_t pages_per_sequence() const { return (context() + page_size() - 1) / page_size(); }
   int64_t pool_rows() const { return sequences() * pages_per_sequence() * page_size(); }
   // Prompts longer than this (CUDA) gather their sequence's keys for the prefill kernel.
@@ -79,6 +87,7 @@ class DecoderModel final : public Model {
   static constexpr int64_t kMaxPagedQueries = 8;
 
   DType act_;
+  int64_t page_size_;  // LoadOptions::page_size (0: page_size()'s default)
   Tensor tok_embd_, output_norm_, output_;
   Tensor rope_freqs_;  // [rope_dim/2] f32 divisors of the global layers' frequencies, or undefined
   std::vector<LayerWeights> layers_;
@@ -190,10 +199,24 @@ int32_t DecoderModel::cache_row(int64_t seq, int64_t pos) {
   return static_cast<int32_t>(page * ps + pos % ps);
 }
 
+void DecoderModel::copy_kv_page(int32_t src, int32_t dst, int64_t rows) {
+  const int64_t ps = page_size();
+  LLMK_CHECK(src >= 0 && dst >= 0 && src < kv_pages() && dst < kv_pages() && src != dst &&
+                 rows >= 0 && rows <= ps,
+             "copy_kv_page: {} rows of page {} to page {} (pool of {} pages of {})", rows, src, dst,
+             kv_pages(), ps);
+  for (size_t i = 0; i < k_cache_.size(); ++i) {
+    for (Tensor* pool : {&k_cache_[i], &v_cache_[i]}) {
+      Tensor to = pool->slice(0, dst * ps, dst * ps + rows);
+      ops::copy(to, pool->slice(0, src * ps, src * ps + rows));
+    }
+  }
+}
+
 void DecoderModel::on_staged() {
   // The prompt's sequence, keys 0 .. pos + T - 1 (none to gather from position 0: compute()
   // reads the new keys from the projection).
-  if (gathers(staged_.tokens) && staged_.pos > 0) {
+  if (!staged_.runs && gathers(staged_.tokens) && staged_.pos > 0) {
     const int64_t n = staged_.pos + staged_.tokens;
     host_gather_.resize(static_cast<size_t>(n));
     for (int64_t j = 0; j < n; ++j)
@@ -244,7 +267,7 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   const ModelConfig& c = config();
   LLMK_CHECK(t > 0 && t == staged_.tokens, "compute: {} tokens requested but {} staged", t,
              staged_.tokens);
-  reserve(t, all_logits);
+  reserve(t, all_logits || staged_.runs);
   const int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
   const int64_t qd = H * D, kvd = Hkv * D;
   const Tensor ids = staged_ids(), positions = staged_positions();
@@ -296,7 +319,10 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
       ops::rope_kv_append(qk, positions, rp, k_cache_[i], v_cache_[i], v, cache_rows);
     }
     const ops::AttentionParams& ap = local ? attn_local : attn_global;
-    if (gathers(t) && staged_.pos == 0) {
+    if (staged_.runs) {  // several sequences, each a run of tokens, keys in the caller's pages
+      ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], runs_.table, page_size(), runs_.cu,
+                           positions, runs_.max_run, paged_params(ap));
+    } else if (gathers(t) && staged_.pos == 0) {
       // A prompt from position 0: its keys are exactly the projection's (rotated) K and V.
       ops::attention(attn, q, k, v, positions, ap);
     } else if (gathers(t)) {
@@ -327,6 +353,15 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
     ops::add_rms_norm(x, o, h, next_norm, c.rms_eps, one);
   }
   // h = output_norm(x) for every token; the head runs on the rows whose logits are wanted.
+  if (staged_.runs) {
+    const int64_t n = runs_.logit_rows.dim(0);
+    if (n == 0) return s_.logits.slice(0, 0, 0);
+    Tensor picked = s_.o.slice(0, 0, n);  // o is free after the last layer
+    ops::embedding(picked, h, runs_.logit_rows);
+    Tensor logits = s_.logits.slice(0, 0, n);
+    ops::linear(logits, picked, output_);
+    return logits;
+  }
   const Tensor normed = all_logits ? h : h.slice(0, t - 1, t);
   Tensor logits = s_.logits.slice(0, 0, normed.dim(0));
   ops::linear(logits, normed, output_);

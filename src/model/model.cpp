@@ -17,10 +17,11 @@ namespace llmk {
 
 void Model::allocate_staging(int64_t tokens) {
   staging_ = Tensor::empty({3 * part_stride(tokens)}, DType::I32, device_);
+  staging_capacity_ = tokens;
 }
 
-template <class PosOf, class SeqOf>
-void Model::upload(int64_t t, const int32_t* tokens, PosOf position_of, SeqOf seq_of) {
+template <class PosOf, class RowOf>
+void Model::upload(int64_t t, const int32_t* tokens, PosOf position_of, RowOf row_of) {
   for (int64_t i = 0; tokens != nullptr && i < t; ++i) {
     LLMK_CHECK(tokens[i] >= 0 && tokens[i] < config_.vocab_size,
                "forward: token id {} is outside the vocabulary of {}", tokens[i],
@@ -33,7 +34,7 @@ void Model::upload(int64_t t, const int32_t* tokens, PosOf position_of, SeqOf se
     const int64_t pos = position_of(i);
     if (tokens) host_staging_[static_cast<size_t>(i)] = tokens[i];
     host_staging_[static_cast<size_t>(stride + i)] = static_cast<int32_t>(pos);
-    host_staging_[static_cast<size_t>(2 * stride + i)] = cache_row(seq_of(i), pos);
+    host_staging_[static_cast<size_t>(2 * stride + i)] = row_of(i, pos);
   }
   Tensor dst = staging_.slice(0, first, n);
   ops::transfer(dst, Tensor::borrow(host_staging_.data() + first, {n - first}, DType::I32));
@@ -46,7 +47,8 @@ void Model::stage_sequence(int64_t t, const int32_t* tokens, int64_t pos, int64_
              "forward: {} tokens at position {} do not fit the context of {} tokens", t, pos,
              context_);
   upload(
-      t, tokens, [&](int64_t i) { return pos + i; }, [&](int64_t) { return seq; });
+      t, tokens, [&](int64_t i) { return pos + i; },
+      [&](int64_t, int64_t p) { return cache_row(seq, p); });
   staged_ = {.tokens = t, .seq = seq, .one_per_sequence = false, .pos = pos};
   on_staged();
 }
@@ -77,8 +79,62 @@ void Model::stage_step(std::span<const int32_t> tokens, std::span<const int64_t>
   }
   upload(
       b, tokens.data(), [&](int64_t i) { return pos[static_cast<size_t>(i)]; },
-      [](int64_t i) { return i; });
+      [&](int64_t i, int64_t p) { return cache_row(i, p); });
   staged_ = {.tokens = b, .seq = 0, .one_per_sequence = true};
+  on_staged();
+}
+
+void Model::stage_runs(std::span<const Run> runs) {
+  const int64_t ps = kv_page_size(), pages = kv_pages();
+  LLMK_CHECK(ps > 0, "forward: this model has no paged KV pool");
+  LLMK_CHECK(!runs.empty(), "forward: no runs");
+  int64_t t = 0, longest_table = 1, max_run = 0;
+  std::vector<int64_t> run_of, pos_of;  // per token
+  std::vector<int32_t> ids, cu{0}, logit_rows;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const Run& run = runs[r];
+    const auto n = static_cast<int64_t>(run.tokens.size());
+    LLMK_CHECK(n > 0 && run.pos >= 0 && run.pos + n <= static_cast<int64_t>(run.pages.size()) * ps,
+               "forward: run {}: {} tokens at position {} do not fit its {} pages of {}", r, n,
+               run.pos, run.pages.size(), ps);
+    for (const int32_t p : run.pages) {
+      LLMK_CHECK(p >= 0 && p < pages, "forward: run {}: page {} outside the pool of {}", r, p,
+                 pages);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      run_of.push_back(static_cast<int64_t>(r));
+      pos_of.push_back(run.pos + i);
+    }
+    ids.insert(ids.end(), run.tokens.begin(), run.tokens.end());
+    t += n;
+    cu.push_back(static_cast<int32_t>(t));
+    if (run.logits) logit_rows.push_back(static_cast<int32_t>(t - 1));
+    longest_table = std::max<int64_t>(longest_table, static_cast<int64_t>(run.pages.size()));
+    max_run = std::max(max_run, n);
+  }
+  if (t > staging_capacity_) allocate_staging(t);
+  upload(
+      t, ids.data(), [&](int64_t i) { return pos_of[static_cast<size_t>(i)]; },
+      [&](int64_t i, int64_t p) {
+        const Run& run = runs[static_cast<size_t>(run_of[static_cast<size_t>(i)])];
+        return static_cast<int32_t>(run.pages[static_cast<size_t>(p / ps)] * ps + p % ps);
+      });
+  const auto b = static_cast<int64_t>(runs.size());
+  std::vector<int32_t> table(static_cast<size_t>(b * longest_table), 0);
+  for (int64_t r = 0; r < b; ++r) {
+    const auto& pg = runs[static_cast<size_t>(r)].pages;
+    std::copy(pg.begin(), pg.end(), table.begin() + r * longest_table);
+  }
+  const auto to_device = [&](std::vector<int32_t>& host, const Shape& shape) {
+    Tensor d = Tensor::empty(shape, DType::I32, device_);
+    if (!host.empty()) ops::transfer(d, Tensor::borrow(host.data(), shape, DType::I32));
+    return d;
+  };
+  runs_.table = to_device(table, {b, longest_table});
+  runs_.cu = to_device(cu, {b + 1});
+  runs_.logit_rows = to_device(logit_rows, {static_cast<int64_t>(logit_rows.size())});
+  runs_.max_run = max_run;
+  staged_ = {.tokens = t, .seq = 0, .one_per_sequence = false, .pos = 0, .runs = true};
   on_staged();
 }
 

@@ -34,6 +34,7 @@ struct LoadOptions {
   int64_t sequences = 1;  // sequences decoded together, each with its own KV cache
   Device device = Device::CPU;
   ProgressFn progress = nullptr;  // called after each tensor is placed
+  int64_t page_size = 0;  // KV pool page in tokens; 0: 64 on CUDA, the whole context on the CPU
 };
 
 class Model {
@@ -65,6 +66,25 @@ class Model {
   // Stages one token for each of sequences 0..B-1 (B = tokens.size()), token b at position
   // pos[b] of sequence b: one batched decode step; compute(B, true) gives B rows of logits.
   void stage_step(std::span<const int32_t> tokens, std::span<const int64_t> pos);
+  // The paged KV pool, for a caller that hands out its pages itself (engine/engine.h): kv_pages()
+  // pages of kv_page_size() tokens. With stage_runs only: the model's own page bookkeeping
+  // (stage, stage_step) must not be used on the same model.
+  virtual int64_t kv_page_size() const { return 0; }
+  virtual int64_t kv_pages() const { return 0; }
+  // Copies the first `rows` rows of pool page src into page dst, K and V of every layer (a
+  // shared page's copy before a write).
+  virtual void copy_kv_page(int32_t src, int32_t dst, int64_t rows) = 0;
+  // One step of several sequences: each run is `tokens` at positions pos, pos + 1, ... of its
+  // own sequence, whose keys live in the pool pages `pages` (key j in page pages[j / page size]),
+  // those before pos already written. compute(T, false) (T: all runs' tokens) then gives the
+  // logits of the last token of each run with `logits`, in run order: [runs with logits, vocab].
+  struct Run {
+    std::span<const int32_t> tokens;
+    int64_t pos = 0;
+    std::span<const int32_t> pages;
+    bool logits = false;
+  };
+  void stage_runs(std::span<const Run> runs);
   // Stages one token of sequence `seq` at position `pos` whose id is on the device ([1] I32, on
   // the model's device): copied there in stream order, so it may be the output of work still
   // queued (the decoder's next step, enqueued before the host has read the id).
@@ -103,8 +123,15 @@ class Model {
     int64_t tokens = 0;
     int64_t seq = 0;
     bool one_per_sequence = false;
-    int64_t pos = 0;  // position of the first token (single sequence)
+    int64_t pos = 0;    // position of the first token (single sequence)
+    bool runs = false;  // stage_runs: the runs' page table, offsets and logit rows below
   } staged_;
+  // For stage_runs, on the model's device: the page table [runs, longest table] I32, the runs'
+  // query offsets [runs + 1] I32, the rows whose logits are wanted [n] I32; the longest run.
+  struct StagedRuns {
+    Tensor table, cu, logit_rows;
+    int64_t max_run = 0;
+  } runs_;
   // The KV-cache row that holds position `pos` of sequence `seq`; stage() and stage_step() ask
   // it for every staged token (a paged cache allocates the page here). Default: a contiguous
   // region of context() rows per sequence.
@@ -131,10 +158,11 @@ class Model {
     return staging_.slice(0, at, at + t);
   }
   // Fills the staging buffer's parts for `t` tokens (ids: `tokens`, or none when null, the ids
-  // being put there on the device; positions and rows: position_of(i), cache_row(seq_of(i),
-  // position_of(i))) and uploads them.
-  template <class PosOf, class SeqOf>
-  void upload(int64_t t, const int32_t* tokens, PosOf position_of, SeqOf seq_of);
+  // being put there on the device; positions and rows: position_of(i), row_of(i, position))
+  // and uploads them.
+  template <class PosOf, class RowOf>
+  void upload(int64_t t, const int32_t* tokens, PosOf position_of, RowOf row_of);
+  int64_t staging_capacity_ = 0;
   // stage()'s body; tokens null: the ids are put on the device by the caller.
   void stage_sequence(int64_t t, const int32_t* tokens, int64_t pos, int64_t seq);
   std::map<int64_t, bool> release_first_;

@@ -1,0 +1,83 @@
+// The many-sequence engine: requests in, tokens out, any number of sequences in flight.
+//
+//   request -> Scheduler (queue, running set, preemption; KvPages for the pool's pages)
+//           -> a step: each sequence's next run of tokens (prompt chunks and decode tokens
+//              together) -> Model::stage_runs + compute (one forward for all of them)
+//           -> per sequence: its Sampler on its logits -> the token -> its callback
+//           -> Scheduler::update (finished sequences free their pages)
+//
+// The model must be loaded for it (Engine::load: several sequences' worth of pool, pages of
+// kv page size tokens). CPU only for now: the CUDA forward of mixed runs is not yet validated.
+// Sampling is the CPU sampler of engine/sampler.h, one per request, seeded per request, so a
+// request's tokens do not depend on what else runs beside it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv_pages.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+
+namespace llmk {
+
+class Model;
+
+struct RequestOptions {
+  SamplerConfig sampler;
+  int64_t max_tokens = 128;       // tokens to generate at most
+  std::vector<int32_t> stop_ids;  // tokens that end the request (end-of-generation ids)
+};
+
+enum class Finish { None, Stop, Length };
+
+// token: the sampled token; finish: None while the request goes on, else why it ended (Stop: the
+// token is one of its stop ids; Length: max_tokens or the context reached).
+using TokenFn = std::function<void(int64_t request, int32_t token, Finish finish)>;
+
+struct EngineOptions {
+  int64_t max_running = 64;       // sequences in flight
+  int64_t max_step_tokens = 512;  // tokens per forward (decode tokens plus prompt chunks)
+};
+
+class Engine {
+ public:
+  // model: loaded with a paged pool (kv_pages() > 0), on the CPU.
+  Engine(Model& model, const EngineOptions& opts);
+  // Loads `path` for the engine: `sequences` sequences' worth of context-long KV pool in pages
+  // of `page_size` tokens.
+  static std::unique_ptr<Model> load(const std::string& path, int64_t context, int64_t sequences,
+                                     int64_t page_size = 16);
+
+  // Queues a prompt; returns its id. The prompt (non-empty, ids inside the vocabulary, shorter
+  // than the context) is checked here.
+  int64_t add_request(std::vector<int32_t> prompt, const RequestOptions& opts, TokenFn on_token);
+  // Ends a request now (no more callbacks), freeing its pages; false if unknown or done.
+  bool abort(int64_t request);
+  // One forward of every running sequence's next run; calls the callbacks of those sampled.
+  void step();
+  bool idle() const { return sched_.idle(); }
+  Scheduler::Stats scheduler_stats() const { return sched_.stats(); }
+  KvPages::Stats kv_stats() const { return kv_.stats(); }
+
+ private:
+  struct Request {
+    RequestOptions opts;
+    Sampler sampler;
+    TokenFn on_token;
+    int64_t prompt_tokens = 0;
+  };
+
+  Model& model_;
+  KvPages kv_;
+  Scheduler sched_;
+  std::unordered_map<int64_t, Request> requests_;
+  int64_t next_id_ = 0;
+  std::vector<float> host_logits_;
+};
+
+}  // namespace llmk

@@ -1,0 +1,190 @@
+// The many-sequence engine on the CPU, on the family fixtures (tiny random-weight models): many
+// requests at once, prompt chunks and decode tokens in the same forward, preemption and
+// recompute, prefix hits; every request must give what it gives alone through generate().
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "core/error.h"
+#include "engine/generator.h"
+#include "model/model.h"
+#include "test_paths.h"
+#include "tokenizer/tokenizer.h"
+
+namespace llmk {
+namespace {
+
+std::string fixture(const std::string& family) {
+  return test::source_path("tests/fixtures/families/" + family);
+}
+
+std::vector<std::vector<int32_t>> prompts(uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<int32_t> system = {1, 17, 300, 42, 7, 99, 250, 3, 8, 60, 61, 62, 5};
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> p(system.begin(), system.begin() + static_cast<long>(rng() % 14));
+    for (int k = 1 + static_cast<int>(rng() % 30); k > 0; --k) {
+      p.push_back(static_cast<int32_t>(rng() % 512));
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// Each prompt alone through generate(): greedy, or seeded sampling.
+std::vector<std::vector<int32_t>> alone(const std::string& path,
+                                        const std::vector<std::vector<int32_t>>& ps,
+                                        const SamplerConfig& sampler, int max_tokens) {
+  auto model = Model::load(path, {.context = 128});
+  const Tokenizer tok = load_tokenizer(*model, path);
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    GenerateOptions o;
+    o.max_tokens = max_tokens;
+    o.stop_at_eog = false;
+    o.sampler = sampler;
+    o.sampler.seed = sampler.seed + i;
+    const GenerateStats st =
+        generate(*model, tok, ps[i], o, [](int32_t, const std::string&) { return true; });
+    out.push_back(st.sampled);
+  }
+  return out;
+}
+
+struct Setting {
+  int64_t sequences, page_size, max_running, step_tokens;
+};
+
+std::vector<std::vector<int32_t>> batched(const std::string& path,
+                                          const std::vector<std::vector<int32_t>>& ps,
+                                          const SamplerConfig& sampler, int max_tokens,
+                                          const Setting& s, Scheduler::Stats* sst = nullptr,
+                                          KvPages::Stats* kst = nullptr) {
+  auto model = Engine::load(path, 128, s.sequences, s.page_size);
+  Engine engine(*model, {.max_running = s.max_running, .max_step_tokens = s.step_tokens});
+  std::map<int64_t, std::vector<int32_t>> got;
+  std::map<int64_t, size_t> index;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    RequestOptions o;
+    o.max_tokens = max_tokens;
+    o.sampler = sampler;
+    o.sampler.seed = sampler.seed + i;
+    const int64_t id =
+        engine.add_request(ps[i], o, [&](int64_t r, int32_t t, Finish) { got[r].push_back(t); });
+    index[id] = i;
+  }
+  for (int n = 0; !engine.idle(); ++n) {
+    engine.step();
+    if (n > 10000) {
+      ADD_FAILURE() << "no progress";
+      break;
+    }
+  }
+  if (sst) *sst = engine.scheduler_stats();
+  if (kst) *kst = engine.kv_stats();
+  std::vector<std::vector<int32_t>> out(ps.size());
+  for (const auto& [id, toks] : got) out[index.at(id)] = toks;
+  return out;
+}
+
+TEST(Engine, GreedyRequestsTogetherMatchGenerateAlone) {
+  SamplerConfig greedy;
+  greedy.temperature = 0;
+  for (const std::string family : {"llama3", "gemma3"}) {
+    const auto ps = prompts(1);
+    const auto want = alone(fixture(family), ps, greedy, 12);
+    for (const Setting& s : {Setting{16, 16, 16, 512},  // all at once, whole prompts
+                             Setting{1, 4, 8, 16},      // chunks of 16, a 128-token pool
+                             Setting{4, 1, 3, 7}}) {    // one-token pages, 3 in flight
+      Scheduler::Stats sst;
+      KvPages::Stats kst;
+      const auto got = batched(fixture(family), ps, greedy, 12, s, &sst, &kst);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        EXPECT_EQ(got[i], want[i]) << family << " prompt " << i << ", pages of " << s.page_size
+                                   << ", " << s.step_tokens << " tokens a step";
+      }
+      EXPECT_EQ(kst.in_use, 0);
+      if (s.sequences == 1) {
+        EXPECT_GT(sst.preemptions, 0) << family;
+      }
+      if (s.max_running == 3) {  // later requests find the shared prefix computed
+        EXPECT_GT(kst.prefix_hit_tokens, 0) << family;
+      }
+    }
+  }
+}
+
+TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
+  SamplerConfig hot;
+  hot.temperature = 1.2f;
+  hot.top_k = 0;
+  hot.top_p = 1.0f;
+  hot.min_p = 0.0f;
+  hot.seed = 1234;
+  const auto ps = prompts(2);
+  const std::string path = fixture("qwen2");
+  const auto together = batched(path, ps, hot, 10, {8, 4, 10, 24});
+  for (size_t i = 0; i < ps.size(); ++i) {
+    SamplerConfig one = hot;
+    one.seed = hot.seed + i;
+    const auto single = batched(path, {ps[i]}, one, 10, {2, 4, 1, 512});
+    EXPECT_EQ(together[i], single[0]) << "prompt " << i;
+  }
+  // And generate() alone gives the same draws.
+  EXPECT_EQ(together, alone(path, ps, hot, 10));
+}
+
+TEST(Engine, StopsAbortsAndRefuses) {
+  const std::string path = fixture("llama3");
+  auto model = Engine::load(path, 64, 2, 8);
+  Engine engine(*model, {.max_running = 4, .max_step_tokens = 64});
+  SamplerConfig greedy;
+  greedy.temperature = 0;
+  // The greedy continuation's second token as a stop id: the request ends there, with Stop.
+  std::vector<int32_t> first;
+  RequestOptions o;
+  o.sampler = greedy;
+  o.max_tokens = 5;
+  engine.add_request({5, 6, 7}, o, [&](int64_t, int32_t t, Finish) { first.push_back(t); });
+  while (!engine.idle()) engine.step();
+  ASSERT_EQ(first.size(), 5u);
+  o.stop_ids = {first[1]};
+  std::vector<std::pair<int32_t, Finish>> got;
+  engine.add_request({5, 6, 7}, o, [&](int64_t, int32_t t, Finish f) { got.emplace_back(t, f); });
+  while (!engine.idle()) engine.step();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].second, Finish::Stop);
+  EXPECT_EQ(got[0].second, Finish::None);
+  // Abort from a callback, mid-run: no more tokens, pages freed.
+  int calls = 0;
+  RequestOptions longer;
+  longer.sampler = greedy;
+  longer.max_tokens = 50;
+  int64_t id = -1;
+  id = engine.add_request({1, 2, 3}, longer, [&](int64_t, int32_t, Finish) {
+    if (++calls == 3) engine.abort(id);
+  });
+  while (!engine.idle()) engine.step();
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(engine.kv_stats().in_use, 0);
+  // The context ends a request with Length.
+  Finish last = Finish::None;
+  int n = 0;
+  engine.add_request(std::vector<int32_t>(60, 4), longer, [&](int64_t, int32_t, Finish f) {
+    last = f;
+    ++n;
+  });
+  while (!engine.idle()) engine.step();
+  EXPECT_EQ(last, Finish::Length);
+  EXPECT_EQ(n, 5);  // computed at positions 60..63, the fifth at 64 is past the context
+  EXPECT_THROW(engine.add_request({}, longer, nullptr), Error);
+  EXPECT_THROW(engine.add_request({512}, longer, nullptr), Error);
+  EXPECT_THROW(engine.add_request(std::vector<int32_t>(65, 1), longer, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace llmk

@@ -14,7 +14,8 @@ Engine::Engine(Model& model, const EngineOptions& opts)
     : model_(model),
       kv_(std::max<int64_t>(model.kv_pages(), 1), std::max<int64_t>(model.kv_page_size(), 1)),
       sched_(kv_, SchedulerConfig{.max_running = opts.max_running,
-                                  .max_step_tokens = opts.max_step_tokens}) {
+                                  .max_step_tokens = opts.max_step_tokens}),
+      opts_(opts) {
   LLMK_CHECK(model.device() == Device::CPU,
              "engine: runs on the CPU only so far (its CUDA forward of mixed batches is not yet "
              "validated)");
@@ -44,17 +45,39 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const RequestOptions& o
                vocab);
   }
   LLMK_CHECK(opts.max_tokens >= 1, "engine: max_tokens {} must be at least 1", opts.max_tokens);
+  LLMK_CHECK(opts.n >= 1 && opts.n <= opts_.max_running,
+             "engine: n = {} samples must be from 1 to the running cap {}", opts.n,
+             opts_.max_running);
   opts.sampler.validate();
-  const int64_t id = next_id_++;
+  const int64_t id = next_request_++, seq = next_seq_++;
   const auto n = static_cast<int64_t>(prompt.size());
-  sched_.add(id, std::move(prompt));
-  requests_.emplace(id, Request{opts, Sampler(opts.sampler), std::move(on_token), n});
+  sched_.add(seq, std::move(prompt));
+  requests_.emplace(id, Request{opts, std::move(on_token), n, {seq}, opts.n == 1});
+  samples_.emplace(seq, Sample{id, 0, Sampler(opts.sampler)});
   return id;
 }
 
 bool Engine::abort(int64_t request) {
-  if (requests_.erase(request) == 0) return false;
-  return sched_.abort(request);
+  const auto it = requests_.find(request);
+  if (it == requests_.end()) return false;
+  for (const int64_t seq : it->second.seqs) {
+    sched_.abort(seq);
+    samples_.erase(seq);
+  }
+  requests_.erase(it);
+  aborted_.push_back(request);
+  return true;
+}
+
+Finish Engine::finish_of(const Request& r, int32_t token, int64_t known) const {
+  if (std::find(r.opts.stop_ids.begin(), r.opts.stop_ids.end(), token) != r.opts.stop_ids.end()) {
+    return Finish::Stop;
+  }
+  // max_tokens reached, or this token's position (known) is past the context: never computed.
+  if (known + 1 - r.prompt_tokens >= r.opts.max_tokens || known >= model_.context()) {
+    return Finish::Length;
+  }
+  return Finish::None;
 }
 
 void Engine::step() {
@@ -80,40 +103,60 @@ void Engine::step() {
   }
   struct Event {
     TokenFn fn;
-    int64_t id;
-    int32_t token;
-    Finish finish;
+    TokenEvent e;
   };
   std::vector<Event> events;
   std::vector<int32_t> sampled;
   std::vector<int64_t> finished;
+  std::vector<Scheduler::Fork> forks;
   size_t j = 0;
   for (const Scheduler::Work& w : st.work) {
     if (!w.samples) continue;
-    Request& r = requests_.at(w.id);
+    Sample& sm = samples_.at(w.id);
+    Request& r = requests_.at(sm.request);
     const std::vector<int32_t>& t = sched_.tokens(w.id);
-    const int32_t token =
-        r.sampler.sample(std::span<const float>(host_logits_)
-                             .subspan(j++ * static_cast<size_t>(vocab), static_cast<size_t>(vocab)),
-                         t);
-    const int64_t generated = static_cast<int64_t>(t.size()) + 1 - r.prompt_tokens;
-    Finish finish = Finish::None;
-    if (std::find(r.opts.stop_ids.begin(), r.opts.stop_ids.end(), token) != r.opts.stop_ids.end()) {
-      finish = Finish::Stop;
-    } else if (generated >= r.opts.max_tokens ||
-               static_cast<int64_t>(t.size()) >= model_.context()) {
-      finish = Finish::Length;  // (this token's position is past the context: never computed)
-    }
+    const auto known = static_cast<int64_t>(t.size());
+    const std::span<const float> row =
+        std::span<const float>(host_logits_)
+            .subspan(j++ * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+    const int32_t token = sm.sampler.sample(row, t);
+    const Finish finish = finish_of(r, token, known);
     sampled.push_back(token);
     if (finish != Finish::None) finished.push_back(w.id);
-    events.push_back({r.on_token, w.id, token, finish});
+    events.push_back({r.on_token, {sm.request, sm.index, token, finish}});
+    if (!r.forked) {  // the prompt's first draw: samples 1 .. n-1 draw from the same logits
+      r.forked = true;
+      for (int k = 1; k < r.opts.n; ++k) {
+        SamplerConfig c = r.opts.sampler;
+        c.seed += static_cast<uint64_t>(k);
+        Sampler sk(c);
+        const int32_t tk = sk.sample(row, t);
+        const Finish fk = finish_of(r, tk, known);
+        if (fk == Finish::None) {
+          const int64_t child = next_seq_++;
+          forks.push_back({w.id, child, tk});
+          samples_.emplace(child, Sample{sm.request, k, std::move(sk)});
+          r.seqs.push_back(child);
+        }
+        events.push_back({r.on_token, {sm.request, k, tk, fk}});
+      }
+    }
   }
-  sched_.update(st, sampled, finished);
-  for (const int64_t id : finished) requests_.erase(id);
-  // After the bookkeeping, so that a callback may add or abort requests.
-  for (const Event& e : events) {
-    if (e.finish == Finish::None && requests_.count(e.id) == 0) continue;  // aborted meanwhile
-    if (e.fn) e.fn(e.id, e.token, e.finish);
+  sched_.update(st, sampled, finished, forks);
+  for (const int64_t seq : finished) {
+    Request& r = requests_.at(samples_.at(seq).request);
+    r.seqs.erase(std::find(r.seqs.begin(), r.seqs.end(), seq));
+    samples_.erase(seq);
+  }
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    it = it->second.forked && it->second.seqs.empty() ? requests_.erase(it) : std::next(it);
+  }
+  // After the bookkeeping, so that a callback may add or abort requests; a request aborted by an
+  // earlier callback of this step gets no more calls.
+  aborted_.clear();
+  for (const Event& ev : events) {
+    if (std::find(aborted_.begin(), aborted_.end(), ev.e.request) != aborted_.end()) continue;
+    if (ev.fn) ev.fn(ev.e);
   }
 }
 

@@ -29,15 +29,23 @@ class Model;
 
 struct RequestOptions {
   SamplerConfig sampler;
-  int64_t max_tokens = 128;       // tokens to generate at most
-  std::vector<int32_t> stop_ids;  // tokens that end the request (end-of-generation ids)
+  int64_t max_tokens = 128;       // tokens to generate at most, per sample
+  std::vector<int32_t> stop_ids;  // tokens that end a sample (end-of-generation ids)
+  int n = 1;  // samples of the prompt, sharing its pages; sample i draws with seed sampler.seed + i
 };
 
 enum class Finish { None, Stop, Length };
 
-// token: the sampled token; finish: None while the request goes on, else why it ended (Stop: the
-// token is one of its stop ids; Length: max_tokens or the context reached).
-using TokenFn = std::function<void(int64_t request, int32_t token, Finish finish)>;
+// One sampled token of sample `sample` (0 .. n - 1) of `request`; finish: None while that sample
+// goes on, else why it ended (Stop: the token is one of its stop ids; Length: max_tokens or the
+// context reached). A request is done when each of its samples has ended.
+struct TokenEvent {
+  int64_t request;
+  int sample;
+  int32_t token;
+  Finish finish;
+};
+using TokenFn = std::function<void(const TokenEvent&)>;
 
 struct EngineOptions {
   int64_t max_running = 64;       // sequences in flight
@@ -53,10 +61,11 @@ class Engine {
   static std::unique_ptr<Model> load(const std::string& path, int64_t context, int64_t sequences,
                                      int64_t page_size = 16);
 
-  // Queues a prompt; returns its id. The prompt (non-empty, ids inside the vocabulary, shorter
-  // than the context) is checked here.
+  // Queues a prompt; returns its id. The prompt (non-empty, ids inside the vocabulary, at most
+  // the context) and the options (1 <= n <= max_running) are checked here.
   int64_t add_request(std::vector<int32_t> prompt, const RequestOptions& opts, TokenFn on_token);
-  // Ends a request now (no more callbacks), freeing its pages; false if unknown or done.
+  // Ends a request (all its samples) now, with no more callbacks, freeing its pages; false if
+  // unknown or done.
   bool abort(int64_t request);
   // One forward of every running sequence's next run; calls the callbacks of those sampled.
   void step();
@@ -67,17 +76,28 @@ class Engine {
  private:
   struct Request {
     RequestOptions opts;
-    Sampler sampler;
     TokenFn on_token;
     int64_t prompt_tokens = 0;
+    std::vector<int64_t> seqs;  // its samples' sequences still running
+    bool forked = false;        // samples 1 .. n-1 exist (from the prompt's first draw on)
   };
+  struct Sample {  // a scheduler sequence: one sample of a request
+    int64_t request;
+    int index;
+    Sampler sampler;
+  };
+  // Why a sample ends with `token` after `known` tokens (None: it goes on).
+  Finish finish_of(const Request& r, int32_t token, int64_t known) const;
 
   Model& model_;
   KvPages kv_;
   Scheduler sched_;
+  EngineOptions opts_;
   std::unordered_map<int64_t, Request> requests_;
-  int64_t next_id_ = 0;
+  std::unordered_map<int64_t, Sample> samples_;  // by sequence id
+  int64_t next_request_ = 0, next_seq_ = 0;
   std::vector<float> host_logits_;
+  std::vector<int64_t> aborted_;  // requests aborted by the callbacks of the step running them
 };
 
 }  // namespace llmk

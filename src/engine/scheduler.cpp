@@ -109,7 +109,7 @@ Scheduler::Step Scheduler::schedule() {
 }
 
 void Scheduler::update(const Step& step, const std::vector<int32_t>& sampled,
-                       const std::vector<Id>& finished) {
+                       const std::vector<Id>& finished, const std::vector<Fork>& forks) {
   size_t j = 0;
   for (const Work& w : step.work) {
     Seq& s = seqs_.at(w.id);
@@ -122,6 +122,17 @@ void Scheduler::update(const Step& step, const std::vector<int32_t>& sampled,
   }
   LLMK_CHECK(j == sampled.size(), "scheduler: {} sampled tokens for {} sampling sequences",
              sampled.size(), j);
+  for (const Fork& f : forks) {
+    LLMK_CHECK(seqs_.count(f.child) == 0, "scheduler: request {} exists already", f.child);
+    Seq child = seqs_.at(f.parent);
+    LLMK_CHECK(child.in_pool == child.computed &&
+                   child.computed + 1 == static_cast<int64_t>(child.tokens.size()),
+               "scheduler: sequence {} forked without a token sampled this step", f.parent);
+    child.tokens.back() = f.token;
+    kv_.fork(f.parent, f.child);
+    seqs_.emplace(f.child, std::move(child));
+    running_.push_back(f.child);
+  }
   for (const Id id : finished) {
     const auto it = std::find(running_.begin(), running_.end(), id);
     LLMK_CHECK(it != running_.end(), "scheduler: sequence {} finished but is not running", id);

@@ -62,10 +62,18 @@ class Scheduler {
   bool abort(Id id);
   // The next step (empty when nothing is queued or running).
   Step schedule();
+  // A new sequence `child` made from `parent` after a step: the parent's tokens with its token
+  // sampled in that step replaced by `token`, sharing the parent's pages (the n samples of one
+  // prompt).
+  struct Fork {
+    Id parent, child;
+    int32_t token;
+  };
   // After the step ran: its work is computed, and each sampling sequence got `sampled[i]` (in
-  // the order of the step's sampling work). finished: ids that end now (their pages freed).
+  // the order of the step's sampling work); then `forks` start (running, after the others);
+  // then the `finished` ids end (their pages freed: a fork keeps those it shares).
   void update(const Step& step, const std::vector<int32_t>& sampled,
-              const std::vector<Id>& finished);
+              const std::vector<Id>& finished, const std::vector<Fork>& forks = {});
 
   bool idle() const { return queue_.empty() && running_.empty(); }
   // A sequence's known tokens (prompt and sampled), queued or running.

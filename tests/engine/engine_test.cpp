@@ -73,8 +73,8 @@ std::vector<std::vector<int32_t>> batched(const std::string& path,
     o.max_tokens = max_tokens;
     o.sampler = sampler;
     o.sampler.seed = sampler.seed + i;
-    const int64_t id =
-        engine.add_request(ps[i], o, [&](int64_t r, int32_t t, Finish) { got[r].push_back(t); });
+    const int64_t id = engine.add_request(
+        ps[i], o, [&](const TokenEvent& e) { got[e.request].push_back(e.token); });
     index[id] = i;
   }
   for (int n = 0; !engine.idle(); ++n) {
@@ -138,6 +138,53 @@ TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
   EXPECT_EQ(together, alone(path, ps, hot, 10));
 }
 
+TEST(Engine, NSamplesShareThePromptAndDrawAsSeparateRequests) {
+  // Sample k of an n-sample request draws as a single request with seed + k does.
+  const std::string path = fixture("gemma3");
+  SamplerConfig hot;
+  hot.temperature = 1.0f;
+  hot.top_k = 0;
+  hot.top_p = 1.0f;
+  hot.min_p = 0.0f;
+  hot.seed = 77;
+  const std::vector<int32_t> prompt = prompts(3)[4];
+  std::vector<std::vector<int32_t>> single;
+  for (int k = 0; k < 5; ++k) {
+    SamplerConfig one = hot;
+    one.seed = hot.seed + static_cast<uint64_t>(k);
+    single.push_back(batched(path, {prompt}, one, 9, {2, 4, 1, 512})[0]);
+  }
+  EXPECT_NE(single[0], single[1]);
+  RequestOptions o;
+  o.sampler = hot;
+  o.max_tokens = 9;
+  o.n = 5;
+  // A pool of 4 x 128 tokens, and of 64 (the samples preempt each other and are recomputed).
+  for (const int64_t sequences : {4, 1}) {
+    auto model = Engine::load(path, sequences == 1 ? 64 : 128, sequences, 4);
+    Engine engine(*model, {.max_running = 8, .max_step_tokens = 32});
+    std::map<int, std::vector<int32_t>> got;
+    int64_t shared = 0;
+    engine.add_request(prompt, o, [&](const TokenEvent& e) { got[e.sample].push_back(e.token); });
+    // A second request beside it, so the forks run among others.
+    engine.add_request(prompts(3)[1], {.sampler = hot, .max_tokens = 6}, nullptr);
+    while (!engine.idle()) {
+      engine.step();
+      shared = std::max(shared, engine.kv_stats().shared);
+    }
+    EXPECT_GT(shared, 0);  // the prompt's pages, held by every sample
+    if (sequences == 1) {
+      EXPECT_GT(engine.scheduler_stats().preemptions, 0);
+    }
+    ASSERT_EQ(got.size(), 5u);
+    for (int k = 0; k < 5; ++k) EXPECT_EQ(got[k], single[static_cast<size_t>(k)]) << "sample " << k;
+  }
+  auto model = Engine::load(path, 128, 1, 4);
+  Engine engine(*model, {.max_running = 8, .max_step_tokens = 32});
+  o.n = 9;
+  EXPECT_THROW(engine.add_request(prompt, o, nullptr), Error);  // more than the running cap
+}
+
 TEST(Engine, StopsAbortsAndRefuses) {
   const std::string path = fixture("llama3");
   auto model = Engine::load(path, 64, 2, 8);
@@ -149,12 +196,13 @@ TEST(Engine, StopsAbortsAndRefuses) {
   RequestOptions o;
   o.sampler = greedy;
   o.max_tokens = 5;
-  engine.add_request({5, 6, 7}, o, [&](int64_t, int32_t t, Finish) { first.push_back(t); });
+  engine.add_request({5, 6, 7}, o, [&](const TokenEvent& e) { first.push_back(e.token); });
   while (!engine.idle()) engine.step();
   ASSERT_EQ(first.size(), 5u);
   o.stop_ids = {first[1]};
   std::vector<std::pair<int32_t, Finish>> got;
-  engine.add_request({5, 6, 7}, o, [&](int64_t, int32_t t, Finish f) { got.emplace_back(t, f); });
+  engine.add_request({5, 6, 7}, o,
+                     [&](const TokenEvent& e) { got.emplace_back(e.token, e.finish); });
   while (!engine.idle()) engine.step();
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[1].second, Finish::Stop);
@@ -165,7 +213,7 @@ TEST(Engine, StopsAbortsAndRefuses) {
   longer.sampler = greedy;
   longer.max_tokens = 50;
   int64_t id = -1;
-  id = engine.add_request({1, 2, 3}, longer, [&](int64_t, int32_t, Finish) {
+  id = engine.add_request({1, 2, 3}, longer, [&](const TokenEvent&) {
     if (++calls == 3) engine.abort(id);
   });
   while (!engine.idle()) engine.step();
@@ -174,8 +222,8 @@ TEST(Engine, StopsAbortsAndRefuses) {
   // The context ends a request with Length.
   Finish last = Finish::None;
   int n = 0;
-  engine.add_request(std::vector<int32_t>(60, 4), longer, [&](int64_t, int32_t, Finish f) {
-    last = f;
+  engine.add_request(std::vector<int32_t>(60, 4), longer, [&](const TokenEvent& e) {
+    last = e.finish;
     ++n;
   });
   while (!engine.idle()) engine.step();

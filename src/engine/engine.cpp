@@ -104,6 +104,7 @@ void Engine::step() {
   struct Event {
     TokenFn fn;
     TokenEvent e;
+    int64_t seq;  // its sequence (-1: a sample that ended at its first token)
   };
   std::vector<Event> events;
   std::vector<int32_t> sampled;
@@ -123,7 +124,7 @@ void Engine::step() {
     const Finish finish = finish_of(r, token, known);
     sampled.push_back(token);
     if (finish != Finish::None) finished.push_back(w.id);
-    events.push_back({r.on_token, {sm.request, sm.index, token, finish}});
+    events.push_back({r.on_token, {sm.request, sm.index, token, finish}, w.id});
     if (!r.forked) {  // the prompt's first draw: samples 1 .. n-1 draw from the same logits
       r.forked = true;
       for (int k = 1; k < r.opts.n; ++k) {
@@ -132,13 +133,14 @@ void Engine::step() {
         Sampler sk(c);
         const int32_t tk = sk.sample(row, t);
         const Finish fk = finish_of(r, tk, known);
+        int64_t child = -1;
         if (fk == Finish::None) {
-          const int64_t child = next_seq_++;
+          child = next_seq_++;
           forks.push_back({w.id, child, tk});
           samples_.emplace(child, Sample{sm.request, k, std::move(sk)});
           r.seqs.push_back(child);
         }
-        events.push_back({r.on_token, {sm.request, k, tk, fk}});
+        events.push_back({r.on_token, {sm.request, k, tk, fk}, child});
       }
     }
   }
@@ -156,8 +158,18 @@ void Engine::step() {
   aborted_.clear();
   for (const Event& ev : events) {
     if (std::find(aborted_.begin(), aborted_.end(), ev.e.request) != aborted_.end()) continue;
-    if (ev.fn) ev.fn(ev.e);
+    const bool go_on = !ev.fn || ev.fn(ev.e);
+    if (!go_on && ev.e.finish == Finish::None && samples_.count(ev.seq) != 0) end_sample(ev.seq);
   }
+}
+
+void Engine::end_sample(int64_t seq) {
+  const int64_t request = samples_.at(seq).request;
+  Request& r = requests_.at(request);
+  sched_.abort(seq);
+  samples_.erase(seq);
+  r.seqs.erase(std::find(r.seqs.begin(), r.seqs.end(), seq));
+  if (r.forked && r.seqs.empty()) requests_.erase(request);
 }
 
 }  // namespace llmk

@@ -38,14 +38,15 @@ enum class Finish { None, Stop, Length };
 
 // One sampled token of sample `sample` (0 .. n - 1) of `request`; finish: None while that sample
 // goes on, else why it ended (Stop: the token is one of its stop ids; Length: max_tokens or the
-// context reached). A request is done when each of its samples has ended.
+// context reached). A request is done when each of its samples has ended. The callback returns
+// false to end that sample there (a stop string found in its text): no more tokens for it.
 struct TokenEvent {
   int64_t request;
   int sample;
   int32_t token;
   Finish finish;
 };
-using TokenFn = std::function<void(const TokenEvent&)>;
+using TokenFn = std::function<bool(const TokenEvent&)>;
 
 struct EngineOptions {
   int64_t max_running = 64;       // sequences in flight
@@ -86,6 +87,8 @@ class Engine {
     int index;
     Sampler sampler;
   };
+  // Ends the sample running as sequence `seq` now.
+  void end_sample(int64_t seq);
   // Why a sample ends with `token` after `known` tokens (None: it goes on).
   Finish finish_of(const Request& r, int32_t token, int64_t known) const;
 

@@ -73,8 +73,10 @@ std::vector<std::vector<int32_t>> batched(const std::string& path,
     o.max_tokens = max_tokens;
     o.sampler = sampler;
     o.sampler.seed = sampler.seed + i;
-    const int64_t id = engine.add_request(
-        ps[i], o, [&](const TokenEvent& e) { got[e.request].push_back(e.token); });
+    const int64_t id = engine.add_request(ps[i], o, [&](const TokenEvent& e) {
+      got[e.request].push_back(e.token);
+      return true;
+    });
     index[id] = i;
   }
   for (int n = 0; !engine.idle(); ++n) {
@@ -165,7 +167,10 @@ TEST(Engine, NSamplesShareThePromptAndDrawAsSeparateRequests) {
     Engine engine(*model, {.max_running = 8, .max_step_tokens = 32});
     std::map<int, std::vector<int32_t>> got;
     int64_t shared = 0;
-    engine.add_request(prompt, o, [&](const TokenEvent& e) { got[e.sample].push_back(e.token); });
+    engine.add_request(prompt, o, [&](const TokenEvent& e) {
+      got[e.sample].push_back(e.token);
+      return true;
+    });
     // A second request beside it, so the forks run among others.
     engine.add_request(prompts(3)[1], {.sampler = hot, .max_tokens = 6}, nullptr);
     while (!engine.idle()) {
@@ -196,13 +201,18 @@ TEST(Engine, StopsAbortsAndRefuses) {
   RequestOptions o;
   o.sampler = greedy;
   o.max_tokens = 5;
-  engine.add_request({5, 6, 7}, o, [&](const TokenEvent& e) { first.push_back(e.token); });
+  engine.add_request({5, 6, 7}, o, [&](const TokenEvent& e) {
+    first.push_back(e.token);
+    return true;
+  });
   while (!engine.idle()) engine.step();
   ASSERT_EQ(first.size(), 5u);
   o.stop_ids = {first[1]};
   std::vector<std::pair<int32_t, Finish>> got;
-  engine.add_request({5, 6, 7}, o,
-                     [&](const TokenEvent& e) { got.emplace_back(e.token, e.finish); });
+  engine.add_request({5, 6, 7}, o, [&](const TokenEvent& e) {
+    got.emplace_back(e.token, e.finish);
+    return true;
+  });
   while (!engine.idle()) engine.step();
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[1].second, Finish::Stop);
@@ -215,9 +225,15 @@ TEST(Engine, StopsAbortsAndRefuses) {
   int64_t id = -1;
   id = engine.add_request({1, 2, 3}, longer, [&](const TokenEvent&) {
     if (++calls == 3) engine.abort(id);
+    return true;
   });
   while (!engine.idle()) engine.step();
   EXPECT_EQ(calls, 3);
+  // A callback returning false ends its sample there.
+  calls = 0;
+  engine.add_request({1, 2, 3}, longer, [&](const TokenEvent&) { return ++calls < 4; });
+  while (!engine.idle()) engine.step();
+  EXPECT_EQ(calls, 4);
   EXPECT_EQ(engine.kv_stats().in_use, 0);
   // The context ends a request with Length.
   Finish last = Finish::None;
@@ -225,6 +241,7 @@ TEST(Engine, StopsAbortsAndRefuses) {
   engine.add_request(std::vector<int32_t>(60, 4), longer, [&](const TokenEvent& e) {
     last = e.finish;
     ++n;
+    return true;
   });
   while (!engine.idle()) engine.step();
   EXPECT_EQ(last, Finish::Length);

@@ -28,6 +28,16 @@ Command add_logits(CLI::App& app);
 Command add_chat(CLI::App& app);
 Command add_teacher_topk(CLI::App& app);
 
+// llmk run --prompts FILE (apps/llmk/batch.cpp): every prompt through the many-sequence engine.
+struct BatchArgs {
+  std::string model, prompts_file, device;
+  int64_t ctx = 0, max_tokens = 128, max_running = 64, step_tokens = 512;
+  int n = 1;
+  SamplerConfig sampler;
+  bool ignore_eos = false;
+};
+int run_batch(const BatchArgs& a);
+
 // The default model: $LLMK_MODELS_DIR (or ./models) /SmolLM2-135M-Instruct.Q4_1.gguf.
 std::string default_model_path();
 // Adds -m/--model with the default above; an empty or missing file gives a clear error later.

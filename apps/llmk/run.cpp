@@ -18,9 +18,9 @@ namespace llmk::cli {
 
 Command add_run(CLI::App& cmd) {
   struct Args {
-    std::string model, prompt, prompt_file, system, device;
-    int n_predict = 128;
-    int64_t ctx = 0;
+    std::string model, prompt, prompt_file, system, device, prompts;
+    int n_predict = 128, n = 1;
+    int64_t ctx = 0, max_running = 64, step_tokens = 512;
     int threads = 0;
     bool chat = false, echo = false, ignore_eos = false, stats = false;
     SamplerOptions s;
@@ -43,15 +43,49 @@ Command add_run(CLI::App& cmd) {
   cmd.add_flag("--stats", a->stats,
                "Print which attention kernel each attention call chose (prefill, decode, "
                "chunked, cpu)");
+  cmd.add_option("--prompts", a->prompts,
+                 "Run every line of this file (text, or JSON with \"prompt\" and optional n, "
+                 "seed, max_tokens, temperature, top_p, top_k, min_p, stop) as one batch; one "
+                 "JSON line per prompt on stdout, in input order (CPU only for now)");
+  cmd.add_option("--n", a->n,
+                 "With --prompts: samples per plain-text prompt (-n is the tokens to generate)")
+      ->default_val(1)
+      ->check(in_range(1, 1024));
+  cmd.add_option("--max-running", a->max_running, "With --prompts: sequences in flight at once")
+      ->default_val(64)
+      ->check(in_range(1, 4096));
+  cmd.add_option("--step-tokens", a->step_tokens,
+                 "With --prompts: tokens per forward step (decode tokens and prompt chunks)")
+      ->default_val(512)
+      ->check(in_range(1, 1 << 20));
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   cmd.footer(
       "Examples:\n"
       "  llmk run -p \"The capital of France is\" --temp 0\n"
       "  llmk run --chat -p \"Write a haiku about rain\" --temp 0.7 --seed 1\n"
-      "  llmk run -m model.gguf -f prompt.txt -n 256 --device cpu -t 2");
+      "  llmk run -m model.gguf -f prompt.txt -n 256 --device cpu -t 2\n"
+      "  llmk run --prompts prompts.jsonl --n 4 --temp 0.8 -n 64 > outputs.jsonl");
 
   return [a] {
+    if (!a->prompts.empty()) {
+      LLMK_CHECK(a->prompt.empty() && a->prompt_file.empty(),
+                 "give --prompts or a prompt (-p, -f), not both");
+      LLMK_CHECK(!a->chat && !a->echo && !a->stats,
+                 "--chat, --echo and --stats do not work with --prompts yet");
+      prepare(a->model, a->threads);
+      return run_batch({.model = a->model,
+                        .prompts_file = a->prompts,
+                        .device = a->device,
+                        .ctx = a->ctx,
+                        .max_tokens = a->n_predict,
+                        .max_running = a->max_running,
+                        .step_tokens = a->step_tokens,
+                        .n = a->n,
+                        .sampler = a->s.resolve(),
+                        .ignore_eos = a->ignore_eos});
+    }
+    LLMK_CHECK(a->n == 1, "--n needs --prompts");
     LLMK_CHECK(a->prompt.empty() || a->prompt_file.empty(), "give -p or -f, not both");
     LLMK_CHECK(a->system.empty() || a->chat,
                "--system needs --chat (it goes into the chat template)");

@@ -1,0 +1,88 @@
+"""`llmk run --prompts FILE` (the many-sequence engine, CPU) on the tiny family fixtures: each
+prompt's output equals `llmk run` on it alone; n samples draw as seeds seed + k; stop strings cut
+the text; bad files give one clear line."""
+
+import json
+import subprocess
+
+import pytest
+
+import llmk
+from test_llm import cli, fixture
+
+
+def run(*args, check=True):
+    r = subprocess.run([str(cli()), *map(str, args)], capture_output=True, text=True)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def batch(model, lines, tmp_path, *extra):
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    r = run("run", "-m", model, "--prompts", f, "--device", "cpu", "-t", 1, *extra)
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("family", ["llama3", "gemma3"])
+def test_greedy_batch_equals_single_runs(family, tmp_path):
+    model = fixture(family)
+    prompts = ["Hello world", "The quick brown fox", "a", "Once upon a time there was"]
+    out = batch(model, prompts, tmp_path, "--temp", 0, "-n", 10, "--ignore-eos",
+                "--max-running", 3, "--step-tokens", 5)
+    assert [o["index"] for o in out] == [0, 1, 2, 3]
+    llm = llmk.LLM(model, device="cpu")
+    for p, o in zip(prompts, out):
+        assert o["prompt"] == p and len(o["outputs"]) == 1
+        # (Random weights: the bytes need not be UTF-8; compared as the same bytes decoded.)
+        alone = subprocess.run([str(cli()), "run", "-m", model, "-p", p, "--temp", "0", "-n",
+                                "10", "--ignore-eos", "--device", "cpu", "-t", "1"],
+                               capture_output=True, check=True).stdout
+        got = llm.detokenize(o["outputs"][0]["token_ids"])
+        assert got == alone[:-1].decode("utf-8", errors="replace"), p  # run ends with "\n"
+        assert len(o["outputs"][0]["token_ids"]) == 10
+        assert o["outputs"][0]["finish_reason"] == "length"
+
+
+def test_samples_seeds_and_stop_strings(tmp_path):
+    model = fixture("qwen2")
+    line = lambda **kw: json.dumps({"prompt": "The quick brown fox", "temperature": 1.0,  # noqa
+                                    "top_k": 0, "top_p": 1.0, "min_p": 0.0, "max_tokens": 8,
+                                    **kw})
+    out = batch(model, [line(n=3, seed=7), line(seed=7), line(seed=8), line(seed=9)], tmp_path,
+                "--ignore-eos")
+    samples = [s["token_ids"] for s in out[0]["outputs"]]
+    assert samples == [out[k]["outputs"][0]["token_ids"] for k in (1, 2, 3)]
+    assert len({tuple(s) for s in samples}) > 1
+    # A stop string taken from the greedy text: the text ends right before it.
+    greedy = batch(model, [json.dumps({"prompt": "Hello world", "temperature": 0,
+                                       "max_tokens": 12})], tmp_path, "--ignore-eos")
+    text = greedy[0]["outputs"][0]["text"]
+    assert len(text) > 6
+    stop = text[3:6]
+    cut = batch(model, [json.dumps({"prompt": "Hello world", "temperature": 0, "max_tokens": 12,
+                                    "stop": [stop, "\u00ff\u00ff"]})], tmp_path, "--ignore-eos")
+    o = cut[0]["outputs"][0]
+    assert o["finish_reason"] == "stop" and o["text"] == text[:text.find(stop)]
+    assert len(o["token_ids"]) < 12
+
+
+def test_bad_prompt_files(tmp_path):
+    model = fixture("llama3")
+    f = tmp_path / "p.jsonl"
+    for text, msg in [('{"prompt": "x", "foo": 1}\n', 'line 1: unknown field "foo"'),
+                      ('{"prompt": 3}\n', 'line 1: a JSON line needs "prompt" (a string)'),
+                      ('{"prompt": "x", "n": 0}\n', 'line 1: "n" = 0 is outside [1, 1024]'),
+                      ('{"prompt": "x", "stop": [1]}\n', 'line 1: "stop" holds 1'),
+                      ('{"prompt": "x"\n', "line 1: not valid JSON"),
+                      ("\n  \n", "no prompts")]:
+        f.write_text(text)
+        r = run("run", "-m", model, "--prompts", f, "--device", "cpu", check=False)
+        assert r.returncode == 1 and msg in r.stderr, (text, r.stderr)
+        assert r.stderr.count("\n") == 1, r.stderr
+    r = run("run", "-m", model, "-p", "x", "--n", 2, check=False)
+    assert r.returncode == 1 and "--n needs --prompts" in r.stderr
+    f.write_text("x\n")
+    r = run("run", "-m", model, "-p", "x", "--prompts", f, check=False)
+    assert r.returncode == 1 and "not both" in r.stderr

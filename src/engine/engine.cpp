@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <span>
 
 #include "core/error.h"
@@ -45,6 +47,8 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const RequestOptions& o
                vocab);
   }
   LLMK_CHECK(opts.max_tokens >= 1, "engine: max_tokens {} must be at least 1", opts.max_tokens);
+  LLMK_CHECK(opts.top_logprobs >= 0 && opts.top_logprobs <= 20,
+             "engine: top_logprobs = {} must be from 0 to 20", opts.top_logprobs);
   LLMK_CHECK(opts.n >= 1 && opts.n <= opts_.max_running,
              "engine: n = {} samples must be from 1 to the running cap {}", opts.n,
              opts_.max_running);
@@ -68,6 +72,33 @@ bool Engine::abort(int64_t request) {
   aborted_.push_back(request);
   return true;
 }
+
+namespace {
+// log sum exp of a row of logits (-inf entries add nothing).
+float log_sum_exp(std::span<const float> row) {
+  const float m = *std::max_element(row.begin(), row.end());
+  if (m == -std::numeric_limits<float>::infinity()) return m;
+  double sum = 0;
+  for (const float x : row) sum += std::exp(static_cast<double>(x - m));
+  return m + static_cast<float>(std::log(sum));
+}
+
+// The event's logprob of its token and its top k alternatives from the row.
+void add_logprobs(TokenEvent& e, std::span<const float> row, float lse, int k) {
+  e.logprob = row[static_cast<size_t>(e.token)] - lse;
+  if (k == 0) return;
+  std::vector<int32_t> ids(row.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  const auto more = [&](int32_t a, int32_t b) {
+    return row[static_cast<size_t>(a)] > row[static_cast<size_t>(b)] ||
+           (row[static_cast<size_t>(a)] == row[static_cast<size_t>(b)] && a < b);
+  };
+  const auto kk = std::min<size_t>(static_cast<size_t>(k), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<long>(kk), ids.end(), more);
+  for (size_t i = 0; i < kk; ++i)
+    e.top.emplace_back(ids[i], row[static_cast<size_t>(ids[i])] - lse);
+}
+}  // namespace
 
 Finish Engine::finish_of(const Request& r, int32_t token, int64_t known) const {
   if (std::find(r.opts.stop_ids.begin(), r.opts.stop_ids.end(), token) != r.opts.stop_ids.end()) {
@@ -124,7 +155,9 @@ void Engine::step() {
     const Finish finish = finish_of(r, token, known);
     sampled.push_back(token);
     if (finish != Finish::None) finished.push_back(w.id);
+    const float lse = log_sum_exp(row);
     events.push_back({r.on_token, {sm.request, sm.index, token, finish}, w.id});
+    add_logprobs(events.back().e, row, lse, r.opts.top_logprobs);
     if (!r.forked) {  // the prompt's first draw: samples 1 .. n-1 draw from the same logits
       r.forked = true;
       for (int k = 1; k < r.opts.n; ++k) {
@@ -141,6 +174,7 @@ void Engine::step() {
           r.seqs.push_back(child);
         }
         events.push_back({r.on_token, {sm.request, k, tk, fk}, child});
+        add_logprobs(events.back().e, row, lse, r.opts.top_logprobs);
       }
     }
   }

@@ -32,6 +32,7 @@ struct RequestOptions {
   int64_t max_tokens = 128;       // tokens to generate at most, per sample
   std::vector<int32_t> stop_ids;  // tokens that end a sample (end-of-generation ids)
   int n = 1;  // samples of the prompt, sharing its pages; sample i draws with seed sampler.seed + i
+  int top_logprobs = 0;  // with each token, this many of the most likely (at most 20)
 };
 
 enum class Finish { None, Stop, Length };
@@ -45,6 +46,10 @@ struct TokenEvent {
   int sample;
   int32_t token;
   Finish finish;
+  // The model's log-probability of `token` (its raw distribution: before temperature, penalties
+  // and truncation), and the top_logprobs most likely tokens with theirs, most likely first.
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
 };
 using TokenFn = std::function<bool(const TokenEvent&)>;
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -188,6 +189,52 @@ TEST(Engine, NSamplesShareThePromptAndDrawAsSeparateRequests) {
   Engine engine(*model, {.max_running = 8, .max_step_tokens = 32});
   o.n = 9;
   EXPECT_THROW(engine.add_request(prompt, o, nullptr), Error);  // more than the running cap
+}
+
+TEST(Engine, LogprobsAreTheModelsDistribution) {
+  // Each token's logprob and its top 5, against log_softmax of the logits the plain forward gives
+  // the same tokens (in double).
+  const std::string path = fixture("llama3");
+  const std::vector<int32_t> prompt = prompts(4)[2];
+  auto model = Engine::load(path, 128, 2, 4);
+  Engine engine(*model, {.max_running = 4, .max_step_tokens = 7});
+  RequestOptions o;
+  o.sampler.temperature = 0.7f;
+  o.sampler.seed = 3;
+  o.max_tokens = 4;
+  o.top_logprobs = 5;
+  std::vector<TokenEvent> events;
+  engine.add_request(prompt, o, [&](const TokenEvent& e) {
+    events.push_back(e);
+    return true;
+  });
+  while (!engine.idle()) engine.step();
+  ASSERT_EQ(events.size(), 4u);
+  auto plain = Model::load(path, {.context = 128});
+  std::vector<int32_t> seq = prompt;
+  for (const TokenEvent& e : events) {
+    const Tensor logits = plain->forward(seq, 0, false);
+    const float* row = logits.data<float>();
+    const int64_t V = logits.dim(1);
+    double m = row[0], sum = 0;
+    for (int64_t i = 0; i < V; ++i) m = std::max(m, static_cast<double>(row[i]));
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - m);
+    const double lse = m + std::log(sum);
+    EXPECT_NEAR(e.logprob, row[e.token] - lse, 1e-4);
+    ASSERT_EQ(e.top.size(), 5u);
+    for (size_t k = 0; k < 5; ++k) {
+      EXPECT_NEAR(e.top[k].second, row[e.top[k].first] - lse, 1e-4);
+      if (k > 0) {
+        EXPECT_GE(e.top[k - 1].second, e.top[k].second);
+      }
+    }
+    int64_t above = 0;  // tokens more likely than the fifth: exactly four
+    for (int64_t i = 0; i < V; ++i) above += row[i] - lse > e.top[4].second + 1e-6 ? 1 : 0;
+    EXPECT_EQ(above, 4);
+    seq.push_back(e.token);
+  }
+  o.top_logprobs = 21;
+  EXPECT_THROW(engine.add_request(prompt, o, nullptr), Error);
 }
 
 TEST(Engine, StopsAbortsAndRefuses) {

@@ -2,10 +2,11 @@
 // at once, one JSON line per prompt on stdout, in input order.
 //
 // A line of FILE is a prompt: plain text, or a JSON object {"prompt": "...", and optionally "n",
-// "seed", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop" (a string or a list
-// of strings)}; blank lines are skipped. Output: {"index", "prompt", "outputs": [{"text",
-// "token_ids", "finish_reason"}]} with finish_reason "stop" (an end-of-generation token, left
-// out of the text and ids, or a stop string, the text cut before it) or "length".
+// "seed", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+// "frequency_penalty", "stop" (a string or a list of strings)}; blank lines are skipped. Output:
+// {"index", "prompt", "outputs": [{"text", "token_ids", "finish_reason"}]} with finish_reason
+// "stop" (an end-of-generation token, left out of the text and ids, or a stop string, the text cut
+// before it) or "length".
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -74,6 +75,8 @@ void apply_fields(const nlohmann::json& j, Prompt& p, const std::string& where) 
   number("top_p", p.opts.sampler.top_p, 0, 1);
   number("top_k", p.opts.sampler.top_k, 0, 1e9);
   number("min_p", p.opts.sampler.min_p, 0, 1);
+  number("presence_penalty", p.opts.sampler.presence_penalty, -2, 2);
+  number("frequency_penalty", p.opts.sampler.frequency_penalty, -2, 2);
   if (j.contains("stop")) {
     const nlohmann::json& s = j["stop"];
     LLMK_CHECK(s.is_string() || s.is_array(), "{}: \"stop\" must be a string or a list of them",

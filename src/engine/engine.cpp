@@ -151,7 +151,8 @@ void Engine::step() {
     const std::span<const float> row =
         std::span<const float>(host_logits_)
             .subspan(j++ * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
-    const int32_t token = sm.sampler.sample(row, t);
+    const auto from = static_cast<size_t>(r.prompt_tokens);
+    const int32_t token = sm.sampler.sample(row, t, from);
     const Finish finish = finish_of(r, token, known);
     sampled.push_back(token);
     if (finish != Finish::None) finished.push_back(w.id);
@@ -164,7 +165,7 @@ void Engine::step() {
         SamplerConfig c = r.opts.sampler;
         c.seed += static_cast<uint64_t>(k);
         Sampler sk(c);
-        const int32_t tk = sk.sample(row, t);
+        const int32_t tk = sk.sample(row, t, from);
         const Finish fk = finish_of(r, tk, known);
         int64_t child = -1;
         if (fk == Finish::None) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -17,6 +18,10 @@ void SamplerConfig::validate() const {
   LLMK_CHECK(std::isfinite(repeat_penalty) && repeat_penalty > 0, "repeat penalty {} must be > 0",
              repeat_penalty);
   LLMK_CHECK(repeat_last_n >= 0, "repeat-last-n {} must be >= 0", repeat_last_n);
+  LLMK_CHECK(presence_penalty >= -2 && presence_penalty <= 2,
+             "presence penalty {} must be in [-2, 2]", presence_penalty);
+  LLMK_CHECK(frequency_penalty >= -2 && frequency_penalty <= 2,
+             "frequency penalty {} must be in [-2, 2]", frequency_penalty);
 }
 
 Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg) {
@@ -33,7 +38,8 @@ double Sampler::next_uniform() {
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history,
+                        size_t generated_from) {
   const auto n = static_cast<int32_t>(logits.size());
   LLMK_CHECK(n > 0, "sampler: empty logits");
   cand_.resize(static_cast<size_t>(n));
@@ -51,6 +57,16 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
       float& l = cand_[static_cast<size_t>(id)].first;
       // As in CTRL / llama.cpp: shrink positive logits, push negative ones further down.
       l = l > 0 ? l / cfg_.repeat_penalty : l * cfg_.repeat_penalty;
+    }
+  }
+  if ((cfg_.presence_penalty != 0.0f || cfg_.frequency_penalty != 0.0f) &&
+      generated_from < history.size()) {
+    std::unordered_map<int32_t, int> count;
+    for (size_t i = generated_from; i < history.size(); ++i) ++count[history[i]];
+    for (const auto& [id, c] : count) {
+      if (id < 0 || id >= n) continue;
+      cand_[static_cast<size_t>(id)].first -=
+          cfg_.presence_penalty + cfg_.frequency_penalty * static_cast<float>(c);
     }
   }
 

@@ -1,6 +1,7 @@
-// The sampler chain: repetition penalty -> top-k -> temperature -> top-p -> min-p -> draw.
-// temperature <= 0 means greedy (argmax after the penalty). The same seed and inputs give the
-// same choices on every machine: the random draw uses its own 64-bit generator and arithmetic.
+// The sampler chain: repetition, presence and frequency penalties -> top-k -> temperature -> top-p
+// -> min-p -> draw. temperature <= 0 means greedy (argmax after the penalty). The same seed and
+// inputs give the same choices on every machine: the random draw uses its own 64-bit generator and
+// arithmetic.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,11 @@ struct SamplerConfig {
   float min_p = 0.05f;          // 0 = off; drops tokens below min_p * p(most likely)
   float repeat_penalty = 1.0f;  // 1 = off; > 1 discourages tokens seen in the last window
   int repeat_last_n = 64;       // the window for the penalty
+  // OpenAI's penalties over the generated tokens (history from `generated_from` on): each
+  // token's logit minus presence_penalty if it occurs, minus frequency_penalty times its count.
+  // (The engine passes where a request's prompt ends; generate() passes 0: its whole history.)
+  float presence_penalty = 0.0f;   // in [-2, 2]; 0 = off
+  float frequency_penalty = 0.0f;  // in [-2, 2]; 0 = off
   uint64_t seed = 0;
 
   // Throws llmk::Error naming the first out-of-range setting.
@@ -27,8 +33,10 @@ class Sampler {
  public:
   explicit Sampler(const SamplerConfig& cfg);
 
-  // logits: [vocab]; history: tokens so far (prompt and generated), for the penalty.
-  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // logits: [vocab]; history: tokens so far (prompt and generated), for the penalties; the
+  // generated ones start at generated_from (presence and frequency penalties count only those).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history,
+                 size_t generated_from = 0);
 
  private:
   double next_uniform();  // in [0, 1)

@@ -98,6 +98,27 @@ TEST(Sampler, RepeatPenaltyDemotesRecentTokens) {
   EXPECT_EQ(s.sample(logits, std::vector<int32_t>{0, 2, 2}), 0);
 }
 
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
+  // Logits 1.0, 0.5, 0.0; token 0 generated twice (and in the prompt, which does not count).
+  const std::vector<float> logits{1.0f, 0.5f, 0.0f};
+  const std::vector<int32_t> history{0, 0, 0, 1, 0, 0};  // prompt: the first three
+  SamplerConfig c = plain(0);
+  c.frequency_penalty = 0.3f;  // 1.0 - 0.6 = 0.4 against 0.5 - 0.3 = 0.2 and 0.0
+  EXPECT_EQ(Sampler(c).sample(logits, history, 3), 0);
+  c.frequency_penalty = 0.4f;  // 1.0 - 0.8 = 0.2 against 0.5 - 0.4 = 0.1 and 0.0
+  EXPECT_EQ(Sampler(c).sample(logits, history, 3), 0);
+  c.frequency_penalty = 0.6f;  // -0.2 against -0.1 and 0.0: the unseen token wins
+  EXPECT_EQ(Sampler(c).sample(logits, history, 3), 2);
+  EXPECT_EQ(Sampler(c).sample(logits, history, 6), 0);  // nothing generated yet: no penalty
+  c.frequency_penalty = 0;
+  c.presence_penalty = 0.7f;  // 0.3 and -0.2 against 0.0: token 0 still
+  EXPECT_EQ(Sampler(c).sample(logits, history, 3), 0);
+  c.presence_penalty = 1.1f;  // -0.1 and -0.6 against 0.0
+  EXPECT_EQ(Sampler(c).sample(logits, history, 3), 2);
+  c.presence_penalty = -2.0f;  // negative: seen tokens favoured
+  EXPECT_EQ(Sampler(c).sample(std::vector<float>{0.0f, 0.5f, 2.0f}, history, 3), 1);
+}
+
 TEST(Sampler, RejectsOutOfRangeSettings) {
   SamplerConfig c;
   c.top_p = 0;
@@ -110,6 +131,12 @@ TEST(Sampler, RejectsOutOfRangeSettings) {
   EXPECT_THROW(Sampler{c}, Error);
   c = SamplerConfig{};
   c.repeat_penalty = 0;
+  EXPECT_THROW(Sampler{c}, Error);
+  c = SamplerConfig{};
+  c.presence_penalty = 2.5f;
+  EXPECT_THROW(Sampler{c}, Error);
+  c = SamplerConfig{};
+  c.frequency_penalty = -3.0f;
   EXPECT_THROW(Sampler{c}, Error);
 }
 

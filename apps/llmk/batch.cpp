@@ -137,8 +137,11 @@ int run_batch(const BatchArgs& a) {
   }
   const int64_t ctx = a.ctx > 0 ? a.ctx : 4096, page = 16;
   const int64_t sequences = std::clamp<int64_t>((need + ctx - 1) / ctx, 1, a.max_running);
-  const auto t0 = std::chrono::steady_clock::now();
+  auto t0 = std::chrono::steady_clock::now();
   auto model = Engine::load(a.model, a.ctx, sequences, page);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  t0 = std::chrono::steady_clock::now();
   Engine engine(*model, {.max_running = a.max_running, .max_step_tokens = a.step_tokens});
   const std::vector<int32_t> eog =
       a.ignore_eos ? std::vector<int32_t>{} : tok.end_of_generation_ids();
@@ -198,9 +201,10 @@ int run_batch(const BatchArgs& a) {
   const auto st = engine.scheduler_stats();
   const auto kv = engine.kv_stats();
   fmt::print(stderr,
-             "[llmk] {} prompts, {} tokens generated in {:.2f} s ({:.1f} tokens/s) | pool {} "
-             "pages of {} tokens | prefix hits {} tokens | preemptions {} | cpu, {} threads\n",
-             prompts.size(), generated, s, s > 0 ? generated / s : 0.0, kv.pages, page,
+             "[llmk] load {:.2f} s | {} prompts, {} tokens generated in {:.2f} s ({:.1f} "
+             "tokens/s, prompts included) | pool {} pages of {} tokens | prefix hits {} tokens | "
+             "preemptions {} | cpu, {} threads\n",
+             load_s, prompts.size(), generated, s, s > 0 ? generated / s : 0.0, kv.pages, page,
              kv.prefix_hit_tokens, st.preemptions, cpu_pool().num_threads());
   return 0;
 }

@@ -4,7 +4,6 @@
 // row-major to --out: row i holds the logits after token i.
 #include <fmt/format.h>
 
-
 #include "apps/llmk/commands.h"
 #include "core/error.h"
 #include "core/text.h"

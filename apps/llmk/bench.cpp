@@ -9,6 +9,7 @@
 #include "apps/llmk/commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/engine.h"
 #include "engine/generator.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -25,6 +26,74 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
+double median(std::vector<double> v);
+
+// --concurrency C: C requests of random prompts through the many-sequence engine at once, each
+// generating --gen-tokens tokens greedily (end of sequence ignored), --reps times; output
+// tokens/s over the whole run and the median step latency.
+int bench_concurrency(const std::string& path, const std::string& device, int concurrency,
+                      int prompt_tokens, int gen_tokens, int reps, uint64_t seed,
+                      const std::string& json) {
+  LLMK_CHECK(resolve_device(device) == Device::CPU || device == "auto",
+             "--concurrency runs on the CPU only so far (--device cpu)");
+  const int64_t ctx = int64_t{prompt_tokens} + gen_tokens + 1;
+  auto model = Engine::load(path, ctx, concurrency);
+  const ModelConfig& c = model->config();
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.vocab_size - 1));
+  RequestOptions o;
+  o.sampler.temperature = 0;
+  o.max_tokens = gen_tokens;
+  std::vector<double> run_s, step_ms;
+  int64_t tokens = 0;
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+    Engine engine(*model, {.max_running = concurrency,
+                           .max_step_tokens = std::max<int64_t>(512, concurrency)});
+    int64_t generated = 0;
+    for (int r = 0; r < concurrency; ++r) {
+      std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
+      for (int32_t& id : prompt) id = pick(rng);
+      engine.add_request(std::move(prompt), o, [&](const TokenEvent&) {
+        ++generated;
+        return true;
+      });
+    }
+    const auto t0 = Clock::now();
+    while (!engine.idle()) {
+      const auto t1 = Clock::now();
+      engine.step();
+      if (rep > 0) step_ms.push_back(ms_since(t1));
+    }
+    if (rep > 0) {
+      run_s.push_back(ms_since(t0) / 1000);
+      tokens = generated;
+    }
+  }
+  const double s = median(run_s), step = median(step_ms);
+  const double tps = static_cast<double>(tokens) / s;
+  if (!json.empty()) {
+    const nlohmann::json out = {{"model", path},
+                                {"config", c.summary()},
+                                {"device", "cpu"},
+                                {"concurrency", concurrency},
+                                {"prompt_tokens", prompt_tokens},
+                                {"gen_tokens", gen_tokens},
+                                {"reps", reps},
+                                {"output_tokens", tokens},
+                                {"seconds_median", s},
+                                {"output_tokens_per_s", tps},
+                                {"step_ms_median", step},
+                                {"threads", cpu_pool().num_threads()}};
+    write_file(json, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  }
+  fmt::print("model: {}\ncpu, {} threads\n", c.summary(), cpu_pool().num_threads());
+  fmt::print(
+      "concurrency {}: {} requests of {} + {} tokens: {} output tokens in {:.2f} s = {:.1f} "
+      "tokens/s (median of {} runs, prompts included); step median {:.2f} ms\n",
+      concurrency, concurrency, prompt_tokens, gen_tokens, tokens, s, tps, reps, step);
+  return 0;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -35,7 +104,7 @@ double median(std::vector<double> v) {
 Command add_bench(CLI::App& cmd) {
   struct Args {
     std::string model, device, json;
-    int prompt_tokens = 512, gen_tokens = 128, batch = 1, reps = 3, threads = 0;
+    int prompt_tokens = 512, gen_tokens = 128, batch = 1, reps = 3, threads = 0, concurrency = 0;
     bool no_graph = false;
     bool no_lookahead = false;
     uint64_t seed = 1;
@@ -55,6 +124,10 @@ Command add_bench(CLI::App& cmd) {
                  "tokens/s counts all of them")
       ->default_val(1)
       ->check(in_range(1, 1024));
+  cmd.add_option("--concurrency", a->concurrency,
+                 "Run this many requests at once through the many-sequence engine (CPU only "
+                 "so far) and report output tokens/s and the median step latency")
+      ->check(in_range(1, 4096));
   cmd.add_option("--reps", a->reps, "Timed repetitions (after one warm-up); medians reported")
       ->default_val(3)
       ->check(at_least(1));
@@ -70,6 +143,11 @@ Command add_bench(CLI::App& cmd) {
   add_device_option(cmd, a->device);
   return [a] {
     prepare(a->model, a->threads);
+    if (a->concurrency > 0) {
+      LLMK_CHECK(a->batch == 1, "give --batch or --concurrency, not both");
+      return bench_concurrency(a->model, a->device, a->concurrency, a->prompt_tokens, a->gen_tokens,
+                               a->reps, a->seed, a->json);
+    }
     const Device device = resolve_device(a->device);
     // int64: --prompt-tokens and --gen-tokens may each be up to INT_MAX; the model's context
     // check rejects a sum it cannot hold.

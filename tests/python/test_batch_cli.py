@@ -86,3 +86,15 @@ def test_bad_prompt_files(tmp_path):
     f.write_text("x\n")
     r = run("run", "-m", model, "-p", "x", "--prompts", f, check=False)
     assert r.returncode == 1 and "not both" in r.stderr
+
+
+def test_bench_concurrency(tmp_path):
+    model = fixture("gemma3")
+    out = tmp_path / "b.json"
+    r = run("bench", "-m", model, "--concurrency", 3, "--prompt-tokens", 5, "--gen-tokens", 4,
+            "--reps", 1, "--device", "cpu", "-t", 1, "--json", out)
+    assert "concurrency 3: 3 requests of 5 + 4 tokens: 12 output tokens" in r.stdout
+    j = json.loads(out.read_text())
+    assert j["output_tokens"] == 12 and j["concurrency"] == 3 and j["output_tokens_per_s"] > 0
+    r = run("bench", "-m", model, "--concurrency", 2, "--batch", 2, check=False)
+    assert r.returncode == 1 and "not both" in r.stderr

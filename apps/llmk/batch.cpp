@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -90,28 +89,16 @@ void apply_fields(const nlohmann::json& j, Prompt& p, const std::string& where) 
 }
 
 std::vector<Prompt> read_prompts(const std::string& path, const Prompt& defaults) {
-  std::ifstream in(path, std::ios::binary);
-  LLMK_CHECK(in.is_open(), "{}: cannot open", path);
   std::vector<Prompt> out;
-  std::string line;
-  for (int64_t n = 1; read_line(in, line, kMaxTextBytes, path, n); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+  for_each_line(path, [&](const std::string& line, const std::string& where) {
     Prompt p = defaults;
-    if (line[line.find_first_not_of(" \t\r")] == '{') {
-      const std::string where = fmt::format("{} line {}", path, n);
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        LLMK_FAIL("{}: not valid JSON ({})", where, e.what());
-      }
-      LLMK_CHECK(j.is_object(), "{}: a JSON line must be an object", where);
-      apply_fields(j, p, where);
+    if (const auto j = json_line(line, where)) {
+      apply_fields(*j, p, where);
     } else {
       p.text = line;
     }
     out.push_back(std::move(p));
-  }
+  });
   LLMK_CHECK(!out.empty(), "{}: no prompts", path);
   return out;
 }

@@ -8,6 +8,8 @@
 #include <functional>
 #include <istream>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,6 +84,14 @@ std::vector<int32_t> parse_token_ids(std::string_view text, const std::string& w
 // `max_bytes` throws "<what> line <n> is longer than <max_bytes> bytes".
 bool read_line(std::istream& in, std::string& line, size_t max_bytes, const std::string& what,
                int64_t line_number);
+// The non-blank lines of the file `path` (each at most kMaxTextBytes), in order: fn(line, where)
+// with where = "<path> line <n>" for messages. Throws "<path>: cannot open" when it cannot.
+void for_each_line(
+    const std::string& path,
+    const std::function<void(const std::string& line, const std::string& where)>& fn);
+// A line that starts (after blanks) with '{' as a JSON object, else nullopt (plain text). Throws
+// "<where>: not valid JSON (...)" or "<where>: a JSON line must be an object".
+std::optional<nlohmann::json> json_line(const std::string& line, const std::string& where);
 // Writes `bytes` to `path`, replacing it. Throws "<path>: cannot write: <reason>" when opening,
 // writing or closing fails (a full disk, /dev/full, a folder).
 void write_file(const std::string& path, std::string_view bytes);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <thread>
@@ -118,6 +119,31 @@ bool read_line(std::istream& in, std::string& line, size_t max_bytes, const std:
                max_bytes);
     line.push_back(static_cast<char>(c));
   }
+}
+
+void for_each_line(
+    const std::string& path,
+    const std::function<void(const std::string& line, const std::string& where)>& fn) {
+  std::ifstream in(path, std::ios::binary);
+  LLMK_CHECK(in.is_open(), "{}: cannot open", path);
+  std::string line;
+  for (int64_t n = 1; read_line(in, line, kMaxTextBytes, path, n); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    fn(line, fmt::format("{} line {}", path, n));
+  }
+}
+
+std::optional<nlohmann::json> json_line(const std::string& line, const std::string& where) {
+  const size_t first = line.find_first_not_of(" \t\r");
+  if (first == std::string::npos || line[first] != '{') return std::nullopt;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    LLMK_FAIL("{}: not valid JSON ({})", where, e.what());
+  }
+  LLMK_CHECK(j.is_object(), "{}: a JSON line must be an object", where);
+  return j;
 }
 
 void check_stdout() {

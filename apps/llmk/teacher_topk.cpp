@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -32,33 +31,21 @@ struct Dataset {
 };
 
 Dataset read_dataset(const std::string& path, const std::string& model_path, int64_t max_tokens) {
-  std::ifstream in(path, std::ios::binary);
-  LLMK_CHECK(in.is_open(), "{}: cannot open", path);
   Dataset d;
   std::optional<Tokenizer> tok;
-  std::string line;
-  for (int64_t n = 1; read_line(in, line, kMaxTextBytes, path, n); ++n) {
-    const std::string where = fmt::format("{} line {}", path, n);
-    const size_t first = line.find_first_not_of(" \t\r");
-    if (first == std::string::npos) continue;
+  for_each_line(path, [&](const std::string& line, const std::string& where) {
     std::vector<int32_t> ids;
-    if (line[first] == '{') {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        LLMK_FAIL("{}: not valid JSON ({})", where, e.what());
-      }
-      const bool has_ids = j.contains("ids"), has_text = j.contains("text");
+    if (const auto j = json_line(line, where)) {
+      const bool has_ids = j->contains("ids"), has_text = j->contains("text");
       LLMK_CHECK(has_ids != has_text, "{}: a JSON line needs exactly one of \"ids\" and \"text\"",
                  where);
       if (has_text) {
-        LLMK_CHECK(j["text"].is_string(), "{}: \"text\" must be a string", where);
+        LLMK_CHECK((*j)["text"].is_string(), "{}: \"text\" must be a string", where);
         if (!tok) tok.emplace(load_tokenizer(model_path));
-        ids = tok->encode(j["text"].get<std::string>(), tok->add_bos(), false);
+        ids = tok->encode((*j)["text"].get<std::string>(), tok->add_bos(), false);
       } else {
-        LLMK_CHECK(j["ids"].is_array(), "{}: \"ids\" must be a list of token ids", where);
-        for (const auto& v : j["ids"]) {
+        LLMK_CHECK((*j)["ids"].is_array(), "{}: \"ids\" must be a list of token ids", where);
+        for (const auto& v : (*j)["ids"]) {
           LLMK_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 &&
                          v.get<int64_t>() <= std::numeric_limits<int32_t>::max(),
                      "{}: \"ids\" holds {}, not a token id", where, printable(v.dump(), 40));
@@ -74,7 +61,7 @@ Dataset read_dataset(const std::string& path, const std::string& model_path, int
       ++d.cut;
     }
     d.seqs.push_back(std::move(ids));
-  }
+  });
   LLMK_CHECK(!d.seqs.empty(), "{}: no sequences", path);
   return d;
 }

@@ -12,17 +12,23 @@
 
 namespace llmk {
 
-Engine::Engine(Model& model, const EngineOptions& opts)
-    : model_(model),
-      kv_(std::max<int64_t>(model.kv_pages(), 1), std::max<int64_t>(model.kv_page_size(), 1)),
-      sched_(kv_, SchedulerConfig{.max_running = opts.max_running,
-                                  .max_step_tokens = opts.max_step_tokens}),
-      opts_(opts) {
+namespace {
+// The model's pool pages, checked: the engine needs a paged pool on the CPU.
+int64_t pool_pages(const Model& model) {
   LLMK_CHECK(model.device() == Device::CPU,
              "engine: runs on the CPU only so far (its CUDA forward of mixed batches is not yet "
              "validated)");
   LLMK_CHECK(model.kv_pages() > 0, "engine: the model has no paged KV pool (Engine::load)");
+  return model.kv_pages();
 }
+}  // namespace
+
+Engine::Engine(Model& model, const EngineOptions& opts)
+    : model_(model),
+      kv_(pool_pages(model), model.kv_page_size()),
+      sched_(kv_, SchedulerConfig{.max_running = opts.max_running,
+                                  .max_step_tokens = opts.max_step_tokens}),
+      opts_(opts) {}
 
 std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, int64_t sequences,
                                     int64_t page_size) {
@@ -49,6 +55,8 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const RequestOptions& o
   LLMK_CHECK(opts.max_tokens >= 1, "engine: max_tokens {} must be at least 1", opts.max_tokens);
   LLMK_CHECK(opts.top_logprobs >= 0 && opts.top_logprobs <= 20,
              "engine: top_logprobs = {} must be from 0 to 20", opts.top_logprobs);
+  LLMK_CHECK(opts.logprobs || opts.top_logprobs == 0, "engine: top_logprobs = {} needs logprobs",
+             opts.top_logprobs);
   LLMK_CHECK(opts.n >= 1 && opts.n <= opts_.max_running,
              "engine: n = {} samples must be from 1 to the running cap {}", opts.n,
              opts_.max_running);
@@ -156,9 +164,12 @@ void Engine::step() {
     const Finish finish = finish_of(r, token, known);
     sampled.push_back(token);
     if (finish != Finish::None) finished.push_back(w.id);
-    const float lse = log_sum_exp(row);
-    events.push_back({r.on_token, {sm.request, sm.index, token, finish}, w.id});
-    add_logprobs(events.back().e, row, lse, r.opts.top_logprobs);
+    const float lse = r.opts.logprobs ? log_sum_exp(row) : 0.0f;
+    const auto add_event = [&](int index, int32_t tok, Finish f, int64_t seq) {
+      events.push_back({r.on_token, {sm.request, index, tok, f}, seq});
+      if (r.opts.logprobs) add_logprobs(events.back().e, row, lse, r.opts.top_logprobs);
+    };
+    add_event(sm.index, token, finish, w.id);
     if (!r.forked) {  // the prompt's first draw: samples 1 .. n-1 draw from the same logits
       r.forked = true;
       for (int k = 1; k < r.opts.n; ++k) {
@@ -174,34 +185,28 @@ void Engine::step() {
           samples_.emplace(child, Sample{sm.request, k, std::move(sk)});
           r.seqs.push_back(child);
         }
-        events.push_back({r.on_token, {sm.request, k, tk, fk}, child});
-        add_logprobs(events.back().e, row, lse, r.opts.top_logprobs);
+        add_event(k, tk, fk, child);
       }
     }
   }
   sched_.update(st, sampled, finished, forks);
-  for (const int64_t seq : finished) {
-    Request& r = requests_.at(samples_.at(seq).request);
-    r.seqs.erase(std::find(r.seqs.begin(), r.seqs.end(), seq));
-    samples_.erase(seq);
-  }
-  for (auto it = requests_.begin(); it != requests_.end();) {
-    it = it->second.forked && it->second.seqs.empty() ? requests_.erase(it) : std::next(it);
-  }
+  for (const int64_t seq : finished) forget_sample(seq);
   // After the bookkeeping, so that a callback may add or abort requests; a request aborted by an
   // earlier callback of this step gets no more calls.
   aborted_.clear();
   for (const Event& ev : events) {
     if (std::find(aborted_.begin(), aborted_.end(), ev.e.request) != aborted_.end()) continue;
     const bool go_on = !ev.fn || ev.fn(ev.e);
-    if (!go_on && ev.e.finish == Finish::None && samples_.count(ev.seq) != 0) end_sample(ev.seq);
+    if (!go_on && ev.e.finish == Finish::None && samples_.count(ev.seq) != 0) {
+      sched_.abort(ev.seq);
+      forget_sample(ev.seq);
+    }
   }
 }
 
-void Engine::end_sample(int64_t seq) {
+void Engine::forget_sample(int64_t seq) {
   const int64_t request = samples_.at(seq).request;
   Request& r = requests_.at(request);
-  sched_.abort(seq);
   samples_.erase(seq);
   r.seqs.erase(std::find(r.seqs.begin(), r.seqs.end(), seq));
   if (r.forked && r.seqs.empty()) requests_.erase(request);

@@ -32,7 +32,8 @@ struct RequestOptions {
   int64_t max_tokens = 128;       // tokens to generate at most, per sample
   std::vector<int32_t> stop_ids;  // tokens that end a sample (end-of-generation ids)
   int n = 1;  // samples of the prompt, sharing its pages; sample i draws with seed sampler.seed + i
-  int top_logprobs = 0;  // with each token, this many of the most likely (at most 20)
+  bool logprobs = false;  // with each token, its log-probability (TokenEvent::logprob)
+  int top_logprobs = 0;   // and this many of the most likely tokens (at most 20; needs logprobs)
 };
 
 enum class Finish { None, Stop, Length };
@@ -46,8 +47,9 @@ struct TokenEvent {
   int sample;
   int32_t token;
   Finish finish;
-  // The model's log-probability of `token` (its raw distribution: before temperature, penalties
-  // and truncation), and the top_logprobs most likely tokens with theirs, most likely first.
+  // With RequestOptions::logprobs: the model's log-probability of `token` (its raw distribution:
+  // before temperature, penalties and truncation), and the top_logprobs most likely tokens with
+  // theirs, most likely first. Neither is computed otherwise (each costs a pass over the row).
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
 };
@@ -92,8 +94,8 @@ class Engine {
     int index;
     Sampler sampler;
   };
-  // Ends the sample running as sequence `seq` now.
-  void end_sample(int64_t seq);
+  // Forgets the sample of sequence `seq` (finished or ended), and its request with its last one.
+  void forget_sample(int64_t seq);
   // Why a sample ends with `token` after `known` tokens (None: it goes on).
   Finish finish_of(const Request& r, int32_t token, int64_t known) const;
 

@@ -11,6 +11,24 @@
 
 namespace llmk::safetensors {
 
+namespace {
+// Writes all of `bytes` at `offset` of fd; false (errno set) when a write fails or writes
+// nothing (a full disk: ENOSPC).
+bool pwrite_all(int fd, std::string_view bytes, uint64_t offset) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w =
+        ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (w <= 0) {
+      if (w == 0) errno = ENOSPC;
+      return false;
+    }
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+}  // namespace
+
 Writer::Writer(const std::string& path, std::vector<OutTensor> tensors,
                const std::map<std::string, std::string>& metadata)
     : path_(path), tensors_(std::move(tensors)) {
@@ -41,24 +59,11 @@ Writer::Writer(const std::string& path, std::vector<OutTensor> tensors,
   const uint64_t hs = json.size();
   for (int i = 0; i < 8; ++i) head[static_cast<size_t>(i)] = static_cast<char>(hs >> (8 * i));
   head += json;
-  if (::ftruncate(fd_, static_cast<off_t>(data + at)) != 0) {
+  if (::ftruncate(fd_, static_cast<off_t>(data + at)) != 0 || !pwrite_all(fd_, head, 0)) {
     const int err = errno;
     ::close(fd_);
     fd_ = -1;
     LLMK_FAIL("{}: cannot write: {}", path, formats::errno_message(err));
-  }
-  // The header through the same checked path as the data (offset 0 of a pseudo-range).
-  size_t done = 0;
-  while (done < head.size()) {
-    const ssize_t w =
-        ::pwrite(fd_, head.data() + done, head.size() - done, static_cast<off_t>(done));
-    if (w <= 0) {
-      const int err = errno;
-      ::close(fd_);
-      fd_ = -1;
-      LLMK_FAIL("{}: cannot write: {}", path, formats::errno_message(w == 0 ? ENOSPC : err));
-    }
-    done += static_cast<size_t>(w);
   }
 }
 
@@ -71,14 +76,8 @@ void Writer::write(size_t index, uint64_t offset, std::string_view bytes) {
   LLMK_CHECK(
       index < tensors_.size() && offset <= size_[index] && bytes.size() <= size_[index] - offset,
       "{}: write of {} bytes at {} outside tensor {}", path_, bytes.size(), offset, index);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
-                               static_cast<off_t>(begin_[index] + offset + done));
-    LLMK_CHECK(w > 0, "{}: cannot write: {}", path_,
-               formats::errno_message(w == 0 ? ENOSPC : errno));
-    done += static_cast<size_t>(w);
-  }
+  LLMK_CHECK(pwrite_all(fd_, bytes, begin_[index] + offset), "{}: cannot write: {}", path_,
+             formats::errno_message(errno));
 }
 
 void Writer::close() {

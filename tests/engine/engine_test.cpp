@@ -36,6 +36,17 @@ std::vector<std::vector<int32_t>> prompts(uint32_t seed) {
   return out;
 }
 
+// Plain sampling at `temperature` (no top-k, top-p or min-p) from `seed`.
+SamplerConfig hot(float temperature, uint64_t seed) {
+  SamplerConfig c;
+  c.temperature = temperature;
+  c.top_k = 0;
+  c.top_p = 1.0f;
+  c.min_p = 0.0f;
+  c.seed = seed;
+  return c;
+}
+
 // Each prompt alone through generate(): greedy, or seeded sampling.
 std::vector<std::vector<int32_t>> alone(const std::string& path,
                                         const std::vector<std::vector<int32_t>>& ps,
@@ -122,44 +133,29 @@ TEST(Engine, GreedyRequestsTogetherMatchGenerateAlone) {
 }
 
 TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
-  SamplerConfig hot;
-  hot.temperature = 1.2f;
-  hot.top_k = 0;
-  hot.top_p = 1.0f;
-  hot.min_p = 0.0f;
-  hot.seed = 1234;
+  const SamplerConfig s = hot(1.2f, 1234);
   const auto ps = prompts(2);
   const std::string path = fixture("qwen2");
-  const auto together = batched(path, ps, hot, 10, {8, 4, 10, 24});
+  const auto together = batched(path, ps, s, 10, {8, 4, 10, 24});
   for (size_t i = 0; i < ps.size(); ++i) {
-    SamplerConfig one = hot;
-    one.seed = hot.seed + i;
-    const auto single = batched(path, {ps[i]}, one, 10, {2, 4, 1, 512});
+    const auto single = batched(path, {ps[i]}, hot(1.2f, 1234 + i), 10, {2, 4, 1, 512});
     EXPECT_EQ(together[i], single[0]) << "prompt " << i;
   }
   // And generate() alone gives the same draws.
-  EXPECT_EQ(together, alone(path, ps, hot, 10));
+  EXPECT_EQ(together, alone(path, ps, s, 10));
 }
 
 TEST(Engine, NSamplesShareThePromptAndDrawAsSeparateRequests) {
   // Sample k of an n-sample request draws as a single request with seed + k does.
   const std::string path = fixture("gemma3");
-  SamplerConfig hot;
-  hot.temperature = 1.0f;
-  hot.top_k = 0;
-  hot.top_p = 1.0f;
-  hot.min_p = 0.0f;
-  hot.seed = 77;
   const std::vector<int32_t> prompt = prompts(3)[4];
   std::vector<std::vector<int32_t>> single;
-  for (int k = 0; k < 5; ++k) {
-    SamplerConfig one = hot;
-    one.seed = hot.seed + static_cast<uint64_t>(k);
-    single.push_back(batched(path, {prompt}, one, 9, {2, 4, 1, 512})[0]);
+  for (uint64_t k = 0; k < 5; ++k) {
+    single.push_back(batched(path, {prompt}, hot(1.0f, 77 + k), 9, {2, 4, 1, 512})[0]);
   }
   EXPECT_NE(single[0], single[1]);
   RequestOptions o;
-  o.sampler = hot;
+  o.sampler = hot(1.0f, 77);
   o.max_tokens = 9;
   o.n = 5;
   // A pool of 4 x 128 tokens, and of 64 (the samples preempt each other and are recomputed).
@@ -173,7 +169,7 @@ TEST(Engine, NSamplesShareThePromptAndDrawAsSeparateRequests) {
       return true;
     });
     // A second request beside it, so the forks run among others.
-    engine.add_request(prompts(3)[1], {.sampler = hot, .max_tokens = 6}, nullptr);
+    engine.add_request(prompts(3)[1], {.sampler = hot(1.0f, 77), .max_tokens = 6}, nullptr);
     while (!engine.idle()) {
       engine.step();
       shared = std::max(shared, engine.kv_stats().shared);
@@ -202,6 +198,7 @@ TEST(Engine, LogprobsAreTheModelsDistribution) {
   o.sampler.temperature = 0.7f;
   o.sampler.seed = 3;
   o.max_tokens = 4;
+  o.logprobs = true;
   o.top_logprobs = 5;
   std::vector<TokenEvent> events;
   engine.add_request(prompt, o, [&](const TokenEvent& e) {
@@ -235,6 +232,9 @@ TEST(Engine, LogprobsAreTheModelsDistribution) {
   }
   o.top_logprobs = 21;
   EXPECT_THROW(engine.add_request(prompt, o, nullptr), Error);
+  o.logprobs = false;
+  o.top_logprobs = 3;
+  EXPECT_THROW(engine.add_request(prompt, o, nullptr), Error);  // top_logprobs needs logprobs
 }
 
 TEST(Engine, StopsAbortsAndRefuses) {

@@ -299,6 +299,24 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
                                         .window = static_cast<int>(c.sliding_window),
                                         .softcap = c.attn_softcap};
 
+  // Each half-layer ends with x += src @ w^T and h = norm(x). The linear adds its product to x
+  // itself where it can (on CUDA in cuBLASLt's epilogue: x is read there instead of the product
+  // being written and read back by the add). Not with sandwich norms (the product is normalised
+  // before the add), nor for one row on CUDA, whose one-row kernel has no such epilogue: there
+  // the add rides in the norm's launch. On the CPU both orders give the same f32 sums.
+  const bool add_in_linear = !c.sandwich_norms && (t > 1 || device() == Device::CPU);
+  auto residual = [&](const Tensor& src, const Tensor& w, const Tensor& post_norm,
+                      const Tensor& norm) {
+    if (add_in_linear) {
+      ops::linear_add(x, src, w);
+      ops::rms_norm(h, x, norm, c.rms_eps, one);
+      return;
+    }
+    ops::linear(o, src, w);
+    if (c.sandwich_norms) ops::rms_norm(o, o, post_norm, c.rms_eps, one);
+    ops::add_rms_norm(x, o, h, norm, c.rms_eps, one);
+  };
+
   ops::embedding(x, tok_embd_, ids);
   if (c.embed_scale != 1.0f) ops::scale(x, c.embed_scale);
   ops::rms_norm(h, x, layers_[0].attn_norm, c.rms_eps, one);
@@ -342,15 +360,11 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
       ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], page_table_.slice(0, s, s + 1),
                            page_size(), Tensor{}, positions, t, paged_params(ap));
     }
-    ops::linear(o, attn2, l.wo);
-    if (c.sandwich_norms) ops::rms_norm(o, o, l.post_attn_norm, c.rms_eps, one);
-    ops::add_rms_norm(x, o, h, l.ffn_norm, c.rms_eps, one);
+    residual(attn2, l.wo, l.post_attn_norm, l.ffn_norm);
 
     l.gate_up.apply_gated(act, h, c.activation, gate_up);
-    ops::linear(o, act, l.w_down);
-    if (c.sandwich_norms) ops::rms_norm(o, o, l.post_ffw_norm, c.rms_eps, one);
-    const Tensor& next_norm = i + 1 < layers_.size() ? layers_[i + 1].attn_norm : output_norm_;
-    ops::add_rms_norm(x, o, h, next_norm, c.rms_eps, one);
+    residual(act, l.w_down, l.post_ffw_norm,
+             i + 1 < layers_.size() ? layers_[i + 1].attn_norm : output_norm_);
   }
   // h = output_norm(x) for every token; the head runs on the rows whose logits are wanted.
   if (staged_.runs) {

@@ -99,12 +99,17 @@ cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w,
 }  // namespace detail
 #endif
 
-void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
+namespace {
+
+void linear_impl(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias,
+                 bool accumulate) {
   const bool cuda = bias ? on_cuda(kOp, {{"out", &out}, {"x", &x}, {"w", &w}, {"bias", bias}})
                          : on_cuda(kOp, {{"out", &out}, {"x", &x}, {"w", &w}});
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
-    cuda::linear(linear_cuda_args(out, x, w, bias));
+    cuda::LinearArgs a = linear_cuda_args(out, x, w, bias);
+    a.accumulate = accumulate;
+    cuda::linear(a);
 #endif
     return;
   }
@@ -132,7 +137,18 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
   a.M = d.M;
   a.N = d.N;
   a.K = d.K;
+  a.accumulate = accumulate;
   cpu::linear(a);
+}
+
+}  // namespace
+
+void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
+  linear_impl(out, x, w, bias, false);
+}
+
+void linear_add(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
+  linear_impl(out, x, w, bias, true);
 }
 
 void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act, Tensor& scratch,

@@ -52,6 +52,9 @@ void rope(Tensor& x, const Tensor& positions, const RopeParams& p);
 // block, spread over threads). CUDA (cuBLASLt): x, w bf16; out bf16 or f32 (for logits); bias
 // bf16 or f32, added in the epilogue; fp32 accumulation.
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias = nullptr);
+// out += x @ w^T + bias, the same operands: a layer's residual add done by the linear (on CUDA
+// in cuBLASLt's epilogue, the sum rounded once; one row takes cuBLASLt, not the one-row kernel).
+void linear_add(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias = nullptr);
 
 struct AttentionParams {
   float scale = 0.0f;    // multiplies q.k; 0 = 1/sqrt(D)

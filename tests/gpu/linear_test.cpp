@@ -642,6 +642,52 @@ TEST_F(Linear, NewProblemsOf64RowsOrMoreAreTunedOncePerBucketOutsideCapture) {
   LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
+// linear_add: out += x @ w^T (+ bias), the sum in cuBLASLt's epilogue and rounded once. Against
+// the CPU's f32 out + linear, at one row (cuBLASLt, not the one-row kernel), a few rows, and a
+// first sight of 96 rows, whose tuning times its candidates into a scratch matrix: had they
+// written out, what it adds to would be lost.
+TEST_F(Linear, AddAccumulatesIntoOut) {
+  Rng rng(41);
+  constexpr int64_t N = 200, K = 328;
+  const Tensor w_host = random_bf16({N, K}, rng, 1.0f / std::sqrt(static_cast<float>(K)));
+  const Tensor b_host = random_bf16({N}, rng, 0.5f);
+  const Tensor w = w_host.to(Device::CUDA), b = b_host.to(Device::CUDA);
+  const Tensor w32 = to_f32(w_host), b32 = to_f32(b_host);
+  for (DType out_dtype : {DType::BF16, DType::F32}) {
+    for (int64_t M : {1, 7, 96}) {
+      for (bool bias : {false, true}) {
+        const std::string what = fmt::format("M={} out {} bias {}", M, dtype_name(out_dtype), bias);
+        const Tensor x_host = random_bf16({M, K}, rng, 1.0f);
+        const Tensor start_host = out_dtype == DType::BF16 ? random_bf16({M, N}, rng, 4.0f)
+                                                           : random_f32({M, N}, rng, 4.0f);
+        Tensor out = start_host.to(Device::CUDA);
+        const cuda::LinearStats s0 = cuda::linear_stats();
+        ops::linear_add(out, x_host.to(Device::CUDA), w, bias ? &b : nullptr);
+        const cuda::LinearStats s1 = cuda::linear_stats();
+        EXPECT_EQ(s1.gemv, s0.gemv) << what << ": the one-row kernel does not add to out";
+        if (M == 96 && out_dtype == DType::BF16 && !bias) {
+          EXPECT_EQ(s1.tuned, s0.tuned + 1) << what << ": the first sight was not tuned";
+        }
+        Tensor ref = to_f32(start_host);
+        ops::linear_add(ref, to_f32(x_host), w32, bias ? &b32 : nullptr);
+        expect_within(compare(out.to(Device::CPU), ref), tolerance_for(out_dtype), what);
+      }
+    }
+  }
+  // K = 0: out += bias, or stays as it was.
+  const Tensor x0 = Tensor::empty({3, 0}, DType::BF16, Device::CUDA);
+  const Tensor w0 = Tensor::empty({N, 0}, DType::BF16, Device::CUDA);
+  const Tensor start_host = random_bf16({3, N}, rng, 1.0f);
+  Tensor same = start_host.to(Device::CUDA);
+  ops::linear_add(same, x0, w0);
+  expect_within(compare(same.to(Device::CPU), to_f32(start_host)), Tolerance{0, 0}, "K=0");
+  Tensor plus = start_host.to(Device::CUDA);
+  ops::linear_add(plus, x0, w0, &b);
+  Tensor ref = to_f32(start_host);
+  ops::linear_add(ref, Tensor::empty({3, 0}, DType::F32), Tensor::empty({N, 0}, DType::F32), &b32);
+  expect_within(compare(plus.to(Device::CPU), ref), tolerance_for(DType::BF16), "K=0, bias");
+}
+
 TEST_F(Linear, ArgumentErrors) {
   Rng rng(31);
   const Tensor x = random_bf16({3, 64}, rng, 1.0f).to(Device::CUDA);

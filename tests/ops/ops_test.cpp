@@ -92,6 +92,37 @@ TEST(OpsLinear, StridedActivationsAndOutput) {
   }
 }
 
+// linear_add gives out + linear(x, w, b) bit for bit: the fused path (up to 4 rows per group)
+// and the tiled one (more rows), block and plain weights, with and without a bias; and K = 0.
+TEST(OpsLinear, AddIsLinearThenAnAddBitForBit) {
+  for (DType t : {DType::Q4_K, DType::Q8_0, DType::F32}) {
+    for (int64_t M : {1, 3, 6, 9}) {
+      for (bool with_bias : {false, true}) {
+        const int64_t K = 256, N = 23;
+        const Tensor x = random_tensor({M, K}, 11);
+        const Tensor w = weights(t, N, K, 12);
+        const Tensor b = random_tensor({N}, 13);
+        const Tensor start = random_tensor({M, N}, 14);
+        Tensor product = poisoned({M, N});
+        ops::linear(product, x, w, with_bias ? &b : nullptr);
+        Tensor y = start.contiguous();
+        ops::linear_add(y, x, w, with_bias ? &b : nullptr);
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = 0; n < N; ++n) {
+            EXPECT_EQ(at(y, {m, n}), at(start, {m, n}) + at(product, {m, n}))
+                << dtype_name(t) << " M=" << M << " bias " << with_bias << " at " << m << "," << n;
+          }
+        }
+      }
+    }
+  }
+  const Tensor b = random_tensor({5}, 15);
+  const Tensor start = random_tensor({2, 5}, 16);
+  Tensor y = start.contiguous();
+  ops::linear_add(y, Tensor::empty({2, 0}, DType::F32), Tensor::empty({5, 0}, DType::F32), &b);
+  for (int64_t n = 0; n < 5; ++n) EXPECT_EQ(at(y, {1, n}), at(start, {1, n}) + b.data<float>()[n]);
+}
+
 TEST(OpsLinear, ArgumentErrors) {
   Tensor x = random_tensor({3, 64}, 1);
   Tensor w = weights(DType::Q4_1, 10, 96, 2);

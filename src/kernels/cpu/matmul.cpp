@@ -31,6 +31,9 @@ constexpr int kNR = 3;
 constexpr int64_t kTileBytes = 48 * 1024;
 constexpr int64_t kMaxTileRows = 48;
 
+// y = v, or y += v when accumulating: the same f32 add as an add after the linear would do.
+inline void store(float& y, float v, bool accumulate) { y = accumulate ? y + v : v; }
+
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 #if defined(__AVX2__)
@@ -135,7 +138,7 @@ void fused_block_rows(const LinearArgs& a, const float* xsum, int64_t xsum_ld, i
     for (int m = 0; m < M; ++m) {
       float v = hsum(_mm256_add_ps(acc0[m], acc1[m]));
       if constexpr (C::kHasMin) v += hsum(macc[m]);
-      a.y[m * a.ldy + n] = v + b;
+      store(a.y[m * a.ldy + n], v + b, a.accumulate);
     }
   }
 }
@@ -210,7 +213,7 @@ void fused_lane_rows(const LinearArgs& a, const float* xsum, int64_t xsum_ld, in
     for (int m = 0; m < M; ++m) {
       float v = hsum(_mm256_add_ps(acc0[m], acc1[m]));
       if constexpr (C::kHasMin) v += hsum(macc[m]) + macc1[m];
-      a.y[m * a.ldy + n] = v + bias;
+      store(a.y[m * a.ldy + n], v + bias, a.accumulate);
     }
   }
 }
@@ -265,7 +268,7 @@ void fused_plain_rows(const LinearArgs& a, int64_t n0, int64_t n1) {
     for (int m = 0; m < M; ++m) {
       float v = hsum(_mm256_add_ps(acc0[m], acc1[m]));
       for (int64_t kk = k; kk < K; ++kk) v += L::one(row[kk]) * a.x[m * a.ldx + kk];
-      a.y[m * a.ldy + n] = v + b;
+      store(a.y[m * a.ldy + n], v + b, a.accumulate);
     }
   }
 }
@@ -341,11 +344,11 @@ void linear_fused(const LinearArgs& a) {
 
 // ---- tiled path -------------------------------------------------------------------------------
 
-// y[i, j] = dot(x row i, w row j) + bias[j] for i < MR_, j < NR_, over K8 (a multiple of 8;
+// y[i, j] (+)= dot(x row i, w row j) + bias[j] for i < MR_, j < NR_, over K8 (a multiple of 8;
 // both operands are zero-padded to it).
 template <int MR_, int NR_>
 void micro_kernel(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K8,
-                  const float* bias, float* y, int64_t ldy) {
+                  const float* bias, float* y, int64_t ldy, bool accumulate) {
 #if defined(__AVX2__)
   __m256 acc[MR_][NR_];
   for (int i = 0; i < MR_; ++i)
@@ -359,19 +362,21 @@ void micro_kernel(const float* x, int64_t ldx, const float* w, int64_t ldw, int6
     }
   }
   for (int i = 0; i < MR_; ++i)
-    for (int j = 0; j < NR_; ++j) y[i * ldy + j] = hsum(acc[i][j]) + (bias ? bias[j] : 0.0f);
+    for (int j = 0; j < NR_; ++j)
+      store(y[i * ldy + j], hsum(acc[i][j]) + (bias ? bias[j] : 0.0f), accumulate);
 #else
   float acc[MR_][NR_] = {};
   for (int64_t k = 0; k < K8; ++k)
     for (int i = 0; i < MR_; ++i)
       for (int j = 0; j < NR_; ++j) acc[i][j] += x[i * ldx + k] * w[j * ldw + k];
   for (int i = 0; i < MR_; ++i)
-    for (int j = 0; j < NR_; ++j) y[i * ldy + j] = acc[i][j] + (bias ? bias[j] : 0.0f);
+    for (int j = 0; j < NR_; ++j)
+      store(y[i * ldy + j], acc[i][j] + (bias ? bias[j] : 0.0f), accumulate);
 #endif
 }
 
 using MicroFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const float*,
-                         float*, int64_t);
+                         float*, int64_t, bool);
 
 MicroFn micro_for(int mr, int nr) {
   // Every (mr, nr) up to (kMR, kNR): full tiles use the largest, edges the smaller ones.
@@ -419,7 +424,8 @@ void linear_tiled(const LinearArgs& a) {
         for (int64_t j0 = 0; j0 < nt; j0 += kNR) {
           const int nr = static_cast<int>(std::min<int64_t>(kNR, nt - j0));
           micro_for(mr, nr)(x + m0 * ldx, ldx, tile.data() + j0 * K8, K8, K8,
-                            a.bias ? a.bias + n0 + j0 : nullptr, a.y + m0 * a.ldy + n0 + j0, a.ldy);
+                            a.bias ? a.bias + n0 + j0 : nullptr, a.y + m0 * a.ldy + n0 + j0, a.ldy,
+                            a.accumulate);
         }
       }
     }
@@ -447,7 +453,8 @@ void linear(const LinearArgs& a, LinearPath path) {
   if (a.M == 0 || a.N == 0) return;
   if (a.K == 0) {
     for (int64_t m = 0; m < a.M; ++m)
-      for (int64_t n = 0; n < a.N; ++n) a.y[m * a.ldy + n] = a.bias ? a.bias[n] : 0.0f;
+      for (int64_t n = 0; n < a.N; ++n)
+        store(a.y[m * a.ldy + n], a.bias ? a.bias[n] : 0.0f, a.accumulate);
     return;
   }
   if (path == LinearPath::Auto) path = linear_choose_path(a);

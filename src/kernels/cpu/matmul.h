@@ -26,6 +26,7 @@ struct LinearArgs {
   int64_t w_row_bytes = 0;
   const float* bias = nullptr;  // [N] f32, or null
   int64_t M = 0, N = 0, K = 0;
+  bool accumulate = false;  // y += x @ w^T + bias (y is read), instead of y = ...
 };
 
 enum class LinearPath { Auto, Fused, Tiled };
@@ -36,8 +37,8 @@ bool linear_supports(DType wtype);
 // The path Auto picks for these arguments.
 LinearPath linear_choose_path(const LinearArgs& a);
 
-// y = x @ w^T + bias. `path` forces a path (for tests and benchmarks); Auto picks by M.
-// Without AVX2 the fused path is not built and every call takes the tiled path.
+// y = x @ w^T + bias (y += with a.accumulate). `path` forces a path (for tests and benchmarks);
+// Auto picks by M. Without AVX2 the fused path is not built and every call takes the tiled path.
 void linear(const LinearArgs& a, LinearPath path = LinearPath::Auto);
 
 }  // namespace llmk::cpu

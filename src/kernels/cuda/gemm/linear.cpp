@@ -33,7 +33,8 @@ std::string describe(const LinearArgs& a) {
                      a.N, a.K, a.x_trans ? " transposed" : "", a.ldx,
                      a.w_trans ? " transposed" : "", a.ldw, dtype_name(a.out_dtype), a.ldo,
                      a.bias ? dtype_name(a.bias_dtype) : std::string_view("none")) +
-         (a.gelu ? (a.aux ? ", GELU epilogue with aux" : ", GELU epilogue") : "");
+         (a.gelu ? (a.aux ? ", GELU epilogue with aux" : ", GELU epilogue") : "") +
+         (a.accumulate ? ", added to out" : "");
 }
 
 [[noreturn]] void throw_status(cublasStatus_t s, std::string_view call, std::string_view what) {
@@ -284,7 +285,7 @@ bool Lt::accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) const {
 // kTuneRounds rounds time one call of each after a write of kFlushBytes that evicts the L2, the
 // order rotated every round; the lowest median wins. (Timed back to back, with the weights partly
 // in the L2, the choices ran slower in a model's forward.) The runs write out, which the call
-// itself overwrites next.
+// itself overwrites next (or a scratch matrix, for a call that adds to out).
 size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos,
                    const LinearArgs& a) {
   const cudaStream_t stream = current_stream();
@@ -300,12 +301,21 @@ size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos
     for (cudaEvent_t& e : events_) LLMK_CUDA_CHECK(cudaEventCreate(&e));
   }
   bind(p, a);
+  // The timed runs write over their output: an accumulating call's out holds what it adds to,
+  // so those runs write a scratch matrix of out's layout instead (beta = 0 there too: cuBLASLt's
+  // algorithms do not depend on beta).
+  const size_t out_bytes =
+      static_cast<size_t>((a.M - 1) * a.ldo + a.N) * (a.out_dtype == DType::F32 ? 4 : 2);
+  const std::unique_ptr<void, void (*)(void*)> scratch(
+      a.accumulate ? allocator().allocate(out_bytes) : nullptr, [](void* q) {
+        if (q) allocator().deallocate(q);
+      });
+  void* const out = a.accumulate ? scratch.get() : a.out;
   const float alpha = 1.0f, beta = 0.0f;
   const auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(handle_, p.desc.get(), &alpha, a.w, p.w_layout.get(), a.x,
-                          p.x_layout.get(), &beta, a.out, p.out_layout.get(), a.out,
-                          p.out_layout.get(), &algo, workspace(stream), kLinearWorkspaceBytes,
-                          stream);
+                          p.x_layout.get(), &beta, out, p.out_layout.get(), out, p.out_layout.get(),
+                          &algo, workspace(stream), kLinearWorkspaceBytes, stream);
   };
   ++counters().tuned;
   std::vector<size_t> ok;  // the candidates that ran
@@ -480,7 +490,9 @@ bool Lt::run(const LinearArgs& a) {
       bias_kernel = true;
       ++counters().bias_kernel;
     }
-    const float alpha = 1.0f, beta = 0.0f;  // beta = 0: out is not read (it may hold NaN)
+    // beta = 0: out is not read (it may hold NaN); 1: the product is added to it in the
+    // epilogue (D = C = out, in place: one layout for both).
+    const float alpha = 1.0f, beta = a.accumulate ? 1.0f : 0.0f;
     check_status(
         cublasLtMatmul(handle_, p.desc.get(), &alpha, a.w, p.w_layout.get(), a.x, p.x_layout.get(),
                        &beta, a.out, p.out_layout.get(), a.out, p.out_layout.get(), &p.algo,
@@ -500,11 +512,16 @@ void check_args(const LinearArgs& a) {
              "cuda::linear: bias must be bf16 or f32 in {}", describe(a));
   LLMK_CHECK(a.ldx >= (a.x_trans ? a.M : a.K) && a.ldw >= (a.w_trans ? a.N : a.K) && a.ldo >= a.N,
              "cuda::linear: a leading dimension is shorter than its row in {}", describe(a));
+  LLMK_CHECK(!(a.accumulate && a.gelu), "cuda::linear: a GELU epilogue does not add to out, in {}",
+             describe(a));
 }
 
 // The one-row kernel (gemv.h) for a, where M = 1, the kernel is on and takes the operands.
 bool run_one_row(const LinearArgs& a, bool gated, Activation act, const GemvRope* rope = nullptr) {
-  if (a.M != 1 || a.x_trans || a.w_trans || !g_gemv.load(std::memory_order_relaxed)) return false;
+  if (a.M != 1 || a.x_trans || a.w_trans || a.accumulate ||
+      !g_gemv.load(std::memory_order_relaxed)) {
+    return false;
+  }
   const GemvArgs g{.out = a.out,
                    .out_dtype = a.out_dtype,
                    .x = a.x,
@@ -539,10 +556,10 @@ void linear(const LinearArgs& args) {
   if (a.M == 0 || a.N == 0) return;
   a.ldx = std::max<int64_t>(a.ldx, 1);
   a.ldw = std::max<int64_t>(a.ldw, 1);
-  if (a.K == 0) {  // an empty sum: out = bias, or zeros
+  if (a.K == 0) {  // an empty sum: out = bias, or zeros (out += bias, or nothing)
     if (a.bias) {
-      add_bias(a, true, current_stream());
-    } else {
+      add_bias(a, !a.accumulate, current_stream());
+    } else if (!a.accumulate) {
       const size_t es = a.out_dtype == DType::F32 ? 4 : 2;
       LLMK_CUDA_CHECK(cudaMemset2DAsync(a.out, static_cast<size_t>(a.ldo) * es, 0,
                                         static_cast<size_t>(a.N) * es, static_cast<size_t>(a.M),

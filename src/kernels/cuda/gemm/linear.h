@@ -58,6 +58,10 @@ struct LinearArgs {
   bool gelu = false;
   void* aux = nullptr;
   int64_t ld_aux = 0;
+  // out += x @ w^T (+ bias), in cuBLASLt's epilogue (beta = 1: out is read, then written in
+  // place); the sum is rounded once, to out's dtype. Not with gelu; M = 1 then takes cuBLASLt,
+  // not the one-row kernel.
+  bool accumulate = false;
 };
 
 // out = x @ w^T + bias, enqueued on cuda::current_stream(). Leading dimensions must hold a row

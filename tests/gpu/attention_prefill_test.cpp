@@ -179,6 +179,10 @@ TEST_P(AttentionPrefillGpu, SingleSequencesMatchCpu) {
       // tiles give every SM's two block slots one; here 288 and 264 on an H100's 132 SMs).
       {.seqs = {{1031, 1031}}, .Hq = 32, .Hkv = 32, .D = 96, .window = 300, .softcap = 30.0f},
       {.seqs = {{1000, 1000}, {127, 1000}, {1, 1}}, .Hq = 24, .Hkv = 8, .D = 96},
+      // Grids resident at once in two rounds of one block per SM, the second round's work in
+      // reverse (AttentionArgs::resident_rounds): Phi-3-mini's 512-token prompt (256 blocks of
+      // 64 rows on an H100), and the case above (264 blocks of 128 rows, three sequences).
+      {.seqs = {{512, 512}}, .Hq = 32, .Hkv = 32, .D = 96},
       // Head dims 80 and 112: the second panel a quarter and seven eighths used.
       {.seqs = {{1031, 1031}}, .Hq = 8, .Hkv = 2, .D = 80},
       {.seqs = {{127, 1000}}, .Hq = 4, .Hkv = 4, .D = 80, .window = 300, .softcap = 30.0f},

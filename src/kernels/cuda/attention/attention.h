@@ -85,6 +85,13 @@ struct AttentionArgs {
   // Only when that kernel writes none of them (the model runner: it is kv_append, which writes
   // the new keys' rows). q, out and the split workspace are always touched after the wait.
   bool decode_early_reads = false;
+
+  // Set by the prefill launcher (callers leave it 0): where the whole grid is resident at once,
+  // `resident_rounds` rounds of one block per SM (`sms` each) fill the SMs, and odd rounds take
+  // their work items in reverse order, so that the SM given one of the longest (causal) query
+  // tiles in the first round is given one of the shortest in the second. 0: one order
+  // throughout, longest first.
+  int resident_rounds = 0, sms = 0;
 };
 
 // The fallback for what the kernels below are not built for: any even head dim up to

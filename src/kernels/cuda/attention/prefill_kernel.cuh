@@ -18,9 +18,10 @@
 //
 // Work items: the grid is 1-D, query head fastest (the heads of one KV group run together and
 // share K/V in L2), then query tiles in the order that puts each sequence's longest (last,
-// causal) tiles first. Varlen batches (cu_q) map a tile index to its sequence with a warp-wide
-// prefix sum over cu_q; the grid is sized for the worst case (ceil(T / kBM) + B - 1 tiles) and
-// surplus blocks exit at once.
+// causal) tiles first. A grid that is resident at once (a short prompt) has its second round of
+// blocks per SM take the items shortest first, which pairs long with short on each SM. Varlen
+// batches (cu_q) map a tile index to its sequence with a warp-wide prefix sum over cu_q; the grid
+// is sized for the worst case (ceil(T / kBM) + B - 1 tiles) and surplus blocks exit at once.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,6 +31,7 @@
 #include <type_traits>
 
 #include "core/cuda/check.h"
+#include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/tiles.cuh"
@@ -100,11 +102,23 @@ struct Work {
   bool valid;
 };
 
+// The work item of this block: blockIdx, or within a resident grid's odd round (AttentionArgs::
+// resident_rounds) the round's items in reverse.
+__device__ __forceinline__ int work_index(const AttentionArgs& a) {
+  const int b = static_cast<int>(blockIdx.x);
+  if (a.resident_rounds == 0) return b;
+  const int round = b / a.sms, first = round * a.sms;
+  if (round % 2 == 0) return b;
+  const int len = min(a.sms, static_cast<int>(gridDim.x) - first);
+  return first + len - 1 - (b - first);
+}
+
 template <int kBM>
 __device__ __forceinline__ Work find_work(const AttentionArgs& a) {
   Work w{};
-  w.h = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.Hq));
-  const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(a.Hq));
+  const int item = work_index(a);
+  w.h = item % a.Hq;
+  const int tile = item / a.Hq;
   if (a.cu_q == nullptr) {
     const int n_tiles = (a.T + kBM - 1) / kBM;
     const int pos0 = a.positions[0];
@@ -529,9 +543,21 @@ void launch_prefill_grid(const AttentionArgs& a) {
     return true;
   }();
   (void)smem_raised;
+  static const int per_sm = [] {
+    int n = 0;
+    LLMK_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, C::kThreads, C::kSmemBytes));
+    return n;
+  }();
   const int64_t tiles = ceil_div(a.T, C::kBM) + (a.cu_q != nullptr ? a.B - 1 : 0);
-  const dim3 grid(static_cast<unsigned>(tiles * a.Hq));
-  kKernel<<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a);
+  const int64_t blocks = tiles * a.Hq;
+  AttentionArgs b = a;
+  const int sms = device_info().sm_count;
+  if (per_sm > 1 && blocks > sms && blocks <= int64_t{per_sm} * sms) {
+    b.sms = sms;
+    b.resident_rounds = static_cast<int>(ceil_div(blocks, sms));
+  }
+  kKernel<<<static_cast<unsigned>(blocks), C::kThreads, C::kSmemBytes, current_stream()>>>(b);
   check_launch("attention prefill");
 }
 

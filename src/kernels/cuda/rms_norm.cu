@@ -3,7 +3,8 @@
 // The vector kernel keeps its row in registers (each thread up to kMaxVecs 16-byte vectors of 8
 // bf16), so the row is read once and written once: 2 * D * 2 bytes per row for rms_norm, 5 * D *
 // 2 for add_rms_norm (x, delta read; x, out written). The scalar kernel takes any width and
-// alignment and reads the row twice (the second read mostly hits the cache).
+// alignment and reads the row twice (the second read mostly hits the cache); it also serves rows
+// over 16384 wide.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rms_norm.h"
 
@@ -13,8 +14,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kVec = 8;      // bf16 per 16-byte access
-constexpr int kMaxVecs = 4;  // vectors a thread holds: rows up to 1024 * 4 * 8 = 32768 wide
+constexpr int kVec = 8;           // bf16 per 16-byte access
+constexpr int kMaxVecs = 4;       // vectors a thread holds, with their weights in f32
+constexpr int kMaxThreads = 512;  // rows up to 512 * 4 * 8 = 16384 wide (wider: the scalar kernel)
 
 struct NormRows {
   bf16* x;  // written only when delta is set (add_rms_norm)
@@ -45,13 +47,26 @@ __device__ __forceinline__ float weight(const NormRows& a, float w) {
 }
 
 template <bool kAdd>
-__global__ void rms_norm_vec_kernel(NormRows a) {
+__global__ void __launch_bounds__(kMaxThreads) rms_norm_vec_kernel(NormRows a) {
+  const int64_t nvec = a.D / kVec;
+  // The weights first, before the wait: no kernel writes them, so their loads overlap the
+  // previous kernel's tail instead of following the row's sum of squares.
+  float w[kMaxVecs][kVec];
+#pragma unroll
+  for (int k = 0; k < kMaxVecs; ++k) {
+    const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (j < nvec) {
+      const float4 w0 = reinterpret_cast<const float4*>(a.w + j * kVec)[0];
+      const float4 w1 = reinterpret_cast<const float4*>(a.w + j * kVec)[1];
+      w[k][0] = w0.x, w[k][1] = w0.y, w[k][2] = w0.z, w[k][3] = w0.w;
+      w[k][4] = w1.x, w[k][5] = w1.y, w[k][6] = w1.z, w[k][7] = w1.w;
+    }
+  }
   grid_dependency_wait(a.release_first);
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
   bf16* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
   bf16* out = a.out + row_offset(row, a.inner, a.out_ld, a.out_ld_inner);
-  const int64_t nvec = a.D / kVec;
   float v[kMaxVecs][kVec];
   float ss = 0.0f;
 #pragma unroll
@@ -77,12 +92,9 @@ __global__ void rms_norm_vec_kernel(NormRows a) {
   for (int k = 0; k < kMaxVecs; ++k) {
     const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     if (j < nvec) {
-      const float4 w0 = reinterpret_cast<const float4*>(a.w + j * kVec)[0];
-      const float4 w1 = reinterpret_cast<const float4*>(a.w + j * kVec)[1];
-      const float w[kVec] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
       float y[kVec];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) y[e] = v[k][e] * inv * weight(a, w[e]);
+      for (int e = 0; e < kVec; ++e) y[e] = v[k][e] * inv * weight(a, w[k][e]);
       store_bf16<kVec>(out + j * kVec, y);
     }
   }
@@ -119,14 +131,15 @@ void launch(NormRows a, int64_t rows, const char* op) {
   if (rows == 0) return;
   a.release_first = release_dependents_first();
   const int64_t nvec = a.D / kVec;
-  const bool vec = a.D % kVec == 0 && nvec <= int64_t{1024} * kMaxVecs && is_aligned(a.x, 16) &&
-                   is_aligned(a.out, 16) && is_aligned(a.w, 16) && a.x_ld % kVec == 0 &&
-                   a.out_ld % kVec == 0 && a.x_ld_inner % kVec == 0 && a.out_ld_inner % kVec == 0 &&
+  const bool vec = a.D % kVec == 0 && nvec <= int64_t{kMaxThreads} * kMaxVecs &&
+                   is_aligned(a.x, 16) && is_aligned(a.out, 16) && is_aligned(a.w, 16) &&
+                   a.x_ld % kVec == 0 && a.out_ld % kVec == 0 && a.x_ld_inner % kVec == 0 &&
+                   a.out_ld_inner % kVec == 0 &&
                    (!kAdd || (is_aligned(a.delta, 16) && a.delta_ld % kVec == 0));
   // One block per row, up to 2^31 - 1 rows.
   if (vec) {
     // Two vectors a thread while the row allows it (more loads in flight per row), up to 4.
-    const int threads = block_threads_for(ceil_div(nvec, 2), 1024);
+    const int threads = block_threads_for(ceil_div(nvec, 2), kMaxThreads);
     launch_dependent(rms_norm_vec_kernel<kAdd>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0,
                      a);
   } else {

@@ -107,8 +107,6 @@ std::vector<Prompt> read_prompts(const std::string& path, const Prompt& defaults
 
 int run_batch(const BatchArgs& a) {
   const Device device = resolve_device(a.device);
-  LLMK_CHECK(device == Device::CPU || a.device == "auto",
-             "--prompts runs on the CPU only so far (--device cpu)");
   Prompt defaults;
   defaults.opts.sampler = a.sampler;
   defaults.opts.max_tokens = a.max_tokens;
@@ -125,7 +123,7 @@ int run_batch(const BatchArgs& a) {
   const int64_t ctx = a.ctx > 0 ? a.ctx : 4096, page = 16;
   const int64_t sequences = std::clamp<int64_t>((need + ctx - 1) / ctx, 1, a.max_running);
   auto t0 = std::chrono::steady_clock::now();
-  auto model = Engine::load(a.model, a.ctx, sequences, page);
+  auto model = Engine::load(a.model, a.ctx, sequences, page, device);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   t0 = std::chrono::steady_clock::now();

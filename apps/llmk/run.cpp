@@ -46,7 +46,7 @@ Command add_run(CLI::App& cmd) {
   cmd.add_option("--prompts", a->prompts,
                  "Run every line of this file (text, or JSON with \"prompt\" and optional n, "
                  "seed, max_tokens, temperature, top_p, top_k, min_p, stop) as one batch; one "
-                 "JSON line per prompt on stdout, in input order (CPU only for now)");
+                 "JSON line per prompt on stdout, in input order");
   cmd.add_option("--n", a->n,
                  "With --prompts: samples per plain-text prompt (-n is the tokens to generate)")
       ->default_val(1)

@@ -13,11 +13,8 @@
 namespace llmk {
 
 namespace {
-// The model's pool pages, checked: the engine needs a paged pool on the CPU.
+// The model's pool pages, checked: the engine needs a paged pool.
 int64_t pool_pages(const Model& model) {
-  LLMK_CHECK(model.device() == Device::CPU,
-             "engine: runs on the CPU only so far (its CUDA forward of mixed batches is not yet "
-             "validated)");
   LLMK_CHECK(model.kv_pages() > 0, "engine: the model has no paged KV pool (Engine::load)");
   return model.kv_pages();
 }
@@ -31,14 +28,14 @@ Engine::Engine(Model& model, const EngineOptions& opts)
       opts_(opts) {}
 
 std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, int64_t sequences,
-                                    int64_t page_size) {
+                                    int64_t page_size, Device device) {
   LLMK_CHECK(sequences >= 1 && page_size >= 1,
              "engine: {} sequences of pages of {} tokens: both must be at least 1", sequences,
              page_size);
-  return Model::load(path, LoadOptions{.context = context,
-                                       .sequences = sequences,
-                                       .device = Device::CPU,
-                                       .page_size = page_size});
+  return Model::load(
+      path,
+      LoadOptions{
+          .context = context, .sequences = sequences, .device = device, .page_size = page_size});
 }
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const RequestOptions& opts,
@@ -108,6 +105,13 @@ void add_logprobs(TokenEvent& e, std::span<const float> row, float lse, int k) {
 }
 }  // namespace
 
+bool Engine::plain_greedy(const Request& r) {
+  const SamplerConfig& c = r.opts.sampler;
+  return c.temperature <= 0.0f && (c.repeat_penalty == 1.0f || c.repeat_last_n <= 0) &&
+         c.presence_penalty == 0.0f && c.frequency_penalty == 0.0f && !r.opts.logprobs &&
+         (r.forked || r.opts.n == 1);
+}
+
 Finish Engine::finish_of(const Request& r, int32_t token, int64_t known) const {
   if (std::find(r.opts.stop_ids.begin(), r.opts.stop_ids.end(), token) != r.opts.stop_ids.end()) {
     return Finish::Stop;
@@ -135,8 +139,33 @@ void Engine::step() {
   model_.stage_runs(runs);
   const Tensor logits = model_.compute(st.tokens, false);
   const int64_t vocab = model_.config().vocab_size, rows = logits.dim(0);
+  // On CUDA a plain greedy row (no penalties, no logprobs, no samples yet to fork from it) needs
+  // only its argmax, taken on the device; the other rows come to the host whole for the sampler.
+  std::vector<char> whole(static_cast<size_t>(rows), 1);
+  bool any_plain = false;
+  if (model_.device() != Device::CPU) {
+    size_t i = 0;
+    for (const Scheduler::Work& w : st.work) {
+      if (!w.samples) continue;
+      const Request& r = requests_.at(samples_.at(w.id).request);
+      const bool plain = plain_greedy(r);
+      whole[i++] = plain ? 0 : 1;
+      any_plain = any_plain || plain;
+    }
+  }
   host_logits_.resize(static_cast<size_t>(rows * vocab));
-  if (rows > 0) {
+  if (any_plain) {
+    host_argmax_.resize(static_cast<size_t>(rows));
+    Tensor ids = Tensor::empty({rows}, DType::I32, model_.device());
+    ops::argmax(ids, logits);
+    Tensor host = Tensor::borrow(host_argmax_.data(), {rows}, DType::I32);
+    ops::transfer(host, ids);
+    for (int64_t i = 0; i < rows; ++i) {
+      if (whole[static_cast<size_t>(i)] == 0) continue;
+      Tensor dst = Tensor::borrow(host_logits_.data() + i * vocab, {1, vocab}, DType::F32);
+      ops::transfer(dst, logits.slice(0, i, i + 1));
+    }
+  } else if (rows > 0) {
     Tensor host = Tensor::borrow(host_logits_.data(), {rows, vocab}, DType::F32);
     ops::transfer(host, logits);
   }
@@ -156,11 +185,12 @@ void Engine::step() {
     Request& r = requests_.at(sm.request);
     const std::vector<int32_t>& t = sched_.tokens(w.id);
     const auto known = static_cast<int64_t>(t.size());
+    const size_t at = j++;
     const std::span<const float> row =
         std::span<const float>(host_logits_)
-            .subspan(j++ * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+            .subspan(at * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
     const auto from = static_cast<size_t>(r.prompt_tokens);
-    const int32_t token = sm.sampler.sample(row, t, from);
+    const int32_t token = whole[at] != 0 ? sm.sampler.sample(row, t, from) : host_argmax_[at];
     const Finish finish = finish_of(r, token, known);
     sampled.push_back(token);
     if (finish != Finish::None) finished.push_back(w.id);

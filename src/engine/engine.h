@@ -7,9 +7,11 @@
 //           -> Scheduler::update (finished sequences free their pages)
 //
 // The model must be loaded for it (Engine::load: several sequences' worth of pool, pages of
-// kv page size tokens). CPU only for now: the CUDA forward of mixed runs is not yet validated.
-// Sampling is the CPU sampler of engine/sampler.h, one per request, seeded per request, so a
-// request's tokens do not depend on what else runs beside it.
+// kv page size tokens), on the CPU or CUDA. Sampling is the CPU sampler of engine/sampler.h, one
+// per request, seeded per request, so a request's tokens do not depend on what else runs beside
+// it on the CPU (on CUDA a row's logits depend on the batch's shape through the GEMM's tiling
+// and the attention kernel chosen, in the last bits); on CUDA each step copies the wanted rows
+// of logits to the host for it.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/tensor.h"
 #include "engine/kv_pages.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -62,12 +65,12 @@ struct EngineOptions {
 
 class Engine {
  public:
-  // model: loaded with a paged pool (kv_pages() > 0), on the CPU.
+  // model: loaded with a paged pool (kv_pages() > 0).
   Engine(Model& model, const EngineOptions& opts);
-  // Loads `path` for the engine: `sequences` sequences' worth of context-long KV pool in pages
-  // of `page_size` tokens.
+  // Loads `path` for the engine on `device`: `sequences` sequences' worth of context-long KV pool
+  // in pages of `page_size` tokens.
   static std::unique_ptr<Model> load(const std::string& path, int64_t context, int64_t sequences,
-                                     int64_t page_size = 16);
+                                     int64_t page_size = 16, Device device = Device::CPU);
 
   // Queues a prompt; returns its id. The prompt (non-empty, ids inside the vocabulary, at most
   // the context) and the options (1 <= n <= max_running) are checked here.
@@ -98,6 +101,9 @@ class Engine {
   void forget_sample(int64_t seq);
   // Why a sample ends with `token` after `known` tokens (None: it goes on).
   Finish finish_of(const Request& r, int32_t token, int64_t known) const;
+  // Whether a request's next token is the argmax of its logits: temperature 0, no penalties, no
+  // logprobs, and no samples left to draw from its first row.
+  static bool plain_greedy(const Request& r);
 
   Model& model_;
   KvPages kv_;
@@ -107,6 +113,7 @@ class Engine {
   std::unordered_map<int64_t, Sample> samples_;  // by sequence id
   int64_t next_request_ = 0, next_seq_ = 0;
   std::vector<float> host_logits_;
+  std::vector<int32_t> host_argmax_;
   std::vector<int64_t> aborted_;  // requests aborted by the callbacks of the step running them
 };
 

@@ -104,6 +104,22 @@ class DecoderModel final : public Model {
   Tensor gather_rows_;  // [context] i32: pool rows of keys 0.. of the staged sequence
   std::vector<int32_t> host_gather_;
   Tensor k_gather_, v_gather_;  // [context, Hkv * D]: a prompt's keys, contiguous (CUDA)
+  // Staged runs on CUDA where some run has more than kMaxPagedQueries tokens (no paged kernel
+  // takes those together with others): the leading runs of at most that many go to the paged
+  // kernel in one launch (the scheduler puts decode tokens first), each later run alone: a short
+  // one through the paged kernel, a long one through the prefill kernel over its keys (the
+  // projection's own from position 0, else gathered from its pages by the rows in run_rows_).
+  struct RunAttention {
+    int64_t run, q0, n, pos;
+    int64_t rows_at;  // offset of its key rows in run_rows_ (-1: none gathered)
+  };
+  int64_t lead_runs_ = -1;  // -1: one launch for all staged runs
+  int64_t lead_max_ = 0;
+  std::vector<RunAttention> run_attention_;
+  Tensor run_rows_;
+  void plan_run_attention();
+  void attention_by_run(Tensor& attn, const Tensor& q, const Tensor& k, const Tensor& v,
+                        size_t layer, const ops::AttentionParams& ap);
   Scratch s_;
 };
 
@@ -213,7 +229,91 @@ void DecoderModel::copy_kv_page(int32_t src, int32_t dst, int64_t rows) {
   }
 }
 
+namespace {
+// The paged attention call follows kv_append, which writes only the new tokens' K/V rows; the
+// indices (positions, cu_q, page table) are staged from the host before the step. So the decode
+// kernel may read those and the older keys' rows while kv_append finishes.
+ops::AttentionParams paged_params(const ops::AttentionParams& p) {
+  ops::AttentionParams q = p;
+  q.early_reads = true;
+  return q;
+}
+}  // namespace
+
+void DecoderModel::plan_run_attention() {
+  lead_runs_ = -1;
+  run_attention_.clear();
+  if (device() != Device::CUDA || runs_.max_run <= kMaxPagedQueries) return;
+  const auto b = static_cast<int64_t>(runs_.pos.size());
+  const int64_t ps = page_size();
+  const auto cu = [&](int64_t r) {
+    return static_cast<int64_t>(runs_.host_cu[static_cast<size_t>(r)]);
+  };
+  int64_t lead = 0;
+  lead_max_ = 0;
+  while (lead < b && cu(lead + 1) - cu(lead) <= kMaxPagedQueries) {
+    lead_max_ = std::max(lead_max_, cu(lead + 1) - cu(lead));
+    ++lead;
+  }
+  lead_runs_ = lead;
+  host_gather_.clear();
+  for (int64_t r = lead; r < b; ++r) {
+    const int64_t q0 = cu(r), n = cu(r + 1) - q0, pos = runs_.pos[static_cast<size_t>(r)];
+    int64_t at = -1;
+    if (n > kMaxPagedQueries && pos > 0) {
+      at = static_cast<int64_t>(host_gather_.size());
+      const int32_t* table = runs_.host_table.data() + r * runs_.width;
+      for (int64_t j = 0; j < pos + n; ++j)
+        host_gather_.push_back(static_cast<int32_t>(table[j / ps] * ps + j % ps));
+    }
+    run_attention_.push_back({r, q0, n, pos, at});
+  }
+  const auto rows = static_cast<int64_t>(host_gather_.size());
+  if (rows == 0) return;
+  if (!run_rows_.defined() || run_rows_.dim(0) < rows) {
+    run_rows_ = Tensor::empty({rows}, DType::I32, device());
+  }
+  Tensor dst = run_rows_.slice(0, 0, rows);
+  ops::transfer(dst, Tensor::borrow(host_gather_.data(), {rows}, DType::I32));
+}
+
+void DecoderModel::attention_by_run(Tensor& attn, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    size_t layer, const ops::AttentionParams& ap) {
+  const Tensor positions = staged_positions();
+  const int64_t kvd = config().n_kv_heads * config().head_dim;
+  if (lead_runs_ > 0) {
+    const int64_t rows = runs_.host_cu[static_cast<size_t>(lead_runs_)];
+    Tensor out = attn.slice(0, 0, rows);
+    ops::attention_paged(out, q.slice(0, 0, rows), k_cache_[layer], v_cache_[layer],
+                         runs_.table.slice(0, 0, lead_runs_), page_size(),
+                         runs_.cu.slice(0, 0, lead_runs_ + 1), positions.slice(0, 0, rows),
+                         lead_max_, paged_params(ap));
+  }
+  for (const RunAttention& ra : run_attention_) {
+    Tensor out = attn.slice(0, ra.q0, ra.q0 + ra.n);
+    const Tensor qr = q.slice(0, ra.q0, ra.q0 + ra.n);
+    const Tensor pr = positions.slice(0, ra.q0, ra.q0 + ra.n);
+    if (ra.n <= kMaxPagedQueries) {
+      ops::attention_paged(out, qr, k_cache_[layer], v_cache_[layer],
+                           runs_.table.slice(0, ra.run, ra.run + 1), page_size(), Tensor{}, pr,
+                           ra.n, paged_params(ap));
+    } else if (ra.pos == 0) {  // its keys are exactly the projection's (rotated) K and V
+      ops::attention(out, qr, k.slice(0, ra.q0, ra.q0 + ra.n), v.slice(0, ra.q0, ra.q0 + ra.n), pr,
+                     ap);
+    } else {
+      const int64_t n = ra.pos + ra.n;
+      Tensor kg = k_gather_.slice(0, 0, n), vg = v_gather_.slice(0, 0, n);
+      const Tensor rows = run_rows_.slice(0, ra.rows_at, ra.rows_at + n);
+      ops::embedding(kg, k_cache_[layer].view({pool_rows(), kvd}), rows);
+      ops::embedding(vg, v_cache_[layer].view({pool_rows(), kvd}), rows);
+      const int64_t hkv = config().n_kv_heads, d = config().head_dim;
+      ops::attention(out, qr, kg.view({n, hkv, d}), vg.view({n, hkv, d}), pr, ap);
+    }
+  }
+}
+
 void DecoderModel::on_staged() {
+  if (staged_.runs) plan_run_attention();
   // The prompt's sequence, keys 0 .. pos + T - 1 (none to gather from position 0: compute()
   // reads the new keys from the projection).
   if (!staged_.runs && gathers(staged_.tokens) && staged_.pos > 0) {
@@ -251,17 +351,6 @@ void DecoderModel::reserve(int64_t t, bool all_logits) {
     s_.logits = Tensor::empty({rows, c.vocab_size}, DType::F32, dev);
   }
 }
-
-namespace {
-// The paged attention call follows kv_append, which writes only the new tokens' K/V rows; the
-// indices (positions, cu_q, page table) are staged from the host before the step. So the decode
-// kernel may read those and the older keys' rows while kv_append finishes.
-ops::AttentionParams paged_params(const ops::AttentionParams& p) {
-  ops::AttentionParams q = p;
-  q.early_reads = true;
-  return q;
-}
-}  // namespace
 
 Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   const ModelConfig& c = config();
@@ -337,7 +426,9 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
       ops::rope_kv_append(qk, positions, rp, k_cache_[i], v_cache_[i], v, cache_rows);
     }
     const ops::AttentionParams& ap = local ? attn_local : attn_global;
-    if (staged_.runs) {  // several sequences, each a run of tokens, keys in the caller's pages
+    if (staged_.runs && lead_runs_ >= 0) {  // CUDA, some run too long for the paged kernel
+      attention_by_run(attn, q, k, v, i, ap);
+    } else if (staged_.runs) {  // several sequences, each a run of tokens, keys in their pages
       ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], runs_.table, page_size(), runs_.cu,
                            positions, runs_.max_run, paged_params(ap));
     } else if (gathers(t) && staged_.pos == 0) {

@@ -134,6 +134,11 @@ void Model::stage_runs(std::span<const Run> runs) {
   runs_.cu = to_device(cu, {b + 1});
   runs_.logit_rows = to_device(logit_rows, {static_cast<int64_t>(logit_rows.size())});
   runs_.max_run = max_run;
+  runs_.host_table = std::move(table);
+  runs_.host_cu = std::move(cu);
+  runs_.width = longest_table;
+  runs_.pos.clear();
+  for (const Run& run : runs) runs_.pos.push_back(run.pos);
   staged_ = {.tokens = t, .seq = 0, .one_per_sequence = false, .pos = 0, .runs = true};
   on_staged();
 }

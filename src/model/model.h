@@ -131,6 +131,10 @@ class Model {
   struct StagedRuns {
     Tensor table, cu, logit_rows;
     int64_t max_run = 0;
+    // The same on the host: the table [runs, width], the offsets [runs + 1], first positions.
+    std::vector<int32_t> host_table, host_cu;
+    std::vector<int64_t> pos;
+    int64_t width = 0;
   } runs_;
   // The KV-cache row that holds position `pos` of sequence `seq`; stage() and stage_step() ask
   // it for every staged token (a paged cache allocates the page here). Default: a contiguous

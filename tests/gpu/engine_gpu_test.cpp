@@ -1,0 +1,149 @@
+// The many-sequence engine on CUDA, on the family fixtures (tests/fixtures/families): every token
+// each request is given, with its log-probability, against the CPU model's log_softmax over the
+// same tokens. The comparison is teacher-forced on the engine's own output, so a greedy choice
+// that rounding flips does not derail the rest of the sequence.
+//
+// Settings that take each path of the CUDA forward of mixed runs (DecoderModel::
+// attention_by_run): decode tokens in one launch beside prompt chunks of more than 8 tokens from
+// position 0 (the prefill kernel on the projection's keys) and later (keys gathered from the
+// pages), chunks of 8 or fewer alone, pages shared by n samples and copied on write, and a pool
+// small enough to preempt.
+//
+// Yardstick, as families_gpu_test.cpp: transformers' own bf16 error on these fixtures is at most
+// 0.033 of a row's largest |logit|. A logprob takes one logit and the row's log-sum-exp, so it
+// may differ by twice that per rounding source; allowed: 4 x 0.033 x max |logit| (twice the bf16
+// worst, as the families test allows). Greedy tokens must be the CPU's top-1 wherever its top-1
+// / top-2 margin exceeds 10% of the row's largest |logit|.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "core/cuda/device.h"
+#include "engine/engine.h"
+#include "model/family_fixtures.h"
+#include "model/model.h"
+#include "ops/ops.h"
+
+namespace llmk {
+namespace {
+
+constexpr double kBf16Worst = 0.033;
+constexpr double kSafeMargin = 0.10;
+
+std::vector<std::vector<int32_t>> prompts(uint32_t seed, int count, int longest) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> p(1 + rng() % static_cast<uint32_t>(longest));
+    for (int32_t& t : p) t = static_cast<int32_t>(rng() % 512);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+struct Setting {
+  int64_t sequences, page_size, max_running, step_tokens;
+  const char* what;
+};
+
+class EngineGpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
+  cuda::init();
+  const std::string path = test::family_dir(GetParam());
+  auto cpu = Model::load(path, {.context = 128});
+  const Setting settings[] = {
+      {4, 16, 8, 64, "room for all, 64-token steps"},
+      {2, 8, 6, 24, "a small pool (preemption), 24-token steps"},
+  };
+  for (const Setting& s : settings) {
+    SCOPED_TRACE(s.what);
+    auto model = Engine::load(path, 128, s.sequences, s.page_size, Device::CUDA);
+    Engine engine(*model, {.max_running = s.max_running, .max_step_tokens = s.step_tokens});
+    const auto ps = prompts(7, 8, 45);
+    // (request, sample) -> its events; request -> its prompt.
+    std::map<std::pair<int64_t, int>, std::vector<TokenEvent>> got;
+    std::map<int64_t, std::vector<int32_t>> prompt_of;
+    std::map<int64_t, bool> greedy, with_logprobs;
+    const auto add = [&](const std::vector<int32_t>& p, int n, float temperature, bool logprobs) {
+      RequestOptions o;
+      o.max_tokens = 10;
+      o.n = n;
+      o.logprobs = logprobs;
+      o.sampler.temperature = temperature;
+      o.sampler.seed = 5;
+      const int64_t id = engine.add_request(p, o, [&](const TokenEvent& e) {
+        got[{e.request, e.sample}].push_back(e);
+        return true;
+      });
+      prompt_of[id] = p;
+      greedy[id] = temperature == 0.0f;
+      with_logprobs[id] = logprobs;
+    };
+    // Greedy with logprobs (the row comes to the host), and without (the argmax on the device).
+    for (size_t i = 0; i < ps.size(); ++i) add(ps[i], 1, 0.0f, i % 2 == 0);
+    add(ps[3], 3, 0.8f, true);  // three samples sharing the prompt's pages
+    ops::reset_attention_stats();
+    for (int n = 0; !engine.idle(); ++n) {
+      engine.step();
+      ASSERT_LT(n, 10000) << "no progress";
+    }
+    const ops::AttentionStats at = ops::attention_stats();
+    EXPECT_GT(at.prefill, 0u) << "no prompt chunk took the prefill kernel";
+    EXPECT_GT(at.decode, 0u) << "no run took the paged decode kernel";
+    ASSERT_EQ(got.size(), ps.size() + 3);
+    int compared = 0;
+    double worst = 0;
+    for (const auto& [key, events] : got) {
+      ASSERT_EQ(events.size(), 10u) << "request " << key.first << " sample " << key.second;
+      std::vector<int32_t> seq = prompt_of.at(key.first);
+      const auto p = static_cast<int64_t>(seq.size());
+      for (const TokenEvent& e : events) seq.push_back(e.token);
+      seq.pop_back();  // the last token's logits are not needed
+      const Tensor logits = cpu->forward(seq, 0, true);
+      const int64_t V = logits.dim(1);
+      for (size_t k = 0; k < events.size(); ++k) {
+        const float* row = logits.data<float>() + (p - 1 + static_cast<int64_t>(k)) * V;
+        double m = row[0], big = 0, sum = 0;
+        for (int64_t i = 0; i < V; ++i) {
+          m = std::max(m, static_cast<double>(row[i]));
+          big = std::max(big, std::abs(static_cast<double>(row[i])));
+        }
+        for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - m);
+        const double lse = m + std::log(sum);
+        const int32_t tok = events[k].token;
+        if (with_logprobs.at(key.first)) {
+          const double want = row[tok] - lse, err = std::abs(events[k].logprob - want);
+          worst = std::max(worst, err / big);
+          EXPECT_LE(err, 4 * kBf16Worst * big)
+              << "request " << key.first << " sample " << key.second << " token " << k << " ("
+              << tok << "): logprob " << events[k].logprob << ", CPU " << want;
+        }
+        if (greedy.at(key.first)) {
+          std::vector<float> v(row, row + V);
+          std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<>());
+          if ((v[0] - v[1]) / big > kSafeMargin) {
+            EXPECT_EQ(row[tok], v[0])
+                << "request " << key.first << " token " << k << ": not the CPU's clear top-1";
+          }
+        }
+        ++compared;
+      }
+    }
+    std::printf(
+        "  %s, %s: %d tokens, worst logprob error %.4f of max |logit|; attention calls "
+        "prefill %llu, decode %llu\n",
+        GetParam().c_str(), s.what, compared, worst, static_cast<unsigned long long>(at.prefill),
+        static_cast<unsigned long long>(at.decode));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, EngineGpu, ::testing::ValuesIn(test::family_names()),
+                         [](const auto& p) { return std::string(p.param); });
+
+}  // namespace
+}  // namespace llmk

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -105,6 +106,21 @@ std::vector<Prompt> read_prompts(const std::string& path, const Prompt& defaults
 
 }  // namespace
 
+int64_t parse_kv_memory(const std::string& text) {
+  if (text.empty()) return 0;
+  if (text == "free") return LoadOptions::kKvMemoryFree;
+  double gib = 0;
+  size_t used = 0;
+  try {
+    gib = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  LLMK_CHECK(used == text.size() && std::isfinite(gib) && gib > 0 && gib <= 1 << 20,
+             "--kv-memory: '{}' is not 'free' or a size in GiB above 0", text);
+  return static_cast<int64_t>(gib * static_cast<double>(1ull << 30));
+}
+
 int run_batch(const BatchArgs& a) {
   const Device device = resolve_device(a.device);
   Prompt defaults;
@@ -123,7 +139,7 @@ int run_batch(const BatchArgs& a) {
   const int64_t ctx = a.ctx > 0 ? a.ctx : 4096, page = 16;
   const int64_t sequences = std::clamp<int64_t>((need + ctx - 1) / ctx, 1, a.max_running);
   auto t0 = std::chrono::steady_clock::now();
-  auto model = Engine::load(a.model, a.ctx, sequences, page, device);
+  auto model = Engine::load(a.model, a.ctx, sequences, page, device, a.kv_memory);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   t0 = std::chrono::steady_clock::now();

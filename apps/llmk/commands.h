@@ -34,11 +34,14 @@ Command add_teacher_topk(CLI::App& app);
 struct BatchArgs {
   std::string model, prompts_file, device;
   int64_t ctx = 0, max_tokens = 128, max_running = 64, step_tokens = 512;
+  int64_t kv_memory = 0;  // LoadOptions::kv_memory; 0: sized from the batch
   int n = 1;
   SamplerConfig sampler;
   bool ignore_eos = false;
 };
 int run_batch(const BatchArgs& a);
+// --kv-memory: "" -> 0, "free" -> LoadOptions::kKvMemoryFree, "G" (GiB, > 0) -> bytes.
+int64_t parse_kv_memory(const std::string& text);
 
 // The default model: $LLMK_MODELS_DIR (or ./models) /SmolLM2-135M-Instruct.Q4_1.gguf.
 std::string default_model_path();

@@ -18,7 +18,7 @@ namespace llmk::cli {
 
 Command add_run(CLI::App& cmd) {
   struct Args {
-    std::string model, prompt, prompt_file, system, device, prompts;
+    std::string model, prompt, prompt_file, system, device, prompts, kv_memory;
     int n_predict = 128, n = 1;
     int64_t ctx = 0, max_running = 64, step_tokens = 512;
     int threads = 0;
@@ -58,6 +58,10 @@ Command add_run(CLI::App& cmd) {
                  "With --prompts: tokens per forward step (decode tokens and prompt chunks)")
       ->default_val(512)
       ->check(in_range(1, 1 << 20));
+  cmd.add_option("--kv-memory", a->kv_memory,
+                 "With --prompts: GiB for the KV cache's pages, or 'free' for what the GPU has "
+                 "free after the weights (default: what the batch's samples can take, at most "
+                 "--max-running contexts)");
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   cmd.footer(
@@ -81,11 +85,13 @@ Command add_run(CLI::App& cmd) {
                         .max_tokens = a->n_predict,
                         .max_running = a->max_running,
                         .step_tokens = a->step_tokens,
+                        .kv_memory = parse_kv_memory(a->kv_memory),
                         .n = a->n,
                         .sampler = a->s.resolve(),
                         .ignore_eos = a->ignore_eos});
     }
     LLMK_CHECK(a->n == 1, "--n needs --prompts");
+    LLMK_CHECK(a->kv_memory.empty(), "--kv-memory needs --prompts");
     LLMK_CHECK(a->prompt.empty() || a->prompt_file.empty(), "give -p or -f, not both");
     LLMK_CHECK(a->system.empty() || a->chat,
                "--system needs --chat (it goes into the chat template)");

@@ -28,14 +28,15 @@ Engine::Engine(Model& model, const EngineOptions& opts)
       opts_(opts) {}
 
 std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, int64_t sequences,
-                                    int64_t page_size, Device device) {
+                                    int64_t page_size, Device device, int64_t kv_memory) {
   LLMK_CHECK(sequences >= 1 && page_size >= 1,
              "engine: {} sequences of pages of {} tokens: both must be at least 1", sequences,
              page_size);
-  return Model::load(
-      path,
-      LoadOptions{
-          .context = context, .sequences = sequences, .device = device, .page_size = page_size});
+  return Model::load(path, LoadOptions{.context = context,
+                                       .sequences = sequences,
+                                       .device = device,
+                                       .page_size = page_size,
+                                       .kv_memory = kv_memory});
 }
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const RequestOptions& opts,

@@ -67,10 +67,12 @@ class Engine {
  public:
   // model: loaded with a paged pool (kv_pages() > 0).
   Engine(Model& model, const EngineOptions& opts);
-  // Loads `path` for the engine on `device`: `sequences` sequences' worth of context-long KV pool
-  // in pages of `page_size` tokens.
+  // Loads `path` for the engine on `device`: a KV pool in pages of `page_size` tokens, of
+  // `sequences` context-long sequences' worth, or of kv_memory bytes (LoadOptions::kv_memory:
+  // LoadOptions::kKvMemoryFree sizes it from the GPU's free memory).
   static std::unique_ptr<Model> load(const std::string& path, int64_t context, int64_t sequences,
-                                     int64_t page_size = 16, Device device = Device::CPU);
+                                     int64_t page_size = 16, Device device = Device::CPU,
+                                     int64_t kv_memory = 0);
 
   // Queues a prompt; returns its id. The prompt (non-empty, ids inside the vocabulary, at most
   // the context) and the options (1 <= n <= max_running) are checked here.

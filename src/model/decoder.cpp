@@ -6,7 +6,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
+
 #include "core/error.h"
+#ifdef LLMK_HAS_CUDA
+#include "core/cuda/device.h"
+#endif
 #include "model/blocks.h"
 #include "model/memory_check.h"
 #include "ops/ops.h"
@@ -44,6 +50,8 @@ class DecoderModel final : public Model {
     check_layer_count(src, this->config().n_layers);
     WeightLoader loader(src, opts.device, opts.progress);
     load_weights(loader);  // planning pass: shapes checked, bytes counted, nothing copied
+    pool_pages_ = sequences() * pages_per_sequence();
+    if (opts.kv_memory != 0) size_pool(path, opts.kv_memory, loader.planned_bytes());
     check_device_memory(path, opts.device, loader.planned_bytes(), kv_cache_bytes(),
                         activation_bytes(kPlannedTokens));
     loader.finish_plan();
@@ -75,10 +83,12 @@ class DecoderModel final : public Model {
     return device() == Device::CUDA ? kPageSizeCuda : context();
   }
   int64_t kv_page_size() const override { return page_size(); }
-  int64_t kv_pages() const override { return sequences() * pages_per_sequence(); }
+  int64_t kv_pages() const override { return pool_pages_; }
   void copy_kv_page(int32_t src, int32_t dst, int64_t rows) override;
   int64_t pages_per_sequence() const { return (context() + page_size() - 1) / page_size(); }
-  int64_t pool_rows() const { return sequences() * pages_per_sequence() * page_size(); }
+  int64_t pool_rows() const { return pool_pages_ * page_size(); }
+  // Sizes the pool from LoadOptions::kv_memory (see there) before the memory check.
+  void size_pool(const std::string& path, int64_t kv_memory, uint64_t weight_bytes);
   // Prompts longer than this (CUDA) gather their sequence's keys for the prefill kernel.
   bool gathers(int64_t t) const {
     return device() == Device::CUDA && t > kMaxPagedQueries && !staged_.one_per_sequence;
@@ -87,7 +97,8 @@ class DecoderModel final : public Model {
   static constexpr int64_t kMaxPagedQueries = 8;
 
   DType act_;
-  int64_t page_size_;  // LoadOptions::page_size (0: page_size()'s default)
+  int64_t page_size_;       // LoadOptions::page_size (0: page_size()'s default)
+  int64_t pool_pages_ = 0;  // pages in the KV pool
   Tensor tok_embd_, output_norm_, output_;
   Tensor rope_freqs_;  // [rope_dim/2] f32 divisors of the global layers' frequencies, or undefined
   std::vector<LayerWeights> layers_;
@@ -171,6 +182,40 @@ void DecoderModel::load_weights(WeightLoader& w) {
   }
 }
 
+void DecoderModel::size_pool(const std::string& path, int64_t kv_memory, uint64_t weight_bytes) {
+  const ModelConfig& c = config();
+  const auto page_bytes = static_cast<uint64_t>(
+      2 * bytes_for(act_, c.n_layers * page_size() * c.n_kv_heads * c.head_dim));
+  (void)weight_bytes;  // read where CUDA is built
+  uint64_t budget = 0;
+  if (kv_memory > 0) {
+    budget = static_cast<uint64_t>(kv_memory);
+  } else {
+    LLMK_CHECK(kv_memory == LoadOptions::kKvMemoryFree, "{}: kv_memory {} must be >= 0 or {}", path,
+               kv_memory, LoadOptions::kKvMemoryFree);
+    if (device() == Device::CPU) return;  // sequences x context
+#ifdef LLMK_HAS_CUDA
+    const uint64_t free = cuda::mem_info().first;
+    const uint64_t gather =
+        device() == Device::CUDA
+            ? 2ull * static_cast<uint64_t>(bytes_for(act_, context() * c.n_kv_heads * c.head_dim))
+            : 0;
+    const uint64_t taken =
+        weight_bytes + activation_bytes(kPlannedTokens) + gather + kDeviceMemoryMargin;
+    budget = free > taken ? (free - taken) / 10 * 9 : 0;
+#endif
+  }
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();  // the kernels' row index
+  const int64_t pages =
+      std::min<int64_t>(static_cast<int64_t>(budget / page_bytes), kMaxRows / page_size());
+  LLMK_CHECK(pages >= pages_per_sequence(),
+             "{}: a KV pool of {:.2f} GiB holds {} pages of {} tokens ({:.2f} MiB each), fewer "
+             "than one context of {} tokens needs ({}); grant more memory or a shorter context",
+             path, static_cast<double>(budget) / (1ull << 30), pages, page_size(),
+             static_cast<double>(page_bytes) / (1ull << 20), context(), pages_per_sequence());
+  pool_pages_ = pages;
+}
+
 uint64_t DecoderModel::kv_cache_bytes() const {
   const ModelConfig& c = config();
   const int64_t gather_rows = device() == Device::CUDA ? context() : 0;
@@ -209,6 +254,10 @@ int32_t DecoderModel::cache_row(int64_t seq, int64_t pos) {
   const int64_t ps = page_size();
   int32_t& page = host_pages_[static_cast<size_t>(seq * pages_per_sequence() + pos / ps)];
   if (page < 0) {
+    LLMK_CHECK(next_page_ < kv_pages(),
+               "forward: the KV pool's {} pages of {} tokens are all in use (it was sized for the "
+               "many-sequence engine, which hands pages out itself)",
+               kv_pages(), ps);
     page = next_page_++;
     pages_dirty_ = true;
   }

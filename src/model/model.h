@@ -35,6 +35,12 @@ struct LoadOptions {
   Device device = Device::CPU;
   ProgressFn progress = nullptr;  // called after each tensor is placed
   int64_t page_size = 0;  // KV pool page in tokens; 0: 64 on CUDA, the whole context on the CPU
+  // The paged KV pool's size in bytes (whole pages of page_size tokens, for the many-sequence
+  // engine, which hands pages out itself): 0 holds sequences x context; > 0 this many bytes;
+  // kKvMemoryFree what the GPU has free after the weights, the activations of a 512-token step
+  // and a margin, less a tenth (on the CPU: sequences x context). At least one context's worth.
+  int64_t kv_memory = 0;
+  static constexpr int64_t kKvMemoryFree = -1;
 };
 
 class Model {

@@ -88,6 +88,30 @@ def test_bad_prompt_files(tmp_path):
     assert r.returncode == 1 and "not both" in r.stderr
 
 
+def test_kv_memory_sizes_the_pool(tmp_path):
+    # A pool granted in GiB: a few pages of the llama3 fixture (f32 on the CPU: 3 layers x 2 x 16
+    # tokens x 64 dims x 4 bytes = 24 KiB a page), so the batch preempts; the greedy outputs stay
+    # those of the default pool.
+    model = fixture("llama3")
+    prompts = ["Hello world", "The quick brown fox", "a", "Once upon a time there was"]
+    args = ("--temp", 0, "-n", 10, "--ignore-eos", "--ctx", 64)
+    want = batch(model, prompts, tmp_path, *args)
+    got = batch(model, prompts, tmp_path, *args, "--kv-memory", 6 * 24 / 2**20)
+    assert [o["outputs"] for o in got] == [o["outputs"] for o in want]
+    f = tmp_path / "p.txt"
+    f.write_text("x\n")
+    for value, msg in [(0, "is not 'free' or a size in GiB above 0"),
+                       ("abc", "is not 'free' or a size in GiB above 0"),
+                       (-1, "is not 'free' or a size in GiB above 0"),
+                       (2 * 24 / 2**20, "fewer than one context of 64 tokens needs (4)")]:
+        r = run("run", "-m", model, "--prompts", f, "--device", "cpu", "--ctx", 64,
+                "--kv-memory", value, check=False)
+        assert r.returncode == 1 and msg in r.stderr, (value, r.stderr)
+        assert r.stderr.count("\n") == 1, r.stderr
+    r = run("run", "-m", model, "-p", "x", "--kv-memory", 1, check=False)
+    assert r.returncode == 1 and "--kv-memory needs --prompts" in r.stderr
+
+
 def test_bench_concurrency(tmp_path):
     model = fixture("gemma3")
     out = tmp_path / "b.json"

@@ -204,9 +204,11 @@ int run_batch(const BatchArgs& a) {
   fmt::print(stderr,
              "[llmk] load {:.2f} s | {} prompts, {} tokens generated in {:.2f} s ({:.1f} "
              "tokens/s, prompts included) | pool {} pages of {} tokens | prefix hits {} tokens | "
-             "preemptions {} | cpu, {} threads\n",
+             "preemptions {} | {}\n",
              load_s, prompts.size(), generated, s, s > 0 ? generated / s : 0.0, kv.pages, page,
-             kv.prefix_hit_tokens, st.preemptions, cpu_pool().num_threads());
+             kv.prefix_hit_tokens, st.preemptions,
+             device == Device::CPU ? fmt::format("cpu, {} threads", cpu_pool().num_threads())
+                                   : std::string("cuda"));
   return 0;
 }
 

@@ -104,6 +104,19 @@ void add_logprobs(TokenEvent& e, std::span<const float> row, float lse, int k) {
   for (size_t i = 0; i < kk; ++i)
     e.top.emplace_back(ids[i], row[static_cast<size_t>(ids[i])] - lse);
 }
+
+// add_logprobs from a row's largest logits (descending), which hold the event's token.
+void add_top_logprobs(TokenEvent& e, std::span<const float> values, std::span<const int32_t> ids,
+                      float lse, int k) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == e.token) {
+      e.logprob = values[i] - lse;
+      break;
+    }
+  }
+  for (size_t i = 0; i < std::min(static_cast<size_t>(k), ids.size()); ++i)
+    e.top.emplace_back(ids[i], values[i] - lse);
+}
 }  // namespace
 
 bool Engine::plain_greedy(const Request& r) {
@@ -140,29 +153,59 @@ void Engine::step() {
   model_.stage_runs(runs);
   const Tensor logits = model_.compute(st.tokens, false);
   const int64_t vocab = model_.config().vocab_size, rows = logits.dim(0);
-  // On CUDA a plain greedy row (no penalties, no logprobs, no samples yet to fork from it) needs
-  // only its argmax, taken on the device; the other rows come to the host whole for the sampler.
-  std::vector<char> whole(static_cast<size_t>(rows), 1);
-  bool any_plain = false;
+  // What the host reads of each row: on the CPU the whole row. On CUDA a plain greedy row (no
+  // penalties, no logprobs, no samples yet to fork from it) only its argmax, taken on the
+  // device; a top-k row without penalties (Sampler::top_candidates) its largest logits and
+  // log-sum-exp (ops::topk_lse on the device), from which the sampler draws what it would draw
+  // from the whole row; any other row comes whole.
+  enum class Read : uint8_t { Whole, Argmax, Top };
+  std::vector<Read> read(static_cast<size_t>(rows), Read::Whole);
+  int64_t top_k = 0;  // candidates per row for the Top rows
+  bool any_argmax = false;
   if (model_.device() != Device::CPU) {
+    const int max_k = static_cast<int>(std::min<int64_t>(vocab, ops::kMaxTopk));
     size_t i = 0;
     for (const Scheduler::Work& w : st.work) {
       if (!w.samples) continue;
       const Request& r = requests_.at(samples_.at(w.id).request);
-      const bool plain = plain_greedy(r);
-      whole[i++] = plain ? 0 : 1;
-      any_plain = any_plain || plain;
+      const int k = Sampler::top_candidates(r.opts.sampler, max_k);
+      if (plain_greedy(r)) {
+        read[i] = Read::Argmax;
+        any_argmax = true;
+      } else if (k > 0) {
+        read[i] = Read::Top;
+        top_k = std::max<int64_t>({top_k, k, r.opts.logprobs ? r.opts.top_logprobs : 0});
+      }
+      ++i;
     }
   }
   host_logits_.resize(static_cast<size_t>(rows * vocab));
-  if (any_plain) {
+  if (any_argmax) {
     host_argmax_.resize(static_cast<size_t>(rows));
     Tensor ids = Tensor::empty({rows}, DType::I32, model_.device());
     ops::argmax(ids, logits);
     Tensor host = Tensor::borrow(host_argmax_.data(), {rows}, DType::I32);
     ops::transfer(host, ids);
+  }
+  if (top_k > 0) {
+    top_k = std::min<int64_t>(top_k, std::min<int64_t>(vocab, ops::kMaxTopk));
+    host_top_ids_.resize(static_cast<size_t>(rows * top_k));
+    host_top_values_.resize(host_top_ids_.size());
+    host_lse_.resize(static_cast<size_t>(rows));
+    Tensor ids = Tensor::empty({rows, top_k}, DType::I32, model_.device());
+    Tensor values = Tensor::empty({rows, top_k}, DType::F32, model_.device());
+    Tensor lse = Tensor::empty({rows}, DType::F32, model_.device());
+    ops::topk_lse(ids, values, lse, logits);
+    Tensor h_ids = Tensor::borrow(host_top_ids_.data(), {rows, top_k}, DType::I32);
+    Tensor h_values = Tensor::borrow(host_top_values_.data(), {rows, top_k}, DType::F32);
+    Tensor h_lse = Tensor::borrow(host_lse_.data(), {rows}, DType::F32);
+    ops::transfer(h_ids, ids);
+    ops::transfer(h_values, values);
+    ops::transfer(h_lse, lse);
+  }
+  if (any_argmax || top_k > 0) {
     for (int64_t i = 0; i < rows; ++i) {
-      if (whole[static_cast<size_t>(i)] == 0) continue;
+      if (read[static_cast<size_t>(i)] != Read::Whole) continue;
       Tensor dst = Tensor::borrow(host_logits_.data() + i * vocab, {1, vocab}, DType::F32);
       ops::transfer(dst, logits.slice(0, i, i + 1));
     }
@@ -187,18 +230,34 @@ void Engine::step() {
     const std::vector<int32_t>& t = sched_.tokens(w.id);
     const auto known = static_cast<int64_t>(t.size());
     const size_t at = j++;
+    const Read how = read[at];
     const std::span<const float> row =
         std::span<const float>(host_logits_)
             .subspan(at * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+    const auto top = static_cast<size_t>(top_k);
+    const std::span<const float> top_values =
+        how == Read::Top ? std::span<const float>(host_top_values_).subspan(at * top, top)
+                         : std::span<const float>();
+    const std::span<const int32_t> top_ids =
+        how == Read::Top ? std::span<const int32_t>(host_top_ids_).subspan(at * top, top)
+                         : std::span<const int32_t>();
     const auto from = static_cast<size_t>(r.prompt_tokens);
-    const int32_t token = whole[at] != 0 ? sm.sampler.sample(row, t, from) : host_argmax_[at];
+    const auto draw = [&](Sampler& s) {
+      return how == Read::Top ? s.sample_top(top_values, top_ids) : s.sample(row, t, from);
+    };
+    const int32_t token = how == Read::Argmax ? host_argmax_[at] : draw(sm.sampler);
     const Finish finish = finish_of(r, token, known);
     sampled.push_back(token);
     if (finish != Finish::None) finished.push_back(w.id);
-    const float lse = r.opts.logprobs ? log_sum_exp(row) : 0.0f;
+    const float lse = !r.opts.logprobs ? 0.0f : how == Read::Top ? host_lse_[at] : log_sum_exp(row);
     const auto add_event = [&](int index, int32_t tok, Finish f, int64_t seq) {
       events.push_back({r.on_token, {sm.request, index, tok, f}, seq});
-      if (r.opts.logprobs) add_logprobs(events.back().e, row, lse, r.opts.top_logprobs);
+      if (!r.opts.logprobs) return;
+      if (how == Read::Top) {
+        add_top_logprobs(events.back().e, top_values, top_ids, lse, r.opts.top_logprobs);
+      } else {
+        add_logprobs(events.back().e, row, lse, r.opts.top_logprobs);
+      }
     };
     add_event(sm.index, token, finish, w.id);
     if (!r.forked) {  // the prompt's first draw: samples 1 .. n-1 draw from the same logits
@@ -207,7 +266,7 @@ void Engine::step() {
         SamplerConfig c = r.opts.sampler;
         c.seed += static_cast<uint64_t>(k);
         Sampler sk(c);
-        const int32_t tk = sk.sample(row, t, from);
+        const int32_t tk = draw(sk);
         const Finish fk = finish_of(r, tk, known);
         int64_t child = -1;
         if (fk == Finish::None) {

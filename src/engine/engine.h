@@ -115,7 +115,8 @@ class Engine {
   std::unordered_map<int64_t, Sample> samples_;  // by sequence id
   int64_t next_request_ = 0, next_seq_ = 0;
   std::vector<float> host_logits_;
-  std::vector<int32_t> host_argmax_;
+  std::vector<int32_t> host_argmax_, host_top_ids_;
+  std::vector<float> host_top_values_, host_lse_;
   std::vector<int64_t> aborted_;  // requests aborted by the callbacks of the step running them
 };
 

@@ -83,7 +83,28 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep), cand_.end(),
                     by_logit);
   cand_.resize(keep);
+  return draw();
+}
 
+int Sampler::top_candidates(const SamplerConfig& c, int max) {
+  const bool penalties = (c.repeat_penalty != 1.0f && c.repeat_last_n > 0) ||
+                         c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f;
+  return c.temperature > 0.0f && c.top_k >= 1 && c.top_k <= max && !penalties ? c.top_k : 0;
+}
+
+int32_t Sampler::sample_top(std::span<const float> values, std::span<const int32_t> ids) {
+  LLMK_CHECK(
+      top_candidates(cfg_, static_cast<int>(values.size())) > 0 && values.size() == ids.size(),
+      "sampler: {} candidates for top-k {} (temperature {}, penalties off?)", values.size(),
+      cfg_.top_k, cfg_.temperature);
+  const auto keep = static_cast<size_t>(cfg_.top_k);
+  cand_.resize(keep);
+  for (size_t i = 0; i < keep; ++i) cand_[i] = {values[i], ids[i]};
+  return draw();
+}
+
+int32_t Sampler::draw() {
+  const size_t keep = cand_.size();
   // Softmax at the temperature, in double for a stable sum.
   const double max_logit = cand_[0].first;
   double sum = 0;

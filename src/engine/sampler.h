@@ -38,8 +38,18 @@ class Sampler {
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history,
                  size_t generated_from = 0);
 
+  // How many of a row's largest logits sample() reads with config c: top_k where sampling cuts
+  // to the top k <= max and no penalty moves a logit (then sample_top gives what sample gives),
+  // else 0 (the whole row).
+  static int top_candidates(const SamplerConfig& c, int max);
+  // sample() from the row's largest logits only: values descending, equal values by ascending id
+  // (ops::topk_lse's order), at least top_candidates() of them; the same token and the same
+  // random draws as sample() on the whole row.
+  int32_t sample_top(std::span<const float> values, std::span<const int32_t> ids);
+
  private:
   double next_uniform();  // in [0, 1)
+  int32_t draw();         // from cand_: the kept candidates, sorted
 
   SamplerConfig cfg_;
   uint64_t state_;

@@ -4,10 +4,13 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "engine/generator.h"
+#include "ops/ops.h"
 
 namespace llmk {
 namespace {
@@ -117,6 +120,65 @@ TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
   EXPECT_EQ(Sampler(c).sample(logits, history, 3), 2);
   c.presence_penalty = -2.0f;  // negative: seen tokens favoured
   EXPECT_EQ(Sampler(c).sample(std::vector<float>{0.0f, 0.5f, 2.0f}, history, 3), 1);
+}
+
+// sample_top on a row's largest logits (ops::topk_lse's ids and values, with some to spare)
+// draws exactly what sample draws on the whole row, draw after draw: the engine's CUDA path
+// moves only those candidates to the host. Rows with ties, several cuts and temperatures.
+TEST(Sampler, TopCandidatesDrawWhatTheWholeRowDraws) {
+  std::mt19937 rng(11);
+  constexpr int64_t V = 300;
+  Tensor row = Tensor::empty({1, V}, DType::F32);
+  for (int64_t i = 0; i < V; ++i) row.data<float>()[i] = static_cast<float>(rng() % 61) / 10.0f;
+  const std::span<const float> whole(row.data<float>(), V);
+  int compared = 0;
+  for (float temp : {0.5f, 1.0f, 1.7f}) {
+    for (int top_k : {1, 5, 40, 300}) {
+      for (float top_p : {1.0f, 0.9f}) {
+        for (float min_p : {0.0f, 0.05f}) {
+          SamplerConfig c;
+          c.temperature = temp;
+          c.top_k = top_k;
+          c.top_p = top_p;
+          c.min_p = min_p;
+          c.seed = static_cast<uint64_t>(top_k) * 7 + 3;
+          ASSERT_EQ(Sampler::top_candidates(c, 1024), top_k);
+          const int64_t k = std::min<int64_t>(V, top_k + 7);
+          Tensor ids = Tensor::empty({1, k}, DType::I32),
+                 values = Tensor::empty({1, k}, DType::F32);
+          Tensor lse = Tensor::empty({1}, DType::F32);
+          ops::topk_lse(ids, values, lse, row);
+          Sampler a(c), b(c);
+          for (int d = 0; d < 40; ++d) {
+            ASSERT_EQ(a.sample(whole, {}),
+                      b.sample_top({values.data<float>(), static_cast<size_t>(k)},
+                                   {ids.data<int32_t>(), static_cast<size_t>(k)}))
+                << "temperature " << temp << " top_k " << top_k << " top_p " << top_p << " min_p "
+                << min_p << " draw " << d;
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 4 * 2 * 2 * 40);
+  // Where the whole row is needed: greedy, no top-k, top-k over the bound, penalties.
+  SamplerConfig c;
+  c.temperature = 0.7f;
+  c.top_k = 40;
+  EXPECT_EQ(Sampler::top_candidates(c, 1024), 40);
+  EXPECT_EQ(Sampler::top_candidates(c, 39), 0);
+  c.frequency_penalty = 0.5f;
+  EXPECT_EQ(Sampler::top_candidates(c, 1024), 0);
+  c.frequency_penalty = 0;
+  c.repeat_penalty = 1.1f;
+  EXPECT_EQ(Sampler::top_candidates(c, 1024), 0);
+  c.repeat_penalty = 1;
+  c.top_k = 0;
+  EXPECT_EQ(Sampler::top_candidates(c, 1024), 0);
+  c.top_k = 40;
+  c.temperature = 0;
+  EXPECT_EQ(Sampler::top_candidates(c, 1024), 0);
 }
 
 TEST(Sampler, RejectsOutOfRangeSettings) {

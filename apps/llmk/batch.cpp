@@ -24,6 +24,7 @@
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace llmk::cli {
@@ -132,7 +133,18 @@ int run_batch(const BatchArgs& a) {
   // The pool: what every sample of every prompt could take, at most max_running contexts.
   std::vector<std::vector<int32_t>> ids;
   int64_t need = 0;
+  std::optional<ChatTemplate> tmpl;
+  if (a.chat) tmpl = chat_template_for(load_config(a.model), tok, a.model);
   for (const Prompt& p : prompts) {
+    if (tmpl) {
+      std::vector<ChatMessage> msgs;
+      if (!a.system.empty()) msgs.push_back({"system", a.system});
+      msgs.push_back({"user", p.text});
+      // Special tokens are parsed in the template's text only (as llmk run --chat does).
+      ids.push_back(
+          tok.encode(tmpl->apply(msgs, /*add_generation_prompt=*/true), tok.add_bos(), true));
+      continue;
+    }
     ids.push_back(tok.encode(p.text, tok.add_bos(), /*parse_special=*/false));
     need += (static_cast<int64_t>(ids.back().size()) + p.opts.max_tokens) * p.opts.n;
   }

@@ -36,6 +36,8 @@ struct BatchArgs {
   int64_t ctx = 0, max_tokens = 128, max_running = 64, step_tokens = 512;
   int64_t kv_memory = 0;  // LoadOptions::kv_memory; 0: sized from the batch
   int n = 1;
+  bool chat = false;   // each prompt as the user's message in the model's chat template
+  std::string system;  // with chat: the system message
   SamplerConfig sampler;
   bool ignore_eos = false;
 };
@@ -111,10 +113,13 @@ ProgressFn load_progress();
 namespace llmk {
 class Model;
 class Tokenizer;
+struct ModelConfig;
 class ChatTemplate;
 namespace cli {
 // The model's chat template, or its family's when the file has none.
 ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path);
+ChatTemplate chat_template_for(const ModelConfig& config, const Tokenizer& tok,
+                               const std::string& path);
 
 // "attention calls: prefill N, decode N, ..." from ops::attention_stats().
 std::string attention_stats_line();

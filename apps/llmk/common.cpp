@@ -191,11 +191,16 @@ SamplerConfig SamplerOptions::resolve() const {
   return c;
 }
 
-ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path) {
+ChatTemplate chat_template_for(const ModelConfig& config, const Tokenizer& tok,
+                               const std::string& path) {
   if (!tok.chat_template().empty()) return ChatTemplate::from_jinja(tok.chat_template());
-  LLMK_CHECK(!model.config().chat_family.empty(),
-             "{}: the model has no chat template; run without --chat", path);
-  return ChatTemplate::for_family(model.config().chat_family);
+  LLMK_CHECK(!config.chat_family.empty(), "{}: the model has no chat template; run without --chat",
+             path);
+  return ChatTemplate::for_family(config.chat_family);
+}
+
+ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path) {
+  return chat_template_for(model.config(), tok, path);
 }
 
 void add_device_option(CLI::App& cmd, std::string& device) {

@@ -75,8 +75,9 @@ Command add_run(CLI::App& cmd) {
     if (!a->prompts.empty()) {
       LLMK_CHECK(a->prompt.empty() && a->prompt_file.empty(),
                  "give --prompts or a prompt (-p, -f), not both");
-      LLMK_CHECK(!a->chat && !a->echo && !a->stats,
-                 "--chat, --echo and --stats do not work with --prompts yet");
+      LLMK_CHECK(!a->echo && !a->stats, "--echo and --stats do not work with --prompts");
+      LLMK_CHECK(a->system.empty() || a->chat,
+                 "--system needs --chat (it goes into the chat template)");
       prepare(a->model, a->threads);
       return run_batch({.model = a->model,
                         .prompts_file = a->prompts,
@@ -87,6 +88,8 @@ Command add_run(CLI::App& cmd) {
                         .step_tokens = a->step_tokens,
                         .kv_memory = parse_kv_memory(a->kv_memory),
                         .n = a->n,
+                        .chat = a->chat,
+                        .system = a->system,
                         .sampler = a->s.resolve(),
                         .ignore_eos = a->ignore_eos});
     }

@@ -174,6 +174,12 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& op
   return m;
 }
 
+ModelConfig load_config(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return ModelConfig::from_hf(HfConfig::open(path));
+  return ModelConfig::from_gguf(gguf::File::open(path));
+}
+
 std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& opts) {
   return load_model(path, opts);
 }

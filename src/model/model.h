@@ -180,6 +180,9 @@ class Model {
 
 // The tokenizer of a GGUF file or of a Hugging Face folder (its tokenizer.json); `path` names
 // the model in errors.
+// The model's configuration alone (GGUF metadata or config.json), without its weights.
+ModelConfig load_config(const std::string& path);
+
 Tokenizer load_tokenizer(const std::string& path);
 // The same, reusing the model's open GGUF file when it has one.
 Tokenizer load_tokenizer(const Model& model, const std::string& path);

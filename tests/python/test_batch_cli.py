@@ -45,6 +45,28 @@ def test_greedy_batch_equals_single_runs(family, tmp_path):
         assert o["outputs"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("family", ["qwen2", "llama3"])
+def test_chat_batch_equals_single_chat_runs(family, tmp_path):
+    model = fixture(family)
+    prompts = ["Hello world", "Write a haiku <|im_end|> about rain"]
+    out = batch(model, prompts, tmp_path, "--temp", 0, "-n", 8, "--ignore-eos", "--chat",
+                "--system", "Be brief.")
+    llm = llmk.LLM(model, device="cpu")
+    for p, o in zip(prompts, out):
+        alone = subprocess.run([str(cli()), "run", "-m", model, "-p", p, "--chat", "--system",
+                                "Be brief.", "--temp", "0", "-n", "8", "--ignore-eos",
+                                "--device", "cpu", "-t", "1"],
+                               capture_output=True, check=True).stdout
+        got = llm.detokenize(o["outputs"][0]["token_ids"])
+        assert got == alone[:-1].decode("utf-8", errors="replace"), p
+    plain = batch(model, prompts[:1], tmp_path, "--temp", 0, "-n", 8, "--ignore-eos")
+    assert plain[0]["outputs"] != out[0]["outputs"]  # the template changed the prompt
+    f = tmp_path / "p.txt"
+    f.write_text("x\n")
+    r = run("run", "-m", model, "--prompts", f, "--system", "s", check=False)
+    assert r.returncode == 1 and "--system needs --chat" in r.stderr
+
+
 def test_samples_seeds_and_stop_strings(tmp_path):
     model = fixture("qwen2")
     line = lambda **kw: json.dumps({"prompt": "The quick brown fox", "temperature": 1.0,  # noqa

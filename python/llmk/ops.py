@@ -120,7 +120,7 @@ class _Op:
 
     def __call__(self, *args):
         tensors = [a for a in args if isinstance(a, Tensor)]
-        if torch.compiler.is_compiling() or any(type(t) not in _PLAIN for t in tensors):
+        if _traced(*tensors):
             return self.custom(*args)
         if (self.function is not None and torch.is_grad_enabled()
                 and any(t.requires_grad for t in tensors)):
@@ -129,6 +129,13 @@ class _Op:
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _traced(*tensors) -> bool:
+    """Whether these tensors are being traced: under torch.compile, or tensor subclasses such as
+    FunctionalTensor and FakeTensor (older torch releases trace a backward on those while
+    is_compiling() is false). Traced, the ops run as torch.library custom ops, out of place."""
+    return torch.compiler.is_compiling() or any(type(t) not in _PLAIN for t in tensors)
 
 
 def _op(name: str):
@@ -984,7 +991,7 @@ def _distill_setup(ctx, inputs, output):
 def _distill_bwd(ctx, dout, _dgrad):
     grad, student, teacher, labels = ctx.saved_tensors
     s = dout.reshape(-1).to(_scale_dtype(grad))
-    if torch.compiler.is_compiling():
+    if _traced(grad):  # out of place
         g = grad * (s.unsqueeze(1) if ctx.per_row else s).to(grad.dtype)
     else:
         if ctx.used:

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/gumbel.h"
 #include "model/model.h"
 #include "ops/ops.h"
 
@@ -119,6 +120,13 @@ void add_top_logprobs(TokenEvent& e, std::span<const float> values, std::span<co
 }
 }  // namespace
 
+bool Engine::plain_sampled(const Request& r, int64_t vocab) {
+  const SamplerConfig& c = r.opts.sampler;
+  return c.temperature > 0.0f && (c.top_k == 0 || c.top_k >= vocab) && c.top_p >= 1.0f &&
+         (c.repeat_penalty == 1.0f || c.repeat_last_n <= 0) && c.presence_penalty == 0.0f &&
+         c.frequency_penalty == 0.0f && !r.opts.logprobs && (r.forked || r.opts.n == 1);
+}
+
 bool Engine::plain_greedy(const Request& r) {
   const SamplerConfig& c = r.opts.sampler;
   return c.temperature <= 0.0f && (c.repeat_penalty == 1.0f || c.repeat_last_n <= 0) &&
@@ -155,23 +163,38 @@ void Engine::step() {
   const int64_t vocab = model_.config().vocab_size, rows = logits.dim(0);
   // What the host reads of each row: on the CPU the whole row. On CUDA a plain greedy row (no
   // penalties, no logprobs, no samples yet to fork from it) only its argmax, taken on the
-  // device; a top-k row without penalties (Sampler::top_candidates) its largest logits and
-  // log-sum-exp (ops::topk_lse on the device), from which the sampler draws what it would draw
-  // from the whole row; any other row comes whole.
-  enum class Read : uint8_t { Whole, Argmax, Top };
+  // device; a plain sampled row (no top-k, top-p or penalties, no logprobs or samples to fork)
+  // only its token, drawn on the device by the Gumbel-max trick (ops::sample_gumbel: the
+  // temperature and min-p, seeded by the sample's seed and the token's position); a top-k row
+  // without penalties (Sampler::top_candidates) its largest logits and log-sum-exp
+  // (ops::topk_lse), from which the sampler draws what it would draw from the whole row; any
+  // other row comes whole.
+  enum class Read : uint8_t { Whole, Argmax, Gumbel, Top };
   std::vector<Read> read(static_cast<size_t>(rows), Read::Whole);
   int64_t top_k = 0;  // candidates per row for the Top rows
-  bool any_argmax = false;
+  bool any_argmax = false, any_gumbel = false;
   if (model_.device() != Device::CPU) {
     const int max_k = static_cast<int>(std::min<int64_t>(vocab, ops::kMaxTopk));
+    gumbel_temperature_.assign(static_cast<size_t>(rows), 1.0f);
+    gumbel_min_p_.assign(static_cast<size_t>(rows), 0.0f);
+    gumbel_seed_.assign(static_cast<size_t>(rows), 0);
     size_t i = 0;
     for (const Scheduler::Work& w : st.work) {
       if (!w.samples) continue;
-      const Request& r = requests_.at(samples_.at(w.id).request);
+      const Sample& sm = samples_.at(w.id);
+      const Request& r = requests_.at(sm.request);
       const int k = Sampler::top_candidates(r.opts.sampler, max_k);
       if (plain_greedy(r)) {
         read[i] = Read::Argmax;
         any_argmax = true;
+      } else if (plain_sampled(r, vocab)) {
+        read[i] = Read::Gumbel;
+        any_gumbel = true;
+        gumbel_temperature_[i] = r.opts.sampler.temperature;
+        gumbel_min_p_[i] = r.opts.sampler.min_p;
+        gumbel_seed_[i] = static_cast<int64_t>(
+            gumbel::row_seed(r.opts.sampler.seed + static_cast<uint64_t>(sm.index),
+                             static_cast<int64_t>(sched_.tokens(w.id).size())));
       } else if (k > 0) {
         read[i] = Read::Top;
         top_k = std::max<int64_t>({top_k, k, r.opts.logprobs ? r.opts.top_logprobs : 0});
@@ -185,6 +208,19 @@ void Engine::step() {
     Tensor ids = Tensor::empty({rows}, DType::I32, model_.device());
     ops::argmax(ids, logits);
     Tensor host = Tensor::borrow(host_argmax_.data(), {rows}, DType::I32);
+    ops::transfer(host, ids);
+  }
+  if (any_gumbel) {  // every row drawn; only the Gumbel rows' draws are read
+    const auto to_device = [&](auto& host, DType dt) {
+      Tensor d = Tensor::empty({rows}, dt, model_.device());
+      ops::transfer(d, Tensor::borrow(host.data(), {rows}, dt));
+      return d;
+    };
+    Tensor ids = Tensor::empty({rows}, DType::I32, model_.device());
+    ops::sample_gumbel(ids, logits, to_device(gumbel_temperature_, DType::F32),
+                       to_device(gumbel_min_p_, DType::F32), to_device(gumbel_seed_, DType::I64));
+    host_drawn_.resize(static_cast<size_t>(rows));
+    Tensor host = Tensor::borrow(host_drawn_.data(), {rows}, DType::I32);
     ops::transfer(host, ids);
   }
   if (top_k > 0) {
@@ -203,7 +239,7 @@ void Engine::step() {
     ops::transfer(h_values, values);
     ops::transfer(h_lse, lse);
   }
-  if (any_argmax || top_k > 0) {
+  if (any_argmax || any_gumbel || top_k > 0) {
     for (int64_t i = 0; i < rows; ++i) {
       if (read[static_cast<size_t>(i)] != Read::Whole) continue;
       Tensor dst = Tensor::borrow(host_logits_.data() + i * vocab, {1, vocab}, DType::F32);
@@ -245,7 +281,9 @@ void Engine::step() {
     const auto draw = [&](Sampler& s) {
       return how == Read::Top ? s.sample_top(top_values, top_ids) : s.sample(row, t, from);
     };
-    const int32_t token = how == Read::Argmax ? host_argmax_[at] : draw(sm.sampler);
+    const int32_t token = how == Read::Argmax   ? host_argmax_[at]
+                          : how == Read::Gumbel ? host_drawn_[at]
+                                                : draw(sm.sampler);
     const Finish finish = finish_of(r, token, known);
     sampled.push_back(token);
     if (finish != Finish::None) finished.push_back(w.id);

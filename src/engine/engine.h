@@ -106,6 +106,9 @@ class Engine {
   // Whether a request's next token is the argmax of its logits: temperature 0, no penalties, no
   // logprobs, and no samples left to draw from its first row.
   static bool plain_greedy(const Request& r);
+  // Whether it is a draw at the temperature above min-p alone (ops::sample_gumbel): no top-k
+  // below the vocabulary, top-p 1, no penalties, no logprobs, no samples left to draw.
+  static bool plain_sampled(const Request& r, int64_t vocab);
 
   Model& model_;
   KvPages kv_;
@@ -117,6 +120,9 @@ class Engine {
   std::vector<float> host_logits_;
   std::vector<int32_t> host_argmax_, host_top_ids_;
   std::vector<float> host_top_values_, host_lse_;
+  std::vector<int32_t> host_drawn_;
+  std::vector<float> gumbel_temperature_, gumbel_min_p_;  // per row of a step, for sample_gumbel
+  std::vector<int64_t> gumbel_seed_;
   std::vector<int64_t> aborted_;  // requests aborted by the callbacks of the step running them
 };
 

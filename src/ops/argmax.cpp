@@ -1,5 +1,6 @@
 #include "kernels/cpu/argmax.h"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -39,6 +40,54 @@ void argmax(Tensor& out, const Tensor& x) {
     return;
   }
   cpu::argmax(out.data<int32_t>(), out.stride(0), x.data<const float>(), x.stride(0), M, N);
+}
+
+void sample_gumbel(Tensor& out, const Tensor& logits, const Tensor& temperature,
+                   const Tensor& min_p, const Tensor& seed) {
+  constexpr std::string_view op = "sample_gumbel";
+  const bool cuda = on_cuda(op, {{"out", &out},
+                                 {"logits", &logits},
+                                 {"temperature", &temperature},
+                                 {"min_p", &min_p},
+                                 {"seed", &seed}});
+  require_dtype(op, "logits", logits, DType::F32);
+  require_ndim(op, "logits", logits, 2);
+  require_last_dim_contiguous(op, "logits", logits);
+  const int64_t M = logits.dim(0), N = logits.dim(1);
+  LLMK_CHECK(N >= 1 && N <= std::numeric_limits<int32_t>::max(),
+             "ops::sample_gumbel: logits is {}: rows must hold 1 to 2^31 - 1 elements",
+             logits.str());
+  require_dtype(op, "out", out, DType::I32);
+  require_dtype(op, "temperature", temperature, DType::F32);
+  require_dtype(op, "min_p", min_p, DType::F32);
+  require_dtype(op, "seed", seed, DType::I64);
+  for (const auto& [name, t] : {std::pair<std::string_view, const Tensor*>{"out", &out},
+                                {"temperature", &temperature},
+                                {"min_p", &min_p},
+                                {"seed", &seed}}) {
+    require_shape(op, name, *t, {M});
+    LLMK_CHECK(t->is_contiguous(), "ops::sample_gumbel: {} ({}) must be contiguous", name,
+               t->str());
+  }
+  require_disjoint(op, "out", out, "logits", logits);
+  if (M == 0) return;
+  const auto* seeds = reinterpret_cast<const uint64_t*>(seed.data<const int64_t>());
+  if (cuda) {
+#ifdef LLMK_HAS_CUDA
+    cuda::sample_gumbel(out.data<int32_t>(), logits.data<const float>(), logits.stride(0), M, N,
+                        temperature.data<const float>(), min_p.data<const float>(), seeds);
+#endif
+    return;
+  }
+  const float* t = temperature.data<const float>();
+  const float* p = min_p.data<const float>();
+  for (int64_t r = 0; r < M; ++r) {
+    LLMK_CHECK(std::isfinite(t[r]) && t[r] > 0 && p[r] >= 0 && p[r] < 1,
+               "ops::sample_gumbel: row {}: temperature {} must be > 0 and min_p {} in [0, 1)", r,
+               t[r], p[r]);
+  }
+  cpu::sample_gumbel(out.data<int32_t>(), logits.data<const float>(), logits.stride(0), M, N, t, p,
+                     seeds);
 }
 
 }  // namespace llmk::ops

@@ -167,6 +167,12 @@ void softmax(Tensor& out, const Tensor& x);
 // out: [M] i32 = index of the largest element of each row of x: [M, N] (the lowest index among
 // equals). CPU f32; CUDA f32 or bf16.
 void argmax(Tensor& out, const Tensor& x);
+// out: [M] i32 = a token drawn from each row of logits [M, N] f32 at temperature[r] among the
+// tokens within min_p[r] of the most likely one (0: all), by the Gumbel-max trick with noise
+// keyed by seed[r] (kernels/gumbel.h): the same seed and logits give the same token, on the CPU
+// and CUDA alike. temperature, min_p: [M] f32 (> 0; [0, 1), checked on the CPU); seed: [M] i64.
+void sample_gumbel(Tensor& out, const Tensor& logits, const Tensor& temperature,
+                   const Tensor& min_p, const Tensor& seed);
 // The largest k of ops::topk_lse.
 inline constexpr int64_t kMaxTopk = 1024;
 // Per row of logits: [rows, vocab] f32 (last dimension contiguous), the k largest logits and

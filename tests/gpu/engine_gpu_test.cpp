@@ -68,14 +68,21 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
     // (request, sample) -> its events; request -> its prompt.
     std::map<std::pair<int64_t, int>, std::vector<TokenEvent>> got;
     std::map<int64_t, std::vector<int32_t>> prompt_of;
-    std::map<int64_t, bool> greedy, with_logprobs;
-    const auto add = [&](const std::vector<int32_t>& p, int n, float temperature, bool logprobs) {
+    std::map<int64_t, bool> greedy, with_logprobs, min_p_only;
+    std::map<int64_t, float> temperature_of;
+    const auto add = [&](const std::vector<int32_t>& p, int n, float temperature, bool logprobs,
+                         bool plain = false) {
       RequestOptions o;
       o.max_tokens = 10;
       o.n = n;
       o.logprobs = logprobs;
       o.sampler.temperature = temperature;
       o.sampler.seed = 5;
+      if (plain) {  // temperature and min-p alone: drawn on the device (ops::sample_gumbel)
+        o.sampler.top_k = 0;
+        o.sampler.top_p = 1.0f;
+        o.sampler.min_p = 0.1f;
+      }
       const int64_t id = engine.add_request(p, o, [&](const TokenEvent& e) {
         got[{e.request, e.sample}].push_back(e);
         return true;
@@ -83,10 +90,14 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
       prompt_of[id] = p;
       greedy[id] = temperature == 0.0f;
       with_logprobs[id] = logprobs;
+      min_p_only[id] = plain;
+      temperature_of[id] = temperature;
     };
     // Greedy with logprobs (the row comes to the host), and without (the argmax on the device).
     for (size_t i = 0; i < ps.size(); ++i) add(ps[i], 1, 0.0f, i % 2 == 0);
     add(ps[3], 3, 0.8f, true);  // three samples sharing the prompt's pages
+    add(ps[5], 1, 1.0f, false, true);
+    add(ps[6], 1, 0.7f, false, true);
     ops::reset_attention_stats();
     for (int n = 0; !engine.idle(); ++n) {
       engine.step();
@@ -95,7 +106,7 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
     const ops::AttentionStats at = ops::attention_stats();
     EXPECT_GT(at.prefill, 0u) << "no prompt chunk took the prefill kernel";
     EXPECT_GT(at.decode, 0u) << "no run took the paged decode kernel";
-    ASSERT_EQ(got.size(), ps.size() + 3);
+    ASSERT_EQ(got.size(), ps.size() + 5);
     int compared = 0;
     double worst = 0;
     for (const auto& [key, events] : got) {
@@ -122,6 +133,11 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
           EXPECT_LE(err, 4 * kBf16Worst * big)
               << "request " << key.first << " sample " << key.second << " token " << k << " ("
               << tok << "): logprob " << events[k].logprob << ", CPU " << want;
+        }
+        if (min_p_only.at(key.first)) {  // never below min-p's floor: top + T log(0.1)
+          EXPECT_GE(row[tok],
+                    m + temperature_of.at(key.first) * std::log(0.1) - 4 * kBf16Worst * big)
+              << "request " << key.first << " token " << k << ": below min-p's floor";
         }
         if (greedy.at(key.first)) {
           std::vector<float> v(row, row + V);

@@ -1,10 +1,12 @@
 // Argmax over rows, one block per row: each thread keeps the best (value, index) of its
 // elements, then the block merges them; the lower index wins among equal values, so the result
-// is the first maximum whatever the order threads saw them in.
+// is the first maximum whatever the order threads saw them in. Gumbel-max sampling is the same
+// pass twice: the row's maximum (for min-p's floor), then the argmax of x / T + noise.
 #include <climits>
 
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/gumbel.h"
 
 namespace llmk::cuda {
 
@@ -31,13 +33,11 @@ __device__ __forceinline__ void load(const float* p, float (&f)[4]) {
 }
 __device__ __forceinline__ void load(const __nv_bfloat16* p, float (&f)[8]) { load_bf16<8>(p, f); }
 
-// kVec elements per 16-byte access when the row start is aligned (1: element by element).
-template <class T, int kVec>
-__global__ void argmax_kernel(int32_t* out, int64_t out_stride, const T* x, int64_t x_ld,
-                              int64_t N) {
-  grid_dependency_wait();  // launch_dependent: the logits come from the kernel before
-  __shared__ Best scratch[kWarp];
-  const T* xr = x + static_cast<int64_t>(blockIdx.x) * x_ld;
+// The best (key(x_i, i), i) of a row of N elements, for every thread of the block; key maps a
+// value (NaN already -inf) and its column to what is compared. kVec elements per 16-byte access
+// when the row start is aligned (1: element by element).
+template <class T, int kVec, class Key>
+__device__ Best row_best(const T* xr, int64_t N, Best* scratch, Key k) {
   Best best{-INFINITY, INT_MAX};
   const int64_t nvec = kVec > 1 ? N / kVec : 0;  // whole vectors; the rest element by element
   if constexpr (kVec > 1) {
@@ -46,12 +46,14 @@ __global__ void argmax_kernel(int32_t* out, int64_t out_stride, const T* x, int6
       load(xr + c * kVec, f);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        best = better(best, Best{key(f[e]), static_cast<int32_t>(c * kVec + e)});
+        const auto i = static_cast<int32_t>(c * kVec + e);
+        best = better(best, Best{k(key(f[e]), i), i});
       }
     }
   }
   for (int64_t i = nvec * kVec + threadIdx.x; i < N; i += blockDim.x) {
-    best = better(best, Best{key(to_float(xr[i])), static_cast<int32_t>(i)});
+    best = better(best,
+                  Best{k(key(to_float(xr[i])), static_cast<int32_t>(i)), static_cast<int32_t>(i)});
   }
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o >>= 1) {
@@ -62,10 +64,43 @@ __global__ void argmax_kernel(int32_t* out, int64_t out_stride, const T* x, int6
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   if (lane == 0) scratch[warp] = best;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int k = 1; k < static_cast<int>(blockDim.x) / kWarp; ++k) best = better(best, scratch[k]);
-    out[static_cast<int64_t>(blockIdx.x) * out_stride] = best.i;
+  best = scratch[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x) / kWarp; ++w) best = better(best, scratch[w]);
+  __syncthreads();  // scratch may be reused
+  return best;
+}
+
+template <class T, int kVec>
+__global__ void argmax_kernel(int32_t* out, int64_t out_stride, const T* x, int64_t x_ld,
+                              int64_t N) {
+  grid_dependency_wait();  // launch_dependent: the logits come from the kernel before
+  __shared__ Best scratch[kWarp];
+  const T* xr = x + static_cast<int64_t>(blockIdx.x) * x_ld;
+  const Best best = row_best<T, kVec>(xr, N, scratch, [](float v, int32_t) { return v; });
+  if (threadIdx.x == 0) out[static_cast<int64_t>(blockIdx.x) * out_stride] = best.i;
+}
+
+// cpu::sample_gumbel's draw, the same bits: the row's argmax, then the argmax of the keys of the
+// columns at or above min-p's floor (none finite: the argmax stands).
+template <class T, int kVec>
+__global__ void gumbel_kernel(int32_t* out, const T* x, int64_t x_ld, int64_t N,
+                              const float* temperature, const float* min_p, const uint64_t* seed) {
+  grid_dependency_wait();
+  __shared__ Best scratch[kWarp];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * x_ld;
+  const Best top = row_best<T, kVec>(xr, N, scratch, [](float v, int32_t) { return v; });
+  int32_t pick = top.i;
+  if (top.v > -INFINITY) {
+    const float t = temperature[r], inv_t = 1.0f / t;
+    const float floor = gumbel::floor_of(top.v, t, min_p[r]);
+    const uint64_t s = seed[r];
+    const Best b = row_best<T, kVec>(xr, N, scratch, [=](float v, int32_t i) {
+      return v >= floor && v > -INFINITY ? gumbel::key(v, inv_t, gumbel::noise(s, i)) : -INFINITY;
+    });
+    if (b.v > -INFINITY) pick = b.i;
   }
+  if (threadIdx.x == 0) out[r] = pick;
 }
 
 template <class T, int kVec>
@@ -76,7 +111,24 @@ void launch(int32_t* out, int64_t out_stride, const void* x, int64_t x_ld, int64
                    out_stride, static_cast<const T*>(x), x_ld, N);
 }
 
+template <class T, int kVec>
+void launch_gumbel(int32_t* out, const void* x, int64_t x_ld, int64_t rows, int64_t N,
+                   const float* temperature, const float* min_p, const uint64_t* seed) {
+  const int threads = block_threads_for(ceil_div(N, 4 * kVec), 1024);
+  launch_dependent(gumbel_kernel<T, kVec>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, out,
+                   static_cast<const T*>(x), x_ld, N, temperature, min_p, seed);
+}
+
 }  // namespace
+
+void sample_gumbel(int32_t* out, const float* x, int64_t x_ld, int64_t rows, int64_t N,
+                   const float* temperature, const float* min_p, const uint64_t* seed) {
+  if (rows == 0) return;
+  const bool vec = is_aligned(x, 16) && x_ld % 4 == 0;
+  vec ? launch_gumbel<float, 4>(out, x, x_ld, rows, N, temperature, min_p, seed)
+      : launch_gumbel<float, 1>(out, x, x_ld, rows, N, temperature, min_p, seed);
+  check_launch("sample_gumbel");
+}
 
 void argmax(int32_t* out, int64_t out_stride, const void* x, DType x_type, int64_t x_ld,
             int64_t rows, int64_t N) {

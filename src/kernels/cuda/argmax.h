@@ -13,4 +13,9 @@ namespace llmk::cuda {
 void argmax(int32_t* out, int64_t out_stride, const void* x, DType x_type, int64_t x_ld,
             int64_t rows, int64_t N);
 
+// cpu::sample_gumbel on the GPU, the same draws bit for bit: out [rows] i32; x [rows, N] f32 rows
+// x_ld apart; temperature, min_p [rows] f32, seed [rows] u64, all device memory.
+void sample_gumbel(int32_t* out, const float* x, int64_t x_ld, int64_t rows, int64_t N,
+                   const float* temperature, const float* min_p, const uint64_t* seed);
+
 }  // namespace llmk::cuda

@@ -145,21 +145,7 @@ Finish Engine::finish_of(const Request& r, int32_t token, int64_t known) const {
   return Finish::None;
 }
 
-void Engine::step() {
-  const Scheduler::Step st = sched_.schedule();
-  if (st.work.empty()) return;
-  for (const KvPages::CopyOp& c : st.copies) model_.copy_kv_page(c.src, c.dst, c.rows);
-  std::vector<Model::Run> runs;
-  runs.reserve(st.work.size());
-  for (const Scheduler::Work& w : st.work) {
-    const std::span<const int32_t> t = sched_.tokens(w.id);
-    runs.push_back({.tokens = t.subspan(static_cast<size_t>(w.start), static_cast<size_t>(w.count)),
-                    .pos = w.start,
-                    .pages = kv_.page_table(w.id),
-                    .logits = w.samples});
-  }
-  model_.stage_runs(runs);
-  const Tensor logits = model_.compute(st.tokens, false);
+void Engine::read_rows(const Scheduler::Step& st, const Tensor& logits) {
   const int64_t vocab = model_.config().vocab_size, rows = logits.dim(0);
   // What the host reads of each row: on the CPU the whole row. On CUDA a plain greedy row (no
   // penalties, no logprobs, no samples yet to fork from it) only its argmax, taken on the
@@ -169,9 +155,8 @@ void Engine::step() {
   // without penalties (Sampler::top_candidates) its largest logits and log-sum-exp
   // (ops::topk_lse), from which the sampler draws what it would draw from the whole row; any
   // other row comes whole.
-  enum class Read : uint8_t { Whole, Argmax, Gumbel, Top };
-  std::vector<Read> read(static_cast<size_t>(rows), Read::Whole);
-  int64_t top_k = 0;  // candidates per row for the Top rows
+  read_.assign(static_cast<size_t>(rows), Read::Whole);
+  int64_t top_k = 0;
   bool any_argmax = false, any_gumbel = false;
   if (model_.device() != Device::CPU) {
     const int max_k = static_cast<int>(std::min<int64_t>(vocab, ops::kMaxTopk));
@@ -185,10 +170,10 @@ void Engine::step() {
       const Request& r = requests_.at(sm.request);
       const int k = Sampler::top_candidates(r.opts.sampler, max_k);
       if (plain_greedy(r)) {
-        read[i] = Read::Argmax;
+        read_[i] = Read::Argmax;
         any_argmax = true;
       } else if (plain_sampled(r, vocab)) {
-        read[i] = Read::Gumbel;
+        read_[i] = Read::Gumbel;
         any_gumbel = true;
         gumbel_temperature_[i] = r.opts.sampler.temperature;
         gumbel_min_p_[i] = r.opts.sampler.min_p;
@@ -196,7 +181,7 @@ void Engine::step() {
             gumbel::row_seed(r.opts.sampler.seed + static_cast<uint64_t>(sm.index),
                              static_cast<int64_t>(sched_.tokens(w.id).size())));
       } else if (k > 0) {
-        read[i] = Read::Top;
+        read_[i] = Read::Top;
         top_k = std::max<int64_t>({top_k, k, r.opts.logprobs ? r.opts.top_logprobs : 0});
       }
       ++i;
@@ -239,9 +224,10 @@ void Engine::step() {
     ops::transfer(h_values, values);
     ops::transfer(h_lse, lse);
   }
+  top_k_ = top_k;
   if (any_argmax || any_gumbel || top_k > 0) {
     for (int64_t i = 0; i < rows; ++i) {
-      if (read[static_cast<size_t>(i)] != Read::Whole) continue;
+      if (read_[static_cast<size_t>(i)] != Read::Whole) continue;
       Tensor dst = Tensor::borrow(host_logits_.data() + i * vocab, {1, vocab}, DType::F32);
       ops::transfer(dst, logits.slice(0, i, i + 1));
     }
@@ -249,6 +235,25 @@ void Engine::step() {
     Tensor host = Tensor::borrow(host_logits_.data(), {rows, vocab}, DType::F32);
     ops::transfer(host, logits);
   }
+}
+
+void Engine::step() {
+  const Scheduler::Step st = sched_.schedule();
+  if (st.work.empty()) return;
+  for (const KvPages::CopyOp& c : st.copies) model_.copy_kv_page(c.src, c.dst, c.rows);
+  std::vector<Model::Run> runs;
+  runs.reserve(st.work.size());
+  for (const Scheduler::Work& w : st.work) {
+    const std::span<const int32_t> t = sched_.tokens(w.id);
+    runs.push_back({.tokens = t.subspan(static_cast<size_t>(w.start), static_cast<size_t>(w.count)),
+                    .pos = w.start,
+                    .pages = kv_.page_table(w.id),
+                    .logits = w.samples});
+  }
+  model_.stage_runs(runs);
+  const Tensor logits = model_.compute(st.tokens, false);
+  const int64_t vocab = model_.config().vocab_size;
+  read_rows(st, logits);
   struct Event {
     TokenFn fn;
     TokenEvent e;
@@ -266,11 +271,11 @@ void Engine::step() {
     const std::vector<int32_t>& t = sched_.tokens(w.id);
     const auto known = static_cast<int64_t>(t.size());
     const size_t at = j++;
-    const Read how = read[at];
+    const Read how = read_[at];
     const std::span<const float> row =
         std::span<const float>(host_logits_)
             .subspan(at * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
-    const auto top = static_cast<size_t>(top_k);
+    const auto top = static_cast<size_t>(top_k_);
     const std::span<const float> top_values =
         how == Read::Top ? std::span<const float>(host_top_values_).subspan(at * top, top)
                          : std::span<const float>();

@@ -109,6 +109,11 @@ class Engine {
   // Whether it is a draw at the temperature above min-p alone (ops::sample_gumbel): no top-k
   // below the vocabulary, top-p 1, no penalties, no logprobs, no samples left to draw.
   static bool plain_sampled(const Request& r, int64_t vocab);
+  // How the host reads each row of a step's logits (read_rows): whole, its device argmax, its
+  // device Gumbel draw, or its top_k_ largest logits and log-sum-exp.
+  enum class Read : uint8_t { Whole, Argmax, Gumbel, Top };
+  // Classifies the step's rows and brings what the sampler needs of each to the host buffers.
+  void read_rows(const Scheduler::Step& st, const Tensor& logits);
 
   Model& model_;
   KvPages kv_;
@@ -121,6 +126,8 @@ class Engine {
   std::vector<int32_t> host_argmax_, host_top_ids_;
   std::vector<float> host_top_values_, host_lse_;
   std::vector<int32_t> host_drawn_;
+  std::vector<Read> read_;
+  int64_t top_k_ = 0;
   std::vector<float> gumbel_temperature_, gumbel_min_p_;  // per row of a step, for sample_gumbel
   std::vector<int64_t> gumbel_seed_;
   std::vector<int64_t> aborted_;  // requests aborted by the callbacks of the step running them

@@ -46,7 +46,9 @@ struct Output {
 // The fields a JSON line may set over the command line's settings.
 void apply_fields(const nlohmann::json& j, Prompt& p, const std::string& where) {
   static const std::set<std::string> known = {
-      "prompt", "n", "seed", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop"};
+      "prompt", "n",     "seed",  "max_tokens",       "temperature",
+      "top_p",  "top_k", "min_p", "presence_penalty", "frequency_penalty",
+      "stop"};
   for (const auto& [key, value] : j.items()) {
     LLMK_CHECK(known.count(key) != 0, "{}: unknown field \"{}\" (known: {})", where,
                printable(key, 40), fmt::join(known, ", "));
@@ -136,16 +138,7 @@ int run_batch(const BatchArgs& a) {
   std::optional<ChatTemplate> tmpl;
   if (a.chat) tmpl = chat_template_for(load_config(a.model), tok, a.model);
   for (const Prompt& p : prompts) {
-    if (tmpl) {
-      std::vector<ChatMessage> msgs;
-      if (!a.system.empty()) msgs.push_back({"system", a.system});
-      msgs.push_back({"user", p.text});
-      // Special tokens are parsed in the template's text only (as llmk run --chat does).
-      ids.push_back(
-          tok.encode(tmpl->apply(msgs, /*add_generation_prompt=*/true), tok.add_bos(), true));
-      continue;
-    }
-    ids.push_back(tok.encode(p.text, tok.add_bos(), /*parse_special=*/false));
+    ids.push_back(encode_prompt(tok, p.text, tmpl ? &*tmpl : nullptr, a.system));
     need += (static_cast<int64_t>(ids.back().size()) + p.opts.max_tokens) * p.opts.n;
   }
   const int64_t ctx = a.ctx > 0 ? a.ctx : 4096, page = 16;

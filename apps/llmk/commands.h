@@ -120,6 +120,10 @@ namespace cli {
 ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const std::string& path);
 ChatTemplate chat_template_for(const ModelConfig& config, const Tokenizer& tok,
                                const std::string& path);
+// A prompt's token ids: the text as it is, or (tmpl set) the text as the user's message, after
+// `system` when it is not empty, in the chat template.
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text,
+                                   const ChatTemplate* tmpl, const std::string& system);
 
 // "attention calls: prefill N, decode N, ..." from ops::attention_stats().
 std::string attention_stats_line();

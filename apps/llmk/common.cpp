@@ -203,6 +203,18 @@ ChatTemplate chat_template_for(const Model& model, const Tokenizer& tok, const s
   return chat_template_for(model.config(), tok, path);
 }
 
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, const std::string& text,
+                                   const ChatTemplate* tmpl, const std::string& system) {
+  if (tmpl == nullptr) return tok.encode(text, tok.add_bos(), /*parse_special=*/false);
+  std::vector<ChatMessage> msgs;
+  if (!system.empty()) msgs.push_back({"system", system});
+  msgs.push_back({"user", text});
+  // Special tokens are parsed only in text from the chat template: a user's raw prompt that
+  // happens to contain "<|im_end|>" is text when no template wraps it.
+  return tok.encode(tmpl->apply(msgs, /*add_generation_prompt=*/true), tok.add_bos(),
+                    /*parse_special=*/true);
+}
+
 void add_device_option(CLI::App& cmd, std::string& device) {
   device = "auto";
   cmd.add_option("--device", device, "cpu, cuda, or auto: cuda where a GPU exists")

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 
 #include "apps/llmk/commands.h"
@@ -45,8 +46,9 @@ Command add_run(CLI::App& cmd) {
                "chunked, cpu)");
   cmd.add_option("--prompts", a->prompts,
                  "Run every line of this file (text, or JSON with \"prompt\" and optional n, "
-                 "seed, max_tokens, temperature, top_p, top_k, min_p, stop) as one batch; one "
-                 "JSON line per prompt on stdout, in input order");
+                 "seed, max_tokens, temperature, top_p, top_k, min_p, presence_penalty, "
+                 "frequency_penalty, stop) as one batch; one JSON line per prompt on stdout, in "
+                 "input order");
   cmd.add_option("--n", a->n,
                  "With --prompts: samples per plain-text prompt (-n is the tokens to generate)")
       ->default_val(1)
@@ -111,17 +113,10 @@ Command add_run(CLI::App& cmd) {
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-    std::string text = a->prompt;
-    if (a->chat) {
-      std::vector<ChatMessage> msgs;
-      if (!a->system.empty()) msgs.push_back({"system", a->system});
-      msgs.push_back({"user", a->prompt});
-      const ChatTemplate tmpl = chat_template_for(*model, tok, a->model);
-      text = tmpl.apply(msgs, /*add_generation_prompt=*/true);
-    }
-    // Special tokens in the text are parsed only when it comes from the chat template: a user's
-    // raw prompt that happens to contain "<|im_end|>" is text.
-    const std::vector<int32_t> ids = tok.encode(text, tok.add_bos(), /*parse_special=*/a->chat);
+    std::optional<ChatTemplate> tmpl;
+    if (a->chat) tmpl = chat_template_for(*model, tok, a->model);
+    const std::vector<int32_t> ids =
+        encode_prompt(tok, a->prompt, tmpl ? &*tmpl : nullptr, a->system);
     if (a->echo) {
       fmt::print("{}", a->prompt);
       std::fflush(stdout);

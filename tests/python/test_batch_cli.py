@@ -61,6 +61,14 @@ def test_chat_batch_equals_single_chat_runs(family, tmp_path):
         assert got == alone[:-1].decode("utf-8", errors="replace"), p
     plain = batch(model, prompts[:1], tmp_path, "--temp", 0, "-n", 8, "--ignore-eos")
     assert plain[0]["outputs"] != out[0]["outputs"]  # the template changed the prompt
+    # The pool is sized from the templated prompts: eight of them with the system message and 8
+    # tokens each take more than one 128-token context (8 pages of 16).
+    f = tmp_path / "chat.txt"
+    f.write_text("\n".join(prompts * 4) + "\n")
+    r = run("run", "-m", model, "--prompts", f, "--chat", "--system", "Be brief.", "--temp", 0,
+            "-n", 8, "--ctx", 128, "--device", "cpu", "-t", 1)
+    pages = int(r.stderr.split("pool ")[1].split(" pages")[0])
+    assert pages > 8, r.stderr
     f = tmp_path / "p.txt"
     f.write_text("x\n")
     r = run("run", "-m", model, "--prompts", f, "--system", "s", check=False)
@@ -97,12 +105,17 @@ def test_bad_prompt_files(tmp_path):
                       ('{"prompt": 3}\n', 'line 1: a JSON line needs "prompt" (a string)'),
                       ('{"prompt": "x", "n": 0}\n', 'line 1: "n" = 0 is outside [1, 1024]'),
                       ('{"prompt": "x", "stop": [1]}\n', 'line 1: "stop" holds 1'),
+                      ('{"prompt": "x", "presence_penalty": 3}\n',
+                       'line 1: "presence_penalty" = 3 is outside [-2, 2]'),
                       ('{"prompt": "x"\n', "line 1: not valid JSON"),
                       ("\n  \n", "no prompts")]:
         f.write_text(text)
         r = run("run", "-m", model, "--prompts", f, "--device", "cpu", check=False)
         assert r.returncode == 1 and msg in r.stderr, (text, r.stderr)
         assert r.stderr.count("\n") == 1, r.stderr
+    f.write_text('{"prompt": "x", "presence_penalty": 1.5, "frequency_penalty": -0.5}\n')
+    ok = run("run", "-m", model, "--prompts", f, "--device", "cpu", "-n", 4, "--ignore-eos")
+    assert len(json.loads(ok.stdout)["outputs"][0]["token_ids"]) == 4
     r = run("run", "-m", model, "-p", "x", "--n", 2, check=False)
     assert r.returncode == 1 and "--n needs --prompts" in r.stderr
     f.write_text("x\n")

@@ -120,18 +120,21 @@ void add_top_logprobs(TokenEvent& e, std::span<const float> values, std::span<co
 }
 }  // namespace
 
+namespace {
+// No penalty, no logprobs and no samples left to fork: the token needs the row alone.
+bool row_alone(const RequestOptions& o, bool forked) {
+  return !o.sampler.penalties() && !o.logprobs && (forked || o.n == 1);
+}
+}  // namespace
+
 bool Engine::plain_sampled(const Request& r, int64_t vocab) {
   const SamplerConfig& c = r.opts.sampler;
   return c.temperature > 0.0f && (c.top_k == 0 || c.top_k >= vocab) && c.top_p >= 1.0f &&
-         (c.repeat_penalty == 1.0f || c.repeat_last_n <= 0) && c.presence_penalty == 0.0f &&
-         c.frequency_penalty == 0.0f && !r.opts.logprobs && (r.forked || r.opts.n == 1);
+         row_alone(r.opts, r.forked);
 }
 
 bool Engine::plain_greedy(const Request& r) {
-  const SamplerConfig& c = r.opts.sampler;
-  return c.temperature <= 0.0f && (c.repeat_penalty == 1.0f || c.repeat_last_n <= 0) &&
-         c.presence_penalty == 0.0f && c.frequency_penalty == 0.0f && !r.opts.logprobs &&
-         (r.forked || r.opts.n == 1);
+  return r.opts.sampler.temperature <= 0.0f && row_alone(r.opts, r.forked);
 }
 
 Finish Engine::finish_of(const Request& r, int32_t token, int64_t known) const {
@@ -187,7 +190,9 @@ void Engine::read_rows(const Scheduler::Step& st, const Tensor& logits) {
       ++i;
     }
   }
-  host_logits_.resize(static_cast<size_t>(rows * vocab));
+  if (std::count(read_.begin(), read_.end(), Read::Whole) > 0) {  // else no row comes whole
+    host_logits_.resize(static_cast<size_t>(rows * vocab));
+  }
   if (any_argmax) {
     host_argmax_.resize(static_cast<size_t>(rows));
     Tensor ids = Tensor::empty({rows}, DType::I32, model_.device());
@@ -273,8 +278,10 @@ void Engine::step() {
     const size_t at = j++;
     const Read how = read_[at];
     const std::span<const float> row =
-        std::span<const float>(host_logits_)
-            .subspan(at * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+        how == Read::Whole
+            ? std::span<const float>(host_logits_)
+                  .subspan(at * static_cast<size_t>(vocab), static_cast<size_t>(vocab))
+            : std::span<const float>();
     const auto top = static_cast<size_t>(top_k_);
     const std::span<const float> top_values =
         how == Read::Top ? std::span<const float>(host_top_values_).subspan(at * top, top)

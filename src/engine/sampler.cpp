@@ -87,9 +87,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 }
 
 int Sampler::top_candidates(const SamplerConfig& c, int max) {
-  const bool penalties = (c.repeat_penalty != 1.0f && c.repeat_last_n > 0) ||
-                         c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f;
-  return c.temperature > 0.0f && c.top_k >= 1 && c.top_k <= max && !penalties ? c.top_k : 0;
+  return c.temperature > 0.0f && c.top_k >= 1 && c.top_k <= max && !c.penalties() ? c.top_k : 0;
 }
 
 int32_t Sampler::sample_top(std::span<const float> values, std::span<const int32_t> ids) {

@@ -27,6 +27,11 @@ struct SamplerConfig {
 
   // Throws llmk::Error naming the first out-of-range setting.
   void validate() const;
+  // Whether some penalty moves a logit (one that is on and has a window).
+  bool penalties() const {
+    return (repeat_penalty != 1.0f && repeat_last_n > 0) || presence_penalty != 0.0f ||
+           frequency_penalty != 0.0f;
+  }
 };
 
 class Sampler {

@@ -74,7 +74,8 @@ class DecoderModel final : public Model {
 
   void load_weights(WeightLoader& w);
   void allocate_cache();
-  uint64_t kv_cache_bytes() const;
+  uint64_t kv_cache_bytes() const;  // the pool and the gather buffers
+  uint64_t gather_bytes() const;    // k_gather_ and v_gather_ (CUDA)
   uint64_t activation_bytes(int64_t t) const;
   // Keys per page of the KV pool: on CUDA a page a few tiles of the decode kernel long; on the
   // CPU one page per sequence (its keys stay contiguous for the CPU kernel).
@@ -110,24 +111,30 @@ class DecoderModel final : public Model {
   std::vector<int32_t> host_pages_;  // [sequences, pages_per_sequence], -1 = not yet given out
   int32_t next_page_ = 0;
   bool pages_dirty_ = true;
-  Tensor page_table_;   // [sequences, pages_per_sequence] i32 (device), fixed address
-  Tensor cu_batch_;     // [sequences + 1] i32: 0, 1, ..., one query per sequence
-  Tensor gather_rows_;  // [context] i32: pool rows of keys 0.. of the staged sequence
+  Tensor page_table_;  // [sequences, pages_per_sequence] i32 (device), fixed address
+  Tensor cu_batch_;    // [sequences + 1] i32: 0, 1, ..., one query per sequence
+  // Pool rows of the keys gathered for the prefill kernel (i32): keys 0.. of the staged sequence,
+  // or of each long run after position 0 one after another (run_attention_'s rows_at); grown as
+  // needed from a context's worth.
+  Tensor gather_rows_;
   std::vector<int32_t> host_gather_;
+  void upload_gather_rows();  // host_gather_ -> gather_rows_
+  // attention(out, q) over n keys gathered into k_gather_ / v_gather_ by gather_rows_[at, at + n).
+  void attend_gathered(Tensor& out, const Tensor& q, const Tensor& positions, int64_t at, int64_t n,
+                       size_t layer, const ops::AttentionParams& ap);
   Tensor k_gather_, v_gather_;  // [context, Hkv * D]: a prompt's keys, contiguous (CUDA)
   // Staged runs on CUDA where some run has more than kMaxPagedQueries tokens (no paged kernel
   // takes those together with others): the leading runs of at most that many go to the paged
   // kernel in one launch (the scheduler puts decode tokens first), each later run alone: a short
   // one through the paged kernel, a long one through the prefill kernel over its keys (the
-  // projection's own from position 0, else gathered from its pages by the rows in run_rows_).
+  // projection's own from position 0, else gathered from its pages).
   struct RunAttention {
     int64_t run, q0, n, pos;
-    int64_t rows_at;  // offset of its key rows in run_rows_ (-1: none gathered)
+    int64_t rows_at;  // offset of its key rows in gather_rows_ (-1: none gathered)
   };
   int64_t lead_runs_ = -1;  // -1: one launch for all staged runs
   int64_t lead_max_ = 0;
   std::vector<RunAttention> run_attention_;
-  Tensor run_rows_;
   void plan_run_attention();
   void attention_by_run(Tensor& attn, const Tensor& q, const Tensor& k, const Tensor& v,
                         size_t layer, const ops::AttentionParams& ap);
@@ -196,12 +203,8 @@ void DecoderModel::size_pool(const std::string& path, int64_t kv_memory, uint64_
     if (device() == Device::CPU) return;  // sequences x context
 #ifdef LLMK_HAS_CUDA
     const uint64_t free = cuda::mem_info().first;
-    const uint64_t gather =
-        device() == Device::CUDA
-            ? 2ull * static_cast<uint64_t>(bytes_for(act_, context() * c.n_kv_heads * c.head_dim))
-            : 0;
     const uint64_t taken =
-        weight_bytes + activation_bytes(kPlannedTokens) + gather + kDeviceMemoryMargin;
+        weight_bytes + activation_bytes(kPlannedTokens) + gather_bytes() + kDeviceMemoryMargin;
     budget = free > taken ? (free - taken) / 10 * 9 : 0;
 #endif
   }
@@ -216,11 +219,17 @@ void DecoderModel::size_pool(const std::string& path, int64_t kv_memory, uint64_
   pool_pages_ = pages;
 }
 
+uint64_t DecoderModel::gather_bytes() const {
+  const ModelConfig& c = config();
+  const int64_t rows = device() == Device::CUDA ? context() : 0;
+  return 2ull * static_cast<uint64_t>(bytes_for(act_, rows * c.n_kv_heads * c.head_dim));
+}
+
 uint64_t DecoderModel::kv_cache_bytes() const {
   const ModelConfig& c = config();
-  const int64_t gather_rows = device() == Device::CUDA ? context() : 0;
-  return 2ull * static_cast<uint64_t>(bytes_for(
-                    act_, (c.n_layers * pool_rows() + gather_rows) * c.n_kv_heads * c.head_dim));
+  return 2ull * static_cast<uint64_t>(
+                    bytes_for(act_, c.n_layers * pool_rows() * c.n_kv_heads * c.head_dim)) +
+         gather_bytes();
 }
 
 uint64_t DecoderModel::activation_bytes(int64_t t) const {
@@ -317,19 +326,31 @@ void DecoderModel::plan_run_attention() {
     }
     run_attention_.push_back({r, q0, n, pos, at});
   }
+  upload_gather_rows();
+}
+
+void DecoderModel::upload_gather_rows() {
   const auto rows = static_cast<int64_t>(host_gather_.size());
   if (rows == 0) return;
-  if (!run_rows_.defined() || run_rows_.dim(0) < rows) {
-    run_rows_ = Tensor::empty({rows}, DType::I32, device());
-  }
-  Tensor dst = run_rows_.slice(0, 0, rows);
+  if (gather_rows_.dim(0) < rows) gather_rows_ = Tensor::empty({rows}, DType::I32, device());
+  Tensor dst = gather_rows_.slice(0, 0, rows);
   ops::transfer(dst, Tensor::borrow(host_gather_.data(), {rows}, DType::I32));
+}
+
+void DecoderModel::attend_gathered(Tensor& out, const Tensor& q, const Tensor& positions,
+                                   int64_t at, int64_t n, size_t layer,
+                                   const ops::AttentionParams& ap) {
+  const int64_t hkv = config().n_kv_heads, d = config().head_dim;
+  Tensor kg = k_gather_.slice(0, 0, n), vg = v_gather_.slice(0, 0, n);
+  const Tensor rows = gather_rows_.slice(0, at, at + n);
+  ops::embedding(kg, k_cache_[layer].view({pool_rows(), hkv * d}), rows);
+  ops::embedding(vg, v_cache_[layer].view({pool_rows(), hkv * d}), rows);
+  ops::attention(out, q, kg.view({n, hkv, d}), vg.view({n, hkv, d}), positions, ap);
 }
 
 void DecoderModel::attention_by_run(Tensor& attn, const Tensor& q, const Tensor& k, const Tensor& v,
                                     size_t layer, const ops::AttentionParams& ap) {
   const Tensor positions = staged_positions();
-  const int64_t kvd = config().n_kv_heads * config().head_dim;
   if (lead_runs_ > 0) {
     const int64_t rows = runs_.host_cu[static_cast<size_t>(lead_runs_)];
     Tensor out = attn.slice(0, 0, rows);
@@ -350,13 +371,7 @@ void DecoderModel::attention_by_run(Tensor& attn, const Tensor& q, const Tensor&
       ops::attention(out, qr, k.slice(0, ra.q0, ra.q0 + ra.n), v.slice(0, ra.q0, ra.q0 + ra.n), pr,
                      ap);
     } else {
-      const int64_t n = ra.pos + ra.n;
-      Tensor kg = k_gather_.slice(0, 0, n), vg = v_gather_.slice(0, 0, n);
-      const Tensor rows = run_rows_.slice(0, ra.rows_at, ra.rows_at + n);
-      ops::embedding(kg, k_cache_[layer].view({pool_rows(), kvd}), rows);
-      ops::embedding(vg, v_cache_[layer].view({pool_rows(), kvd}), rows);
-      const int64_t hkv = config().n_kv_heads, d = config().head_dim;
-      ops::attention(out, qr, kg.view({n, hkv, d}), vg.view({n, hkv, d}), pr, ap);
+      attend_gathered(out, qr, pr, ra.rows_at, ra.pos + ra.n, layer, ap);
     }
   }
 }
@@ -370,8 +385,7 @@ void DecoderModel::on_staged() {
     host_gather_.resize(static_cast<size_t>(n));
     for (int64_t j = 0; j < n; ++j)
       host_gather_[static_cast<size_t>(j)] = cache_row(staged_.seq, j);
-    Tensor rows = gather_rows_.slice(0, 0, n);
-    ops::transfer(rows, Tensor::borrow(host_gather_.data(), {n}, DType::I32));
+    upload_gather_rows();
   }
   if (pages_dirty_) {  // pages not yet given out read as page 0: no key of theirs is visible
     std::vector<int32_t> table(host_pages_.size());
@@ -486,11 +500,7 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
     } else if (gathers(t)) {
       // A prompt after earlier keys: its sequence's keys gathered from the pages into one
       // contiguous block for the prefill kernel.
-      const int64_t n = staged_.pos + t;
-      Tensor kg = k_gather_.slice(0, 0, n), vg = v_gather_.slice(0, 0, n);
-      ops::embedding(kg, k_cache_[i].view({pool_rows(), kvd}), gather_rows_.slice(0, 0, n));
-      ops::embedding(vg, v_cache_[i].view({pool_rows(), kvd}), gather_rows_.slice(0, 0, n));
-      ops::attention(attn, q, kg.view({n, Hkv, D}), vg.view({n, Hkv, D}), positions, ap);
+      attend_gathered(attn, q, positions, 0, staged_.pos + t, i, ap);
     } else if (staged_.one_per_sequence) {  // token b belongs to sequence b: one launch for all
       ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], page_table_.slice(0, 0, t),
                            page_size(), cu_batch_.slice(0, 0, t + 1), positions, 1,

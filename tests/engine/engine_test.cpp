@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "engine/generator.h"
+#include "engine/sampler_configs.h"
 #include "model/model.h"
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"
@@ -34,17 +35,6 @@ std::vector<std::vector<int32_t>> prompts(uint32_t seed) {
     out.push_back(std::move(p));
   }
   return out;
-}
-
-// Plain sampling at `temperature` (no top-k, top-p or min-p) from `seed`.
-SamplerConfig hot(float temperature, uint64_t seed) {
-  SamplerConfig c;
-  c.temperature = temperature;
-  c.top_k = 0;
-  c.top_p = 1.0f;
-  c.min_p = 0.0f;
-  c.seed = seed;
-  return c;
 }
 
 // Each prompt alone through generate(): greedy, or seeded sampling.
@@ -133,12 +123,13 @@ TEST(Engine, GreedyRequestsTogetherMatchGenerateAlone) {
 }
 
 TEST(Engine, SeededSamplingDoesNotDependOnTheBatch) {
-  const SamplerConfig s = hot(1.2f, 1234);
+  const SamplerConfig s = test::untruncated(1.2f, 1234);
   const auto ps = prompts(2);
   const std::string path = fixture("qwen2");
   const auto together = batched(path, ps, s, 10, {8, 4, 10, 24});
   for (size_t i = 0; i < ps.size(); ++i) {
-    const auto single = batched(path, {ps[i]}, hot(1.2f, 1234 + i), 10, {2, 4, 1, 512});
+    const auto single =
+        batched(path, {ps[i]}, test::untruncated(1.2f, 1234 + i), 10, {2, 4, 1, 512});
     EXPECT_EQ(together[i], single[0]) << "prompt " << i;
   }
   // And generate() alone gives the same draws.
@@ -151,11 +142,12 @@ TEST(Engine, NSamplesShareThePromptAndDrawAsSeparateRequests) {
   const std::vector<int32_t> prompt = prompts(3)[4];
   std::vector<std::vector<int32_t>> single;
   for (uint64_t k = 0; k < 5; ++k) {
-    single.push_back(batched(path, {prompt}, hot(1.0f, 77 + k), 9, {2, 4, 1, 512})[0]);
+    single.push_back(
+        batched(path, {prompt}, test::untruncated(1.0f, 77 + k), 9, {2, 4, 1, 512})[0]);
   }
   EXPECT_NE(single[0], single[1]);
   RequestOptions o;
-  o.sampler = hot(1.0f, 77);
+  o.sampler = test::untruncated(1.0f, 77);
   o.max_tokens = 9;
   o.n = 5;
   // A pool of 4 x 128 tokens, and of 64 (the samples preempt each other and are recomputed).
@@ -169,7 +161,8 @@ TEST(Engine, NSamplesShareThePromptAndDrawAsSeparateRequests) {
       return true;
     });
     // A second request beside it, so the forks run among others.
-    engine.add_request(prompts(3)[1], {.sampler = hot(1.0f, 77), .max_tokens = 6}, nullptr);
+    engine.add_request(prompts(3)[1], {.sampler = test::untruncated(1.0f, 77), .max_tokens = 6},
+                       nullptr);
     while (!engine.idle()) {
       engine.step();
       shared = std::max(shared, engine.kv_stats().shared);

@@ -10,23 +10,14 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "engine/generator.h"
+#include "engine/sampler_configs.h"
 #include "ops/ops.h"
 
 namespace llmk {
 namespace {
 
-SamplerConfig plain(float temp, uint64_t seed = 1) {
-  SamplerConfig c;
-  c.temperature = temp;
-  c.top_k = 0;
-  c.top_p = 1.0f;
-  c.min_p = 0.0f;
-  c.seed = seed;
-  return c;
-}
-
 TEST(Sampler, GreedyTakesTheLargestLogitAndLowestIdOnTies) {
-  Sampler s(plain(0));
+  Sampler s(test::untruncated(0));
   EXPECT_EQ(s.sample(std::vector<float>{0.1f, 3.0f, -2.0f, 2.9f}, {}), 1);
   EXPECT_EQ(s.sample(std::vector<float>{1.0f, 5.0f, 5.0f}, {}), 1);
 }
@@ -34,7 +25,7 @@ TEST(Sampler, GreedyTakesTheLargestLogitAndLowestIdOnTies) {
 TEST(Sampler, SameSeedSameChoicesOtherSeedOtherChoices) {
   const std::vector<float> logits{0.0f, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f};
   auto draw = [&](uint64_t seed) {
-    Sampler s(plain(1.0f, seed));
+    Sampler s(test::untruncated(1.0f, seed));
     std::vector<int32_t> out;
     for (int i = 0; i < 64; ++i) out.push_back(s.sample(logits, {}));
     return out;
@@ -49,7 +40,7 @@ TEST(Sampler, FrequenciesFollowTheSoftmaxAtTheTemperature) {
   std::vector<double> p(logits.size());
   double sum = 0;
   for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp(logits[i] / temp);
-  Sampler s(plain(temp, 7));
+  Sampler s(test::untruncated(temp, 7));
   std::vector<int> count(logits.size());
   const int n = 20000;
   for (int i = 0; i < n; ++i) count[static_cast<size_t>(s.sample(logits, {}))]++;
@@ -62,7 +53,7 @@ TEST(Sampler, FrequenciesFollowTheSoftmaxAtTheTemperature) {
 TEST(Sampler, TopKTopPAndMinPCutTheTail) {
   const std::vector<float> logits{3.0f, 2.9f, 0.0f, -1.0f, 2.8f};
   {
-    SamplerConfig c = plain(1.0f);
+    SamplerConfig c = test::untruncated(1.0f);
     c.top_k = 2;
     Sampler s(c);
     for (int i = 0; i < 500; ++i) {
@@ -71,13 +62,13 @@ TEST(Sampler, TopKTopPAndMinPCutTheTail) {
     }
   }
   {
-    SamplerConfig c = plain(1.0f);
+    SamplerConfig c = test::untruncated(1.0f);
     c.top_p = 0.05f;  // the top token alone carries more than 5%
     Sampler s(c);
     for (int i = 0; i < 200; ++i) ASSERT_EQ(s.sample(logits, {}), 0);
   }
   {
-    SamplerConfig c = plain(1.0f);
+    SamplerConfig c = test::untruncated(1.0f);
     c.min_p = 0.5f;  // p(2)/p(0) = e^-3 and p(3)/p(0) = e^-4 fall below one half
     Sampler s(c);
     std::map<int32_t, int> seen;
@@ -91,7 +82,7 @@ TEST(Sampler, TopKTopPAndMinPCutTheTail) {
 }
 
 TEST(Sampler, RepeatPenaltyDemotesRecentTokens) {
-  SamplerConfig c = plain(0);
+  SamplerConfig c = test::untruncated(0);
   c.repeat_penalty = 1.5f;
   c.repeat_last_n = 2;
   Sampler s(c);
@@ -105,7 +96,7 @@ TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
   // Logits 1.0, 0.5, 0.0; token 0 generated twice (and in the prompt, which does not count).
   const std::vector<float> logits{1.0f, 0.5f, 0.0f};
   const std::vector<int32_t> history{0, 0, 0, 1, 0, 0};  // prompt: the first three
-  SamplerConfig c = plain(0);
+  SamplerConfig c = test::untruncated(0);
   c.frequency_penalty = 0.3f;  // 1.0 - 0.6 = 0.4 against 0.5 - 0.3 = 0.2 and 0.0
   EXPECT_EQ(Sampler(c).sample(logits, history, 3), 0);
   c.frequency_penalty = 0.4f;  // 1.0 - 0.8 = 0.2 against 0.5 - 0.4 = 0.1 and 0.0

@@ -557,7 +557,8 @@ def _flash_attn_backward(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Ten
     dv = torch.empty_like(dk)
     ws = None
     if q.is_cuda:
-        ws = torch.empty(_C.flash_attention_backward_workspace(q), dtype=torch.uint8,
+        ws = torch.empty(_C.flash_attention_backward_workspace(q, cu_q.shape[0] - 1),
+                         dtype=torch.uint8,
                          device=q.device)
     _C.flash_attention_backward(dq, dk, dv, _c(dout), None if dlse is None else _c(dlse), _c(q),
                                 _c(k), _c(v), _c(out), _c(lse), _c(cu_q), _c(cu_k), scale,

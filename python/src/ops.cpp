@@ -341,8 +341,10 @@ void register_ops(nb::module_& parent) {
       nb::arg("workspace").none(), nb::arg("stream"));
   m.def(
       "flash_attention_backward_workspace",
-      [](Array q) { return ops::flash_attention_backward_workspace(tensor_of(q, "q")); },
-      nb::arg("q"));
+      [](Array q, int64_t sequences) {
+        return ops::flash_attention_backward_workspace(tensor_of(q, "q"), sequences);
+      },
+      nb::arg("q"), nb::arg("sequences"));
   m.attr("cuda") =
 #ifdef LLMK_HAS_CUDA
       true;

@@ -554,11 +554,13 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
   count(op, "cpu");
 }
 
-size_t flash_attention_backward_workspace(const Tensor& q) {
+size_t flash_attention_backward_workspace(const Tensor& q, int64_t sequences) {
   require_ndim("flash_attention_backward_workspace", "q", q, 3);
+  LLMK_CHECK(sequences >= 1, "ops::flash_attention_backward_workspace: sequences is {}, not >= 1",
+             sequences);
 #ifdef LLMK_HAS_CUDA
   if (q.device() == Device::CUDA) {
-    return cuda::attention_backward_workspace(q.dim(0), q.dim(1), q.dim(2));
+    return cuda::attention_backward_workspace(q.dim(0), q.dim(1), q.dim(2), sequences);
   }
 #endif
   return 0;
@@ -607,7 +609,7 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
     const int64_t H = q.dim(1), Hkv = k.dim(1), D = q.dim(2);
     LLMK_CHECK(cuda::attention_backward_supported(static_cast<int>(D)),
                "ops::{}: head dim {} has no CUDA backward yet (64 to 128, multiples of 16)", op, D);
-    const size_t need = cuda::attention_backward_workspace(q.dim(0), H, D);
+    const size_t need = cuda::attention_backward_workspace(q.dim(0), H, D, cu_q.dim(0) - 1);
     LLMK_CHECK(workspace != nullptr && workspace->device() == Device::CUDA &&
                    workspace->is_contiguous() && static_cast<size_t>(workspace->nbytes()) >= need,
                "ops::{}: the CUDA backward needs a contiguous CUDA workspace of {} bytes", op,

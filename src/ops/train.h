@@ -74,14 +74,15 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
                              const FlashParams& p);
 // dq, dk, dv from dout (and dlse, optional) given the forward's out and lse; dk and dv summed
 // over each group of query heads. CPU: deterministic. CUDA: dk and dv deterministic, dq's parts
-// added in fp32 in no fixed order; workspace: flash_attention_backward_workspace(q) bytes of CUDA
-// memory from the caller (stream-ordered with the call).
+// added in fp32 in no fixed order; workspace: flash_attention_backward_workspace(q, sequences)
+// bytes of CUDA memory from the caller (stream-ordered with the call), sequences = cu_q's
+// length - 1.
 void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                               const Tensor* dlse, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& cu_q,
                               const Tensor& cu_k, const FlashParams& p,
                               Tensor* workspace = nullptr);
-size_t flash_attention_backward_workspace(const Tensor& q);
+size_t flash_attention_backward_workspace(const Tensor& q, int64_t sequences);
 
 // y = act(z), z = x w^T + bias. x: [M, K]; w: [N, K]; bias: optional [N]; y and z (optional:
 // kept for the backward) [M, N]. CUDA: bf16 through cuBLASLt with the bias in its epilogue;

@@ -78,6 +78,8 @@ CASES = [
     (1, 1, 1, 1, 1, 64, True, None, None),
     (1, 1000, 1000, 8, 2, 128, True, None, 50.0),  # several query tiles per key tile, GQA 4
     (2, 190, 190, 4, 4, 96, False, None, None),
+    (2, 300, 300, 4, 2, 128, False, None, None),
+    (1, 190, 450, 7, 1, 128, True, None, None),  # GQA 7, more keys than queries
 ]
 
 
@@ -122,13 +124,14 @@ def test_flash_attn_cuda(dtype, B, Sq, Sk, Hq, Hkv, D, causal, window, softcap, 
 
 
 @pytest.mark.parametrize("dtype", DT)
-def test_flash_attn_cuda_varlen(dtype, attn_kernel):
+@pytest.mark.parametrize("D", [64, 128])
+def test_flash_attn_cuda_varlen(dtype, D, attn_kernel):
     lens_q, lens_k = [5, 0, 130, 1, 64], [9, 3, 130, 1, 0]
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
                         device="cuda")
     cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32,
                         device="cuda")
-    Hq, Hkv, D = 6, 2, 64
+    Hq, Hkv = 6, 2
     q = rand(sum(lens_q), Hq, D, dtype=dtype, seed=5).requires_grad_()
     k = rand(sum(lens_k), Hkv, D, dtype=dtype, seed=6).requires_grad_()
     v = rand(sum(lens_k), Hkv, D, dtype=dtype, seed=7).requires_grad_()

@@ -11,8 +11,9 @@ bool launch_attention_backward(const AttentionBwdArgs& a);
 
 bool attention_backward_supported(int D) { return D >= 64 && D <= 128 && D % 16 == 0; }
 
-size_t attention_backward_workspace(int64_t T, int64_t Hq, int64_t D) {
-  return static_cast<size_t>(T * Hq * D + 2 * T * Hq) * sizeof(float);
+size_t attention_backward_workspace(int64_t T, int64_t Hq, int64_t D, int64_t B) {
+  const int64_t tp = (T + 63) / 64 * 64 + 64 * B;  // padded_rows in backward.cu
+  return static_cast<size_t>(tp * Hq * D + 2 * tp * Hq) * sizeof(float);
 }
 
 void attention_backward(const AttentionBwdArgs& a) {

@@ -1,6 +1,7 @@
-// The backward of flash attention (backward.h): FA2's algorithm in two builds, mma.sync m16n8k16
-// (bwd_main_kernel, any sm_80+ GPU) and warpgroup MMA (bwd_wgmma_kernel, sm_90a; described
-// there), which share the blocks, the order and the element-wise steps.
+// The backward of flash attention (backward.h): FA2's algorithm in three builds, mma.sync
+// m16n8k16 (bwd_main_kernel, any sm_80+ GPU), warpgroup MMA (bwd_wgmma_kernel, sm_90a) and, at
+// head dim 128 on sm_90a, two warpgroups on 128 keys (bwd_h2_kernel; each described there), which
+// share the order and the element-wise steps.
 //
 // Main kernel: one block of 4 warps per (64-key tile, KV head, sequence). Warp w owns keys
 // [16 w, 16 w + 16) of the tile: it computes S^T = K Q^T for its keys (keys are the M dimension,
@@ -21,6 +22,7 @@
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/backward.h"
+#include "kernels/cuda/attention/launch.h"
 #include "kernels/cuda/attention/prefill_wgmma.cuh"
 #include "kernels/cuda/attention/tiles.cuh"
 
@@ -34,16 +36,66 @@ constexpr int kBwdThreads = kBwdWarps * kWarp;
 constexpr int kBwdBN = 16 * kBwdWarps;  // keys per block: 16 per warp
 constexpr int kBwdBM = 16 * kBwdWarps;  // queries per step: 16 per warp in dQ = dS K
 
-// The workspace: dQ's fp32 accumulator [Hq, T, D] (a query tile of one head is one contiguous
-// block, for the bulk reductions of the wgmma kernel), then lse2 and delta, [Hq, T] each.
+// Padded query rows: sequence b's queries start at row pad_row0(b) of a space of tp =
+// padded_rows(T, B) rows, so that each 64-query tile of each sequence has a 64-row block of its
+// own (the Hopper kernel adds whole blocks; the rows past a sequence's end are padding).
+constexpr int kPadRows = 64;
+__host__ __device__ inline int64_t padded_rows(int64_t T, int64_t B) {
+  return (T + kPadRows - 1) / kPadRows * kPadRows + kPadRows * B;
+}
+__device__ __forceinline__ int64_t pad_row0(const int32_t* cu_q, int b) {
+  return (static_cast<int64_t>(cu_q[b]) + kPadRows * b) / kPadRows * kPadRows;
+}
+// The padded row of query row t: its sequence is the last b with cu_q[b] <= t.
+__device__ __forceinline__ int64_t padded_row(const int32_t* cu_q, int B, int64_t t) {
+  int lo = 0, hi = B;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (cu_q[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return pad_row0(cu_q, lo) + (t - cu_q[lo]);
+}
+
+// The workspace, over padded rows: dQ's fp32 accumulator [Hq, tp, D] (a query tile of one head
+// is one contiguous block, for the bulk reductions), then lse2 and delta, [Hq, tp] each (zeros
+// in the padding rows).
 struct BwdWs {
   float* dq_acc;
   float* lse2;
   float* delta;
+  int64_t tp;
 };
-BwdWs bwd_ws(void* ws, int64_t T, int64_t Hq, int64_t D) {
+BwdWs bwd_ws(void* ws, int64_t T, int64_t Hq, int64_t D, int64_t B) {
   float* p = static_cast<float*>(ws);
-  return {p, p + T * Hq * D, p + T * Hq * D + T * Hq};
+  const int64_t tp = padded_rows(T, B);
+  return {p, p + tp * Hq * D, p + tp * Hq * D + tp * Hq, tp};
+}
+
+// Where the Hopper D = 128 kernel's accumulator keeps element (r, col) of a 64 x 128 query tile:
+// warpgroup col / 64's half (4096 floats) in its threads' fragment order, thread t's four floats
+// of 8-column block j at (j * 128 + t) * 4, so that the staging in shared memory before each
+// bulk reduction is one conflict-free 16-byte store per block.
+__device__ __forceinline__ int dq_slot(int r, int col) {
+  const int c = col % 64, q = (c % 8) / 2;
+  const int t = (r / 16) * 32 + (r % 8) * 4 + q;
+  const int x = ((r % 16) / 8) * 2 + c % 2;
+  return (col / 64) * 4096 + ((c / 8) * 128 + t) * 4 + x;
+}
+// The accumulator's float offset of (padded row pr of head h, column col): kPerm, the Hopper
+// D = 128 kernel's tile order; else row-major [Hq, tp, D].
+template <bool kPerm>
+__device__ __forceinline__ int64_t dq_at(const BwdWs& ws, int D, int h, int64_t pr, int col) {
+  const int64_t row = static_cast<int64_t>(h) * ws.tp + pr;
+  if constexpr (kPerm) {
+    const int r = static_cast<int>(pr % 64);
+    return (row - r) * D + dq_slot(r, col);
+  } else {
+    return row * D + col;
+  }
 }
 
 template <class T16>
@@ -82,15 +134,16 @@ __device__ __forceinline__ void store8(T16* p, const float (&f)[8]) {
 }
 
 // 16 lanes per (query row, head), 8 elements (16 bytes) each (head dims up to 128): delta = dO .
-// O - dlse, lse2, and dQ's accumulator row zeroed.
+// O - dlse, lse2, and with kZero dQ's (row-major) accumulator row zeroed.
 constexpr int kRowLanes = 16;
-template <class T16>
+template <class T16, bool kZero>
 __global__ void bwd_rows_kernel(const AttentionBwdArgs a, BwdWs ws) {
   const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kRowLanes;
   const int c = static_cast<int>(threadIdx.x % kRowLanes);
   const bool live = item < static_cast<int64_t>(a.T) * a.Hq;  // whole half-warps: no exit yet
   const int64_t t = live ? item / a.Hq : 0;
   const int h = live ? static_cast<int>(item % a.Hq) : 0;
+  const int64_t pr = live ? padded_row(a.cu_q, a.B, t) : 0;
   float dot = 0.0f;
   if (live && c * 8 < a.D) {
     float o[8], d[8];
@@ -98,33 +151,88 @@ __global__ void bwd_rows_kernel(const AttentionBwdArgs a, BwdWs ws) {
     load8(static_cast<const T16*>(a.dout) + t * a.dout_t + h * a.dout_h + c * 8, d);
 #pragma unroll
     for (int e = 0; e < 8; ++e) dot += o[e] * d[e];
-    float4* acc =
-        reinterpret_cast<float4*>(ws.dq_acc + (static_cast<int64_t>(h) * a.T + t) * a.D + c * 8);
-    acc[0] = acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (kZero) {
+      float4* acc = reinterpret_cast<float4*>(ws.dq_acc + dq_at<false>(ws, a.D, h, pr, c * 8));
+      acc[0] = acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
 #pragma unroll
   for (int o = kRowLanes / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
   if (live && c == 0) {
     const int64_t i = static_cast<int64_t>(h) * a.T + t;
+    const int64_t at = static_cast<int64_t>(h) * ws.tp + pr;
     const float lse = a.lse[i];
-    ws.lse2[i] = isinf(lse) ? INFINITY : lse * kLog2e;
-    ws.delta[i] = dot - (a.dlse != nullptr ? a.dlse[i] : 0.0f);
+    ws.lse2[at] = isinf(lse) ? INFINITY : lse * kLog2e;
+    ws.delta[at] = dot - (a.dlse != nullptr ? a.dlse[i] : 0.0f);
   }
 }
 
-// dq = the accumulator ([Hq, T, D]) rounded to 16 bits: one thread per 8 elements.
+// dq = the (row-major) accumulator rounded to 16 bits: one thread per 8 elements.
 template <class T16>
-__global__ void bwd_dq_kernel(const AttentionBwdArgs a, const float* acc) {
+__global__ void bwd_dq_kernel(const AttentionBwdArgs a, BwdWs ws) {
   const int per_row = a.D / 8;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= static_cast<int64_t>(a.T) * a.Hq * per_row) return;
-  const int64_t row = g / per_row;  // h * T + t
+  const int64_t row = g / per_row;  // t * Hq + h
   const int c = static_cast<int>(g % per_row);
-  const int64_t h = row / a.T, t = row % a.T;
-  const float4* src = reinterpret_cast<const float4*>(acc + row * a.D + c * 8);
+  const int64_t t = row / a.Hq;
+  const int h = static_cast<int>(row % a.Hq);
+  const float4* src = reinterpret_cast<const float4*>(
+      ws.dq_acc + dq_at<false>(ws, a.D, h, padded_row(a.cu_q, a.B, t), c * 8));
   const float4 x = src[0], y = src[1];
   const float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
   store8(static_cast<T16*>(a.dq) + t * a.dq_t + h * a.dq_h + c * 8, v);
+}
+
+// dq from the Hopper D = 128 kernel's accumulator (dq_slot's order), times the scale its dS left
+// out. 256 threads per 64-row tile of a head: thread (half, 16-column pair of blocks jp, rows r
+// and r + 8 of a 16-row band) reads two runs of 64 contiguous bytes (four threads' float4 of
+// blocks 2 jp and 2 jp + 1) and writes 32 contiguous bytes to each of its two rows.
+template <class T16>
+__global__ void bwd_dq_tiles_kernel(const AttentionBwdArgs a, BwdWs ws) {
+  const int64_t tiles_per_head = ws.tp / 64;
+  const int64_t tile = blockIdx.x;  // h * tiles_per_head + padded tile
+  const int h = static_cast<int>(tile / tiles_per_head);
+  const int64_t pr0 = (tile % tiles_per_head) * 64;
+  const int w = threadIdx.x, half = w / 128, jp = (w / 32) % 4, warp = (w / 8) % 4, rr = w % 8;
+  // The sequence whose padded rows hold this tile: the last b with pad_row0(b) <= pr0.
+  int lo = 0, hi = a.B;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (pad_row0(a.cu_q, mid) <= pr0) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const int64_t i0 = pr0 - pad_row0(a.cu_q, lo);
+  const int tq = a.cu_q[lo + 1] - a.cu_q[lo];
+  if (i0 >= tq) return;  // padding
+  const float* base = ws.dq_acc + (static_cast<int64_t>(h) * ws.tp + pr0) * 128 + half * 4096 +
+                      (warp * 32 + rr * 4) * 4;
+  float ra[16], rb[16];  // rows warp * 16 + rr and + 8, columns half * 64 + 16 jp ..
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float4 f = *reinterpret_cast<const float4*>(base + ((2 * jp + jj) * 128 + q) * 4);
+      ra[jj * 8 + 2 * q] = f.x * a.scale;
+      ra[jj * 8 + 2 * q + 1] = f.y * a.scale;
+      rb[jj * 8 + 2 * q] = f.z * a.scale;
+      rb[jj * 8 + 2 * q + 1] = f.w * a.scale;
+    }
+  const int r = warp * 16 + rr;
+  const int col = half * 64 + jp * 16;
+  T16* dq = static_cast<T16*>(a.dq) + h * a.dq_h + col;
+  const int64_t t = a.cu_q[lo] + i0 + r;
+  if (i0 + r < tq) {
+    store8(dq + t * a.dq_t, *reinterpret_cast<const float(*)[8]>(&ra[0]));
+    store8(dq + t * a.dq_t + 8, *reinterpret_cast<const float(*)[8]>(&ra[8]));
+  }
+  if (i0 + r + 8 < tq) {
+    store8(dq + (t + 8) * a.dq_t, *reinterpret_cast<const float(*)[8]>(&rb[0]));
+    store8(dq + (t + 8) * a.dq_t + 8, *reinterpret_cast<const float(*)[8]>(&rb[8]));
+  }
 }
 
 // Where one block's keys sit in its sequence, for the masks.
@@ -134,25 +242,27 @@ struct BwdSeq {
   int right, left;  // the window (-1: unbounded); causal: right = 0
 };
 
-// One block's work: keys [n0, n0 + 64) of KV head hk of sequence blockIdx.y (blockIdx.x the
-// key tile), and the queries [i_lo, i_hi) that see some of them.
+// One block's work: keys [n0, n0 + kBN) (n0 = tile * kBN) of KV head hk of sequence b, the
+// queries [i_lo, i_hi) that see some of them, and p0, the sequence's first padded row.
 struct BwdBlock {
   int hk, k0, q0, n0, i_lo, i_hi;
+  int64_t p0;
   BwdSeq sq;
 };
-__device__ __forceinline__ BwdBlock bwd_block(const AttentionBwdArgs& a) {
+template <int kBN>
+__device__ __forceinline__ BwdBlock bwd_block(const AttentionBwdArgs& a, int b, int hk, int tile) {
   BwdBlock bb;
-  const int b = blockIdx.y;
-  bb.hk = blockIdx.z;
+  bb.hk = hk;
   bb.k0 = a.cu_k[b];
   bb.q0 = a.cu_q[b];
+  bb.p0 = pad_row0(a.cu_q, b);
   const int tk = a.cu_k[b + 1] - bb.k0, tq = a.cu_q[b + 1] - bb.q0;
-  bb.n0 = static_cast<int>(blockIdx.x) * kBwdBN;
+  bb.n0 = tile * kBN;
   bb.sq = {tk, tq, tk - tq, a.causal ? 0 : a.window_right, a.window_left};
   bb.i_lo = 0;
   bb.i_hi = tq;
   if (bb.sq.right >= 0) bb.i_lo = max(0, bb.n0 - bb.sq.off - bb.sq.right);
-  if (bb.sq.left >= 0) bb.i_hi = min(tq, bb.n0 + kBwdBN - bb.sq.off + bb.sq.left);
+  if (bb.sq.left >= 0) bb.i_hi = min(tq, bb.n0 + kBN - bb.sq.off + bb.sq.left);
   return bb;
 }
 
@@ -163,29 +273,39 @@ __device__ __forceinline__ bool step_unmasked(const BwdSeq& sq, int n0, int i0) 
          (sq.left < 0 || n0 >= i0 + kBwdBM - 1 + sq.off - sq.left);
 }
 
+// Whether the scores are soft-capped: kCap 1 yes, 0 no, -1 decided at run time from a.softcap.
+template <int kCap>
+__device__ __forceinline__ bool capped_scores(const AttentionBwdArgs& a) {
+  if constexpr (kCap < 0) {
+    return a.softcap > 0.0f;
+  } else {
+    return kCap == 1;
+  }
+}
+
 // P^T over S^T in place (this thread's fragments of 16 keys x kNT * 8 queries, the m16n8 C
 // layout: keys key_base + 8 (x / 2), queries i0 + 8 j + 2 (lane % 4) + x % 2): exp2 of the
 // log2-domain score less the row's lse2; with kMask, 0 where the key is not seen (masks, the
 // ends of the keys and of the queries).
-template <bool kMask, int kNT>
+template <bool kMask, int kCap = -1, int kNT>
 __device__ __forceinline__ void probs_t(float (&st)[kNT][4], const AttentionBwdArgs& a,
                                         const BwdSeq& sq, int key_base, int i0,
                                         const float* s_lse) {
   const int lane = threadIdx.x % kWarp;
-  const bool capped = a.softcap > 0.0f;
+  const bool capped = capped_scores<kCap>(a);
   const float mul = a.scale * kLog2e;
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
 #pragma unroll
     for (int x = 0; x < 4; ++x) {
       const int col = j * 8 + (lane % 4) * 2 + (x % 2);
-      float s2;  // the score in the log2 domain
+      float p;  // exp2 of the score in the log2 domain less lse2
       if (capped) {
-        s2 = a.softcap * tanhf(st[j][x] * a.scale / a.softcap) * kLog2e;
+        p = prefill_detail::fast_exp2(a.softcap * tanhf(st[j][x] * a.scale / a.softcap) * kLog2e -
+                                      s_lse[col]);
       } else {
-        s2 = st[j][x] * mul;
+        p = prefill_detail::fast_exp2(fmaf(st[j][x], mul, -s_lse[col]));
       }
-      float p = prefill_detail::fast_exp2(s2 - s_lse[col]);
       if constexpr (kMask) {
         const int key = key_base + (x / 2) * 8;
         const int pos = i0 + col + sq.off;
@@ -197,31 +317,33 @@ __device__ __forceinline__ void probs_t(float (&st)[kNT][4], const AttentionBwdA
       st[j][x] = p;
     }
 }
-template <int kNT>
+template <int kCap = -1, int kNT>
 __device__ __forceinline__ void probs_t(float (&st)[kNT][4], const AttentionBwdArgs& a,
                                         const BwdSeq& sq, int n0, int key_base, int i0,
                                         const float* s_lse) {
   if (step_unmasked(sq, n0, i0)) {
-    probs_t<false>(st, a, sq, key_base, i0, s_lse);
+    probs_t<false, kCap>(st, a, sq, key_base, i0, s_lse);
   } else {
-    probs_t<true>(st, a, sq, key_base, i0, s_lse);
+    probs_t<true, kCap>(st, a, sq, key_base, i0, s_lse);
   }
 }
 
-// dS^T = P^T (dP^T - delta) scale (x the cap's derivative), into dp, same layout.
-template <int kNT>
+// dS^T = P^T (dP^T - delta) (x scale with kScaled; x the cap's derivative), into dp, same
+// layout.
+template <int kCap = -1, bool kScaled = true, int kNT>
 __device__ __forceinline__ void dscores_t(float (&dp)[kNT][4], const float (&st)[kNT][4],
                                           const AttentionBwdArgs& a, const float* s_lse,
                                           const float* s_delta) {
   const int lane = threadIdx.x % kWarp;
-  const bool capped = a.softcap > 0.0f;
+  const bool capped = capped_scores<kCap>(a);
 #pragma unroll
   for (int j = 0; j < kNT; ++j)
 #pragma unroll
     for (int x = 0; x < 4; ++x) {
       const int col = j * 8 + (lane % 4) * 2 + (x % 2);
       const float pv = st[j][x];
-      float ds = pv * (dp[j][x] - s_delta[col]) * a.scale;
+      float ds = pv * (dp[j][x] - s_delta[col]);
+      if constexpr (kScaled) ds *= a.scale;
       if (capped && pv > 0.0f) {
         const float s = (__log2f(pv) + s_lse[col]) * 0.69314718055994531f / a.softcap;
         ds *= 1.0f - s * s;
@@ -252,7 +374,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   float* s_lse = reinterpret_cast<float*>(smem_raw + (2 * kBN + 2 * kBM) * kP * 2 + kBN * kPS * 2);
   float* s_delta = s_lse + kBM;
 
-  const BwdBlock bb = bwd_block(a);
+  const BwdBlock bb = bwd_block<kBwdBN>(a, blockIdx.y, blockIdx.z, blockIdx.x);
   if (bb.n0 >= bb.sq.tk) return;
   const int hk = bb.hk, k0 = bb.k0, q0 = bb.q0, n0 = bb.n0, tk = bb.sq.tk, tq = bb.sq.tq;
   const int i_lo = bb.i_lo, i_hi = bb.i_hi;
@@ -302,7 +424,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
       cp_async_commit();
       if (threadIdx.x < kBM) {
         const int i = i0 + static_cast<int>(threadIdx.x);
-        const int64_t at = static_cast<int64_t>(h) * a.T + q0 + i;
+        const int64_t at = static_cast<int64_t>(h) * ws.tp + bb.p0 + i;
         s_lse[threadIdx.x] = i < tq ? ws.lse2[at] : INFINITY;
         s_delta[threadIdx.x] = i < tq ? ws.delta[at] : 0.0f;
       }
@@ -402,7 +524,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
       for (int r = 0; r < 2; ++r) {
         const int i = i0 + warp * 16 + lane / 4 + 8 * r;
         if (i >= tq) continue;
-        float* dst = ws.dq_acc + (static_cast<int64_t>(h) * a.T + q0 + i) * kD + (lane % 4) * 2;
+        float* dst = ws.dq_acc + dq_at<false>(ws, kD, h, bb.p0 + i, (lane % 4) * 2);
 #pragma unroll
         for (int dn = 0; dn < kDT; ++dn) {
           atomicAdd(reinterpret_cast<float2*>(dst + dn * 8),
@@ -479,7 +601,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   const uint32_t sS = sQ0 + 4 * kTile, sRows = sS + C::kSTile;
   const float* rows_f = reinterpret_cast<const float*>(smem_raw + (sRows - raw));
 
-  const BwdBlock bb = bwd_block(a);
+  const BwdBlock bb = bwd_block<kBwdBN>(a, blockIdx.y, blockIdx.z, blockIdx.x);
   if (bb.n0 >= bb.sq.tk) return;
   const int hk = bb.hk, q0 = bb.q0, n0 = bb.n0, tk = bb.sq.tk, tq = bb.sq.tq;
   const int group = a.Hq / a.Hkv;
@@ -509,8 +631,8 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
                                         a.dout_t, rows);
     // Threads 0-63: lse2 of row t; 64-127: delta of row t - 64.
     const int t = threadIdx.x % kBM;
-    const float* src = (threadIdx.x < kBM ? ws.lse2 : ws.delta) + static_cast<int64_t>(h) * a.T +
-                       q0 + min(i0 + t, tq - 1);
+    const float* src = (threadIdx.x < kBM ? ws.lse2 : ws.delta) + static_cast<int64_t>(h) * ws.tp +
+                       bb.p0 + min(i0 + t, tq - 1);
     cp_async_4_at(sRows + ((buf * 2 + threadIdx.x / kBM) * kBM + t) * 4, src, i0 + t < tq);
   };
   load_step(0);
@@ -627,7 +749,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
     __syncthreads();  // the tile is complete and visible to the copy engine
     if (threadIdx.x == 0) {
       const int rows = min(kBM, tq - i0);
-      float* dst = ws.dq_acc + (static_cast<int64_t>(h) * a.T + q0 + i0) * kD;
+      float* dst = ws.dq_acc + dq_at<false>(ws, kD, h, bb.p0 + i0, 0);
       asm volatile(
           "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
           "r"(sDq), "r"(rows * kD * 4)
@@ -656,6 +778,283 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
     }
   }
 #endif
+}
+
+// The Hopper kernel for head dim 128 (sm_90a), FA3's arrangement of the same algorithm: a block of
+// two warpgroups owns 128 keys, warpgroup w keys [64 w, 64 w + 64) with their dK and dV in
+// registers, and the two share each step's 64 queries:
+//   S^T = K_w Q^T, dP^T = V_w dO^T   m64 n64 k128, from shared memory; P^T and dS^T in registers
+//   dV_w += P^T dO, dK_w += dS^T Q   m64 n128 k64, P^T / dS^T as register A operands
+//   dQ[:, 64 w .. 64 w + 64) = dS K  m64 n64 k128: dS^T of both warpgroups through shared memory
+// so each query tile is loaded, and its dQ added to the accumulator, once per 128 keys instead of
+// once per 64, and each warpgroup reduces a 64 x 64 half (16 KB, one bulk reduction staged in its
+// threads' fragment order, dq_slot). Q, dO and the rows' lse2 and delta arrive by the bulk copy
+// engine (TMA, two stages on mbarriers) issued by thread 0 once both warpgroups have released the
+// stage; dS^T is double-buffered so that one barrier per step (dS^T complete) suffices. The
+// products are issued ahead of the element-wise work that does not need them: P is formed while
+// dP^T runs, dS^T is stored while dV runs, dQ and dK are issued together, dQ staged while dK runs.
+// dS leaves out the scale: dK takes it at the end, dQ in bwd_dq_kernel.
+struct BwdH2 {
+  static constexpr int kD = 128, kBN = 128, kBM = 64, kThreads = 256;
+  static constexpr uint32_t kKV = kBN * kD * 2;   // K or V: two panels of [128][64]
+  static constexpr uint32_t kQ = kBM * kD * 2;    // a Q or dO tile: two panels of [64][64]
+  static constexpr uint32_t kS = kBN * kBM * 2;   // dS^T [128 keys][64 queries], one panel
+  static constexpr uint32_t kRows = 2 * kBM * 4;  // lse2 and delta of a stage
+  static constexpr int kStages = 3;               // Q / dO / rows stages
+  // K, V | stages x (Q, dO) | 2 x dS^T | stages x rows | stages barriers; + 1024: re-alignment.
+  static constexpr uint32_t kOffQ = 2 * kKV, kOffS = kOffQ + kStages * 2 * kQ,
+                            kOffRows = kOffS + 2 * kS, kOffBar = kOffRows + kStages * kRows;
+  static constexpr size_t kSmemBytes = kOffBar + kStages * 8 + 1024;
+};
+
+struct BwdMaps {
+  CUtensorMap q, dout;  // [T][Hq][128] 16-bit, boxes of 64 rows x 64 columns, 128-byte swizzle
+};
+
+template <class T16, bool kCap>
+__global__ void __launch_bounds__(BwdH2::kThreads, 1)
+    bwd_h2_kernel(const AttentionBwdArgs a, const BwdWs ws, const __grid_constant__ BwdMaps maps) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma exists on sm_90a only; the host launches this kernel on sm_90 devices only
+#else
+  using E = MmaElem<T16>;
+  using C = BwdH2;
+  using wgmma_detail::load_swizzled;
+  constexpr int kBM = C::kBM, kNT = kBM / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t sK = (raw + 1023u) & ~1023u, sV = sK + C::kKV, sQ0 = sK + C::kOffQ;
+  const uint32_t sS0 = sK + C::kOffS, sRows = sK + C::kOffRows;
+  const uint32_t full0 = sK + C::kOffBar;  // a barrier per stage, 8 bytes apart
+  const float* rows_f = reinterpret_cast<const float*>(smem_raw + (sRows - raw));
+
+  const BwdBlock bb = bwd_block<C::kBN>(a, blockIdx.y, blockIdx.z, blockIdx.x);
+  if (bb.n0 >= bb.sq.tk) return;
+  const int hk = bb.hk, tk = bb.sq.tk, n0 = bb.n0;
+  const int group = a.Hq / a.Hkv;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int warp = tid / kWarp, lane = tid % kWarp;
+
+  load_swizzled<C::kBN, C::kD, C::kThreads>(
+      sK, static_cast<const uint16_t*>(a.k) + static_cast<int64_t>(bb.k0 + n0) * a.k_t + hk * a.k_h,
+      a.k_t, tk - n0);
+  load_swizzled<C::kBN, C::kD, C::kThreads>(
+      sV, static_cast<const uint16_t*>(a.v) + static_cast<int64_t>(bb.k0 + n0) * a.v_t + hk * a.v_h,
+      a.v_t, tk - n0);
+  cp_async_commit();
+
+  // Steps: (query head g of the group, query tile i0), head by head, the tiles on the sequence's
+  // 64-row grid (its padded blocks) from the one holding i_lo to i_hi.
+  const int i_first = bb.i_lo / kBM * kBM;
+  const int per_head = bb.i_hi > bb.i_lo ? (bb.i_hi - i_first + kBM - 1) / kBM : 0;
+  const int n_steps = per_head * group;
+  auto step_head = [&](int s) { return hk * group + s / per_head; };
+  auto step_i0 = [&](int s) { return i_first + (s % per_head) * kBM; };
+  // Thread 0: step s's Q, dO (two 64-column panels each), lse2 and delta into stage s % 3.
+  auto issue = [&](int s) {
+    if (s >= n_steps) return;
+    const int st = s % C::kStages, h = step_head(s), i0 = step_i0(s);
+    const uint32_t bar = full0 + 8 * st, q = sQ0 + st * 2 * C::kQ;
+    const uint64_t keep = l2_evict_last_policy();
+    mbar_arrive_expect_tx(bar, 2 * C::kQ + C::kRows);
+    for (int p = 0; p < 2; ++p) {
+      tma_load_3d(q + p * (kBM * 128), &maps.q, 64 * p, h, bb.q0 + i0, bar, keep);
+      tma_load_3d(q + C::kQ + p * (kBM * 128), &maps.dout, 64 * p, h, bb.q0 + i0, bar, keep);
+    }
+    const int64_t row = static_cast<int64_t>(h) * ws.tp + bb.p0 + i0;
+    bulk_load(sRows + st * C::kRows, ws.lse2 + row, kBM * 4, bar);
+    bulk_load(sRows + st * C::kRows + kBM * 4, ws.delta + row, kBM * 4, bar);
+  };
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < C::kStages; ++st) mbar_init(full0 + 8 * st, 1);
+    mbar_init_fence();
+    for (int s = 0; s < C::kStages; ++s) issue(s);
+  }
+
+  float dk[C::kD / 2], dv[C::kD / 2];
+#pragma unroll
+  for (int i = 0; i < C::kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+  // This warpgroup's keys, and this thread's within them: n0w + warp * 16 + lane / 4 + 8 r.
+  const int n0w = n0 + wg * 64;
+  const int key_base = n0w + warp * 16 + lane / 4;
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  __syncthreads();  // K and V landed and are visible to wgmma; the barriers are initialised
+
+  for (int s = 0; s < n_steps; ++s) {
+    const int st = s % C::kStages, h = step_head(s), i0 = step_i0(s);
+    const uint32_t parity = (s / C::kStages) & 1;
+    const uint32_t sQ = sQ0 + st * 2 * C::kQ, sdO = sQ + C::kQ, sS = sS0 + (s & 1) * C::kS;
+    const float* s_lse = rows_f + st * (2 * kBM);
+    const float* s_delta = s_lse + kBM;
+    mbar_wait(full0 + 8 * st, parity);
+
+    // S^T = K_w Q^T and dP^T = V_w dO^T: K-major A and B, 16-column steps inside 64-column
+    // panels (K and V panels hold 128 rows, this warpgroup's start 64 w rows in).
+    float sc[kBM / 2], dp[kBM / 2];
+    auto keys_by_queries = [&](float(&acc)[kBM / 2], uint32_t keys, uint32_t queries) {
+#pragma unroll
+      for (int kk = 0; kk < C::kD / 16; ++kk) {
+        const uint32_t col = (kk % 4) * 32;
+        wgmma_ss<T16, kBM>(
+            acc, wgmma_desc_sw128(keys + (kk / 4) * (C::kBN * 128) + wg * 8192 + col, 16, 1024),
+            wgmma_desc_sw128(queries + (kk / 4) * (kBM * 128) + col, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+    };
+    wgmma_fence();
+    keys_by_queries(sc, sK, sQ);
+    keys_by_queries(dp, sV, sdO);
+    wgmma_fence_operand(sc);
+    wgmma_wait<1>();  // S^T is in; dP^T may still run
+    wgmma_fence_operand(sc);
+    auto& sc4 = *reinterpret_cast<float(*)[kNT][4]>(&sc[0]);
+    auto& dp4 = *reinterpret_cast<float(*)[kNT][4]>(&dp[0]);
+    probs_t<kCap ? 1 : 0>(sc4, a, bb.sq, n0w, key_base, i0, s_lse);
+    uint32_t pa[kBM / 16][4], sa[kBM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      prefill_detail::p_fragment<E>(pa[kk], *reinterpret_cast<const float(*)[1][kNT][4]>(&sc[0]), 0,
+                                    kk);
+    wgmma_fence_operand(dp);
+    wgmma_wait<0>();
+    wgmma_fence_operand(dp);
+    dscores_t<kCap ? 1 : 0, false>(dp4, sc4, a, s_lse, s_delta);
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      prefill_detail::p_fragment<E>(sa[kk], *reinterpret_cast<const float(*)[1][kNT][4]>(&dp[0]), 0,
+                                    kk);
+    // dV += P^T dO: B N-major, LBO = one 64-column panel, SBO = 8 queries.
+    wgmma_fence_operand(dv);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_rs<T16, C::kD>(dv, pa[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, kBM * 128, 1024));
+    wgmma_commit();
+    // dS^T to shared memory, [key][query] swizzled: the 16-byte chunk c of key row r at c ^ (r %
+    // 8).
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int r = wg * 64 + warp * 16 + lane / 4 + 8 * (x % 2);
+        const int c = kk * 16 + 8 * (x / 2) + (lane % 4) * 2;  // query column (even)
+        const uint32_t at = sS + r * 128 + ((((c / 8) ^ (r % 8)) * 16) | ((c % 8) * 2));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(sa[kk][x]) : "memory");
+      }
+    fence_proxy_async_shared();
+    named_barrier_sync(1, C::kThreads);  // both warpgroups' dS^T are in and visible to wgmma
+    // Both warpgroups are done with step s - 1, so its stage takes step s + 2.
+    if (threadIdx.x == 0 && s >= 1) issue(s + 2);
+
+    // dQ's half = dS K[:, 64 w ..): A = dS^T M-major over all 128 keys, B = K panel w N-major;
+    // then dK += dS^T Q.
+    float dq[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kBN / 16; ++kk)
+      wgmma_sstt<T16, 64>(
+          dq, wgmma_desc_sw128(sS + kk * 16 * 128, kBM * 128, 1024),
+          wgmma_desc_sw128(sK + wg * (C::kBN * 128) + kk * 16 * 128, C::kBN * 128, 1024), kk > 0);
+    wgmma_commit();
+    wgmma_fence_operand(dk);
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_rs<T16, C::kD>(dk, sa[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, kBM * 128, 1024));
+    wgmma_commit();
+    wgmma_fence_operand(dq);
+    wgmma_wait<1>();  // dV and dQ are done; dK may still run
+    wgmma_fence_operand(dq);
+    wgmma_fence_operand(dv);
+    hold(pa);
+
+    // The half added to the accumulator in fragment order: a warp's 16-byte reductions cover
+    // 512 contiguous bytes.
+    float* dq_dst = ws.dq_acc + dq_at<true>(ws, C::kD, h, bb.p0 + i0, 64 * wg) + tid * 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq_dst + j * 512),
+                   "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
+                   : "memory");
+    wgmma_fence_operand(dk);
+    wgmma_wait<0>();
+    wgmma_fence_operand(dk);
+    hold(sa);
+  }
+
+  // dK (times the scale, left out of dS) and dV, staged in K's and V's shared memory as
+  // [128 keys][256 bytes] rows with the 16-byte chunk c at c ^ (key % 8) (conflict-free both
+  // ways), then written as whole 16-byte chunks.
+  __syncthreads();  // both warpgroups' products are done with K and V
+#pragma unroll
+  for (int dn = 0; dn < C::kD / 8; ++dn)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = wg * 64 + warp * 16 + lane / 4 + 8 * r;
+      const uint32_t at = row * 256 + ((dn ^ (row % 8)) * 16) + (lane % 4) * 4;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + at),
+                   "r"(E::pack(dk[4 * dn + 2 * r] * a.scale, dk[4 * dn + 2 * r + 1] * a.scale))
+                   : "memory");
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sV + at),
+                   "r"(E::pack(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]))
+                   : "memory");
+    }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < C::kBN * 16 / C::kThreads; ++i) {
+    const int idx = i * C::kThreads + threadIdx.x, row = idx / 16, c = idx % 16;
+    if (n0 + row >= tk) continue;
+    const uint32_t at = row * 256 + ((c ^ (row % 8)) * 16);
+    uint4 kx, vx;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(kx.x), "=r"(kx.y), "=r"(kx.z), "=r"(kx.w)
+                 : "r"(sK + at));
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(vx.x), "=r"(vx.y), "=r"(vx.z), "=r"(vx.w)
+                 : "r"(sV + at));
+    const int64_t key = bb.k0 + n0 + row;
+    *reinterpret_cast<uint4*>(static_cast<T16*>(a.dk) + key * a.dk_t + hk * a.dk_h + c * 8) = kx;
+    *reinterpret_cast<uint4*>(static_cast<T16*>(a.dv) + key * a.dv_t + hk * a.dv_h + c * 8) = vx;
+  }
+#endif
+}
+
+// Q's and dO's tensor maps for bwd_h2_kernel: [T][Hq][128] with their strides, boxes of 64
+// columns x 1 head x 64 rows; false if the driver refused them.
+bool encode_bwd_maps(BwdMaps& m, const AttentionBwdArgs& a) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  auto one = [&](CUtensorMap* map, const void* base, int64_t t_stride, int64_t h_stride) {
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.D), static_cast<cuuint64_t>(a.Hq),
+                                static_cast<cuuint64_t>(a.T)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(h_stride) * 2,
+                                   static_cast<cuuint64_t>(t_stride) * 2};
+    const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(BwdH2::kBM)};
+    const cuuint32_t unit[3] = {1, 1, 1};
+    return encode(map, a.fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                  3, const_cast<void*>(base), dims, strides, box, unit,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  return one(&m.q, a.q, a.q_t, a.q_h) && one(&m.dout, a.dout, a.dout_t, a.dout_h);
+}
+
+template <class T16, bool kCap>
+void launch_h2(const AttentionBwdArgs& a, const BwdWs& ws, const BwdMaps& maps) {
+  static const bool raised = [] {
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(bwd_h2_kernel<T16, kCap>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(BwdH2::kSmemBytes)));
+    return true;
+  }();
+  (void)raised;
+  // Key tiles fastest: the blocks in flight share a few heads' Q, dO and dQ in L2.
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.max_tk, BwdH2::kBN)), static_cast<unsigned>(a.B),
+                  static_cast<unsigned>(a.Hkv));
+  bwd_h2_kernel<T16, kCap>
+      <<<grid, BwdH2::kThreads, BwdH2::kSmemBytes, current_stream()>>>(a, ws, maps);
+  check_launch("attention backward");
 }
 
 // Launches kKernel with kSmem bytes of dynamic shared memory, its limit raised once per kernel
@@ -691,15 +1090,35 @@ void launch_bwd(const AttentionBwdArgs& a, BwdWs ws) {
 template <class T16>
 bool run_bwd(const AttentionBwdArgs& a) {
   if (!(a.D >= 64 && a.D <= 128 && a.D % 16 == 0)) return false;
-  const BwdWs ws = bwd_ws(a.workspace, a.T, a.Hq, a.D);
+  const BwdWs ws = bwd_ws(a.workspace, a.T, a.Hq, a.D, a.B);
   const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
+  // The two-warpgroup kernel at head dim 128 on Hopper (unless the mma.sync kernels are asked
+  // for), where the driver encodes its tensor maps.
+  BwdMaps maps;
+  const bool h2 = a.D == 128 && a.max_tk > 0 && rows > 0 &&
+                  cuda::prefill_kernel() == PrefillKernel::kAuto &&
+                  device_info().compute_capability() == 90 && encode_bwd_maps(maps, a);
+  if (h2) {  // its whole accumulator, and lse2 and delta of the padding rows, start as zeros
+    LLMK_CUDA_CHECK(cudaMemsetAsync(a.workspace, 0, ws.tp * a.Hq * (a.D + 2) * sizeof(float),
+                                    current_stream()));
+  }
   if (rows > 0) {
     constexpr int kThreads = 256;
-    bwd_rows_kernel<T16><<<static_cast<unsigned>(ceil_div(rows * kRowLanes, kThreads)), kThreads, 0,
-                           current_stream()>>>(a, ws);
+    const dim3 grid(static_cast<unsigned>(ceil_div(rows * kRowLanes, kThreads)));
+    if (h2) {
+      bwd_rows_kernel<T16, false><<<grid, kThreads, 0, current_stream()>>>(a, ws);
+    } else {
+      bwd_rows_kernel<T16, true><<<grid, kThreads, 0, current_stream()>>>(a, ws);
+    }
     check_launch("attention backward rows");
   }
-  if (a.max_tk > 0) {
+  if (h2) {
+    if (a.softcap > 0.0f) {
+      launch_h2<T16, true>(a, ws, maps);
+    } else {
+      launch_h2<T16, false>(a, ws, maps);
+    }
+  } else if (a.max_tk > 0) {
     switch (a.D) {
       case 64:
         launch_bwd<64, T16>(a, ws);
@@ -721,9 +1140,14 @@ bool run_bwd(const AttentionBwdArgs& a) {
     }
   }
   if (rows > 0) {
-    const int64_t n = rows * (a.D / 8);
-    bwd_dq_kernel<T16>
-        <<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, current_stream()>>>(a, ws.dq_acc);
+    if (h2) {
+      bwd_dq_tiles_kernel<T16>
+          <<<static_cast<unsigned>(ws.tp / 64 * a.Hq), 256, 0, current_stream()>>>(a, ws);
+    } else {
+      const int64_t n = rows * (a.D / 8);
+      bwd_dq_kernel<T16>
+          <<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, current_stream()>>>(a, ws);
+    }
     check_launch("attention backward dq");
   }
   return true;

@@ -6,9 +6,10 @@
 // one block per (key tile, KV head, sequence) keeps its K and V tiles and its dK and dV
 // accumulators while it walks the query tiles that see it, for every query head of the KV group
 // in turn, so dK and dV need no atomics and are summed over the group in a fixed order; dQ is
-// added to the fp32 accumulator, by one bulk reduction per step on Hopper, by atomics in the
-// mma.sync build), and a pass that rounds dQ to 16 bits. dQ's sums thus run in no fixed order:
-// its last bits may differ from run to run.
+// added to the fp32 accumulator: by vector reductions in L2 from the Hopper head-dim-128 kernel
+// (two warpgroups on 128 keys), by one bulk reduction per step from the other Hopper kernel, by
+// atomics in the mma.sync build), and a pass that rounds dQ to 16 bits. dQ's sums thus run in no
+// fixed order: its last bits may differ from run to run.
 #pragma once
 
 #include <cstddef>
@@ -41,7 +42,7 @@ struct AttentionBwdArgs {
   // row that sees no key); optional dlse, its gradient, [Hq, T] fp32.
   const float* lse = nullptr;
   const float* dlse = nullptr;
-  // attention_backward_workspace(T, Hq, D) bytes of device memory, 16-byte aligned.
+  // attention_backward_workspace(T, Hq, D, B) bytes of device memory, 16-byte aligned.
   void* workspace = nullptr;
 
   int T = 0, Tk = 0, Hq = 0, Hkv = 0, D = 0;
@@ -63,7 +64,8 @@ struct AttentionBwdArgs {
 
 // Head dims the tensor-core backward is built for: multiples of 16 from 64 to 128.
 bool attention_backward_supported(int D);
-size_t attention_backward_workspace(int64_t T, int64_t Hq, int64_t D);
+// Bytes of workspace for T query rows of Hq heads in B sequences.
+size_t attention_backward_workspace(int64_t T, int64_t Hq, int64_t D, int64_t B);
 // Throws llmk::Error for an unsupported head dim.
 void attention_backward(const AttentionBwdArgs& a);
 

@@ -3,6 +3,9 @@
 // and picks the instantiation. Internal to this folder.
 #pragma once
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cstddef>
 
 #include "kernels/cuda/attention/attention.h"
@@ -58,5 +61,9 @@ int decode_blocks_per_sm(bool tma);
 // encoder); the caller reports it.
 template <int kD>
 bool launch_decode(const AttentionArgs& a, const DecodePlan& plan);
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda);
+// nullptr where the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
 
 }  // namespace llmk::cuda::attn

@@ -108,6 +108,24 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c
 #endif
 }
 
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared at `dst` by the
+// bulk copy engine, completing `bar`'s expected bytes.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+// Barrier `id` (1-15; 0 is __syncthreads) among `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Four 8x8 b16 matrices at a shared-space byte address (in unrolled loops a per-thread base plus
 // a compile-time offset, which ptxas folds into the instruction); lane l supplies the address of
 // row (l % 8) of matrix l / 8. Thread t receives elements (t / 4, 2 (t % 4) + {0, 1}) of each

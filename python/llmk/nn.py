@@ -50,9 +50,11 @@ class FlashAttention(nn.Module):
     cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None)."""
 
     def __init__(self, causal: bool = True, window: Union[None, int, Sequence[int]] = None,
-                 softcap: Optional[float] = None, scale: Optional[float] = None):
+                 softcap: Optional[float] = None, scale: Optional[float] = None,
+                 deterministic: bool = False):
         super().__init__()
         self.causal, self.window, self.softcap, self.scale = causal, window, softcap, scale
+        self.deterministic = deterministic
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor] = None,
                 cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
@@ -60,11 +62,11 @@ class FlashAttention(nn.Module):
         return L.flash_attn(q, k, v, causal=self.causal, window=self.window,
                             softcap=self.softcap, scale=self.scale, cu_seqlens_q=cu_seqlens_q,
                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                            max_seqlen_k=max_seqlen_k)
+                            max_seqlen_k=max_seqlen_k, deterministic=self.deterministic)
 
     def extra_repr(self) -> str:
         return (f"causal={self.causal}, window={self.window}, softcap={self.softcap}, "
-                f"scale={self.scale}")
+                f"scale={self.scale}" + (", deterministic=True" if self.deterministic else ""))
 
 
 class _LinearAct(nn.Linear):

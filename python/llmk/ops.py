@@ -533,7 +533,8 @@ def rope(q: Tensor, k: Tensor, cos_sin: Optional[tuple[Tensor, Tensor]] = None,
 @_op("flash_attn")
 def _flash_attn(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, scale: float,
                 causal: bool, window_left: int, window_right: int, softcap: float,
-                max_seqlen_k: int) -> tuple[Tensor, Tensor]:
+                max_seqlen_k: int, deterministic: bool) -> tuple[Tensor, Tensor]:
+    # deterministic: for the backward (which takes the forward's arguments)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = q.new_empty(q.shape[1], q.shape[0], dtype=_lse_dtype(q))
     _C.flash_attention_forward(out, lse, _c(q), _c(k), _c(v), _c(cu_q), _c(cu_k), scale, causal,
@@ -542,7 +543,8 @@ def _flash_attn(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, sca
 
 
 @_flash_attn.register_fake
-def _(q, k, v, cu_q, cu_k, scale, causal, window_left, window_right, softcap, max_seqlen_k):
+def _(q, k, v, cu_q, cu_k, scale, causal, window_left, window_right, softcap, max_seqlen_k,
+      deterministic):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty(q.shape[1], q.shape[0], dtype=_lse_dtype(q)))
 
@@ -551,25 +553,24 @@ def _(q, k, v, cu_q, cu_k, scale, causal, window_left, window_right, softcap, ma
 def _flash_attn_backward(dout: Tensor, dlse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
                          out: Tensor, lse: Tensor, cu_q: Tensor, cu_k: Tensor, scale: float,
                          causal: bool, window_left: int, window_right: int, softcap: float,
-                         max_seqlen_k: int) -> tuple[Tensor, Tensor, Tensor]:
+                         max_seqlen_k: int, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty_like(dk)
     ws = None
     if q.is_cuda:
         ws = torch.empty(_C.flash_attention_backward_workspace(q, cu_q.shape[0] - 1),
-                         dtype=torch.uint8,
-                         device=q.device)
+                         dtype=torch.uint8, device=q.device)
     _C.flash_attention_backward(dq, dk, dv, _c(dout), None if dlse is None else _c(dlse), _c(q),
                                 _c(k), _c(v), _c(out), _c(lse), _c(cu_q), _c(cu_k), scale,
-                                causal, window_left, window_right, softcap, max_seqlen_k, ws,
-                                _stream(q))
+                                causal, window_left, window_right, softcap, max_seqlen_k,
+                                deterministic, ws, _stream(q))
     return dq, dk, dv
 
 
 @_flash_attn_backward.register_fake
 def _(dout, dlse, q, k, v, out, lse, cu_q, cu_k, scale, causal, window_left, window_right,
-      softcap, max_seqlen_k):
+      softcap, max_seqlen_k, deterministic):
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     return dq, dk, torch.empty_like(dk)
@@ -586,7 +587,7 @@ def _flash_bwd(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     dout = torch.zeros_like(out) if dout is None else dout
     dq, dk, dv = _flash_attn_backward(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.params)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 _flash_attn.register_autograd(_flash_bwd, setup_context=_flash_setup)
@@ -640,19 +641,16 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     not causal, the W - 1 after it); or (left, right) as flash-attn's window_size, -1
     unbounded. softcap: scores = softcap * tanh(scores / softcap). scale: default
     1/sqrt(dim). A query that sees no key gets zeros (and lse -inf). The backward gives dq, dk,
-    dv (dk, dv summed over each query group). The CPU kernels are always deterministic;
-    the CUDA backward adds dq's parts in no fixed order (its last bits may change from run to
-    run), so deterministic=True with CUDA tensors that need gradients is an error. Under CUDA
-    autocast, float32 CUDA inputs are cast to autocast's dtype first, as SDPA does.
+    dv (dk, dv summed over each query group). The CPU kernels are always deterministic; the
+    CUDA backward adds dq's parts in no fixed order (its last bits may change from run to run)
+    unless deterministic=True, which makes it add them key block by key block, the same bits on
+    every run, at some cost in speed. Under CUDA autocast, float32 CUDA inputs are cast to
+    autocast's dtype first, as SDPA does.
     """
     if q.is_cuda and torch.is_autocast_enabled("cuda"):
         dt = torch.get_autocast_dtype("cuda")
         q, k, v = (t.to(dt) if t.dtype == torch.float32 else t for t in (q, k, v))
     _check_float("flash_attn", q=q, k=k, v=v)
-    if deterministic and q.is_cuda and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError(
-            "llmk.ops.flash_attn: deterministic=True: the CUDA backward sums dq in no fixed "
-            "order; there is no deterministic CUDA backward yet")
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     nd = 3 if varlen else 4
     layout = "[total, heads, dim]" if varlen else "[batch, seq, heads, dim]"
@@ -673,6 +671,7 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                lambda: f"llmk.ops.flash_attn: scale = {scale} must be > 0")
     left, right = _window(window, causal)
     params = (float(scale or 1.0 / math.sqrt(D)), bool(causal), left, right, float(softcap or 0.0))
+    det = bool(deterministic)
     if varlen:
         _check(cu_seqlens_q is not None and cu_seqlens_k is not None,
                "llmk.ops.flash_attn: give both cu_seqlens_q and cu_seqlens_k")
@@ -694,13 +693,14 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
             _check(not torch.compiler.is_compiling() or not q.is_cuda,
                    "llmk.ops.flash_attn: give max_seqlen_k with cu_seqlens under torch.compile")
             max_seqlen_k = int(cu_seqlens_k.diff().max()) if cu_seqlens_k.numel() > 1 else 0
-        out, lse = _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, *params, int(max_seqlen_k))
+        out, lse = _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, *params, int(max_seqlen_k),
+                               det)
         return (out, lse) if return_lse else out
     B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
     _check(k.shape[0] == B, lambda: f"llmk.ops.flash_attn: q has batch {B} but k {k.shape[0]}")
     cu_q, cu_k = _offsets(B, Sq, q.device), _offsets(B, Sk, q.device)
     out, lse = _flash_attn(q.reshape(B * Sq, Hq, D), k.reshape(B * Sk, Hkv, D),
-                           v.reshape(B * Sk, Hkv, D), cu_q, cu_k, *params, Sk)
+                           v.reshape(B * Sk, Hkv, D), cu_q, cu_k, *params, Sk, det)
     out = out.view(B, Sq, Hq, D)
     return (out, lse.view(Hq, B, Sq).transpose(0, 1)) if return_lse else out
 

@@ -321,24 +321,26 @@ void register_ops(nb::module_& parent) {
       "flash_attention_backward",
       [](Array dq, Array dk, Array dv, Array dout, OptArray dlse, Array q, Array k, Array v,
          Array out, Array lse, Array cu_q, Array cu_k, double scale, bool causal, int64_t left,
-         int64_t right, double softcap, int64_t max_seqlen_k, OptArray workspace,
-         uintptr_t stream) {
+         int64_t right, double softcap, int64_t max_seqlen_k, bool deterministic,
+         OptArray workspace, uintptr_t stream) {
         Tensor tq = tensor_of(dq, "dq"), tk = tensor_of(dk, "dk"), tv = tensor_of(dv, "dv");
+        ops::FlashParams p = flash_params(scale, causal, left, right, softcap, max_seqlen_k);
+        p.deterministic = deterministic;
         std::optional<Tensor> tdl = opt_tensor(dlse, "dlse"),
                               ws = opt_tensor(workspace, "workspace");
         on_stream(stream, [&] {
-          ops::flash_attention_backward(
-              tq, tk, tv, tensor_of(dout, "dout"), tdl ? &*tdl : nullptr, tensor_of(q, "q"),
-              tensor_of(k, "k"), tensor_of(v, "v"), tensor_of(out, "out"), tensor_of(lse, "lse"),
-              tensor_of(cu_q, "cu_seqlens_q"), tensor_of(cu_k, "cu_seqlens_k"),
-              flash_params(scale, causal, left, right, softcap, max_seqlen_k), ws ? &*ws : nullptr);
+          ops::flash_attention_backward(tq, tk, tv, tensor_of(dout, "dout"), tdl ? &*tdl : nullptr,
+                                        tensor_of(q, "q"), tensor_of(k, "k"), tensor_of(v, "v"),
+                                        tensor_of(out, "out"), tensor_of(lse, "lse"),
+                                        tensor_of(cu_q, "cu_seqlens_q"),
+                                        tensor_of(cu_k, "cu_seqlens_k"), p, ws ? &*ws : nullptr);
         });
       },
       nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dout"), nb::arg("dlse").none(),
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("cu_q"),
       nb::arg("cu_k"), nb::arg("scale"), nb::arg("causal"), nb::arg("window_left"),
       nb::arg("window_right"), nb::arg("softcap"), nb::arg("max_seqlen_k"),
-      nb::arg("workspace").none(), nb::arg("stream"));
+      nb::arg("deterministic"), nb::arg("workspace").none(), nb::arg("stream"));
   m.def(
       "flash_attention_backward_workspace",
       [](Array q, int64_t sequences) {

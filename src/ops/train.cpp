@@ -645,6 +645,7 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
     b.scale = static_cast<float>(fc.scale);
     b.softcap = static_cast<float>(p.softcap);
     b.causal = p.causal;
+    b.deterministic = p.deterministic;
     b.window_left = static_cast<int>(p.window_left);
     b.window_right = static_cast<int>(p.window_right);
     cuda::attention_backward(b);

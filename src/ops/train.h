@@ -63,6 +63,8 @@ struct FlashParams {
   // The most keys of any sequence: CUDA needs it (the offsets stay on the device); the CPU reads
   // it from cu_k.
   int64_t max_seqlen_k = -1;
+  // The backward's dq summed in a fixed order on CUDA (the CPU's always is).
+  bool deterministic = false;
 };
 // Variable-length batches in flash-attn's layout: q, out: [total_q, Hq, D]; k, v: [total_k, Hkv,
 // D]; cu_q, cu_k: [batch + 1] i32 (0, then running totals), on q's device; lse: [Hq, total_q]

@@ -62,18 +62,21 @@ __device__ __forceinline__ int64_t padded_row(const int32_t* cu_q, int B, int64_
 
 // The workspace, over padded rows: dQ's fp32 accumulator [Hq, tp, D] (a query tile of one head
 // is one contiguous block, for the bulk reductions), then lse2 and delta, [Hq, tp] each (zeros
-// in the padding rows).
+// in the padding rows), then the deterministic mode's turn counters, [Hq, tp / 64, 2] int32.
 struct BwdWs {
   float* dq_acc;
   float* lse2;
   float* delta;
+  int* turns;
   int64_t tp;
 };
 BwdWs bwd_ws(void* ws, int64_t T, int64_t Hq, int64_t D, int64_t B) {
   float* p = static_cast<float*>(ws);
   const int64_t tp = padded_rows(T, B);
-  return {p, p + tp * Hq * D, p + tp * Hq * D + tp * Hq, tp};
+  float* delta = p + tp * Hq * D + tp * Hq;
+  return {p, p + tp * Hq * D, delta, reinterpret_cast<int*>(delta + tp * Hq), tp};
 }
+size_t turns_bytes(const BwdWs& ws, int64_t Hq) { return ws.tp / 64 * Hq * 2 * sizeof(int); }
 
 // Where the Hopper D = 128 kernel's accumulator keeps element (r, col) of a 64 x 128 query tile:
 // warpgroup col / 64's half (4096 floats) in its threads' fragment order, thread t's four floats
@@ -261,9 +264,43 @@ __device__ __forceinline__ BwdBlock bwd_block(const AttentionBwdArgs& a, int b, 
   bb.sq = {tk, tq, tk - tq, a.causal ? 0 : a.window_right, a.window_left};
   bb.i_lo = 0;
   bb.i_hi = tq;
-  if (bb.sq.right >= 0) bb.i_lo = max(0, bb.n0 - bb.sq.off - bb.sq.right);
+  if (bb.sq.right >= 0) bb.i_lo = max(0, bb.n0 - bb.sq.off - bb.sq.right) / 64 * 64;
   if (bb.sq.left >= 0) bb.i_hi = min(tq, bb.n0 + kBN - bb.sq.off + bb.sq.left);
   return bb;
+}
+
+// Deterministic dQ (a.deterministic): the blocks adding to one 64-row query tile of one head (and
+// part: the halves of the two-warpgroup kernel) take turns on a counter per (head, tile, part)
+// that starts at 0, in descending key-tile order. Every key tile from this block's up to the last
+// whose queries start at or before row i0 (i_lo grows with the key tile, as i_hi does) adds to
+// the tile, so this block's turn is that last key tile less its own. Blocks walk their query
+// tiles upwards and the grid hands out key tiles last first (key_tile), so a block's
+// predecessors started no later and reach each tile first (the causal case: two tiles ahead),
+// and a block only ever waits for blocks already running.
+__device__ __forceinline__ int key_tile(const AttentionBwdArgs& a) {
+  return static_cast<int>(a.deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+}
+template <int kBN>
+__device__ __forceinline__ int dq_turn(const BwdBlock& bb, int i0) {
+  const int n = bb.n0 / kBN, tiles = (bb.sq.tk + kBN - 1) / kBN;
+  if (bb.sq.right < 0) return tiles - 1 - n;
+  // i_lo(m) = floor64(max(0, m kBN - off - right)) <= i0  iff  m kBN <= i0 + 63 + off + right
+  const int x = i0 + 63 + bb.sq.off + bb.sq.right;  // >= n kBN >= 0: this block reaches i0
+  return min(tiles - 1, x / kBN) - n;
+}
+__device__ __forceinline__ int* dq_counter(const BwdWs& ws, int h, int64_t pr0, int part) {
+  return ws.turns + (static_cast<int64_t>(h) * ws.tp + pr0) / 64 * 2 + part;
+}
+__device__ __forceinline__ void wait_turn(const int* counter, int turn) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen != turn);
+}
+// After this thread's additions to the tile, and those of the threads that reached a barrier
+// with it since theirs (the release orders them too).
+__device__ __forceinline__ void pass_turn(int* counter) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
 // Whether every key of [n0, n0 + 64) is seen by every query of [i0, i0 + 64): no mask needed.
@@ -374,7 +411,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   float* s_lse = reinterpret_cast<float*>(smem_raw + (2 * kBN + 2 * kBM) * kP * 2 + kBN * kPS * 2);
   float* s_delta = s_lse + kBM;
 
-  const BwdBlock bb = bwd_block<kBwdBN>(a, blockIdx.y, blockIdx.z, blockIdx.x);
+  const BwdBlock bb = bwd_block<kBwdBN>(a, blockIdx.y, blockIdx.z, key_tile(a));
   if (bb.n0 >= bb.sq.tk) return;
   const int hk = bb.hk, k0 = bb.k0, q0 = bb.q0, n0 = bb.n0, tk = bb.sq.tk, tq = bb.sq.tq;
   const int i_lo = bb.i_lo, i_hi = bb.i_hi;
@@ -520,6 +557,11 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
           E::mma(dq[2 * dn2 + 1], sa, kb[2], kb[3]);
         }
       }
+      int* counter = a.deterministic ? dq_counter(ws, h, bb.p0 + i0, 0) : nullptr;
+      if (counter != nullptr) {
+        if (threadIdx.x == 0) wait_turn(counter, dq_turn<kBN>(bb, i0));
+        __syncthreads();
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = i0 + warp * 16 + lane / 4 + 8 * r;
@@ -530,6 +572,11 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
           atomicAdd(reinterpret_cast<float2*>(dst + dn * 8),
                     make_float2(dq[dn][2 * r], dq[dn][2 * r + 1]));
         }
+      }
+      if (counter != nullptr) {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) pass_turn(counter);
       }
     }
   }
@@ -601,7 +648,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
   const uint32_t sS = sQ0 + 4 * kTile, sRows = sS + C::kSTile;
   const float* rows_f = reinterpret_cast<const float*>(smem_raw + (sRows - raw));
 
-  const BwdBlock bb = bwd_block<kBwdBN>(a, blockIdx.y, blockIdx.z, blockIdx.x);
+  const BwdBlock bb = bwd_block<kBwdBN>(a, blockIdx.y, blockIdx.z, key_tile(a));
   if (bb.n0 >= bb.sq.tk) return;
   const int hk = bb.hk, q0 = bb.q0, n0 = bb.n0, tk = bb.sq.tk, tq = bb.sq.tq;
   const int group = a.Hq / a.Hkv;
@@ -750,11 +797,18 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
     if (threadIdx.x == 0) {
       const int rows = min(kBM, tq - i0);
       float* dst = ws.dq_acc + dq_at<false>(ws, kD, h, bb.p0 + i0, 0);
+      int* counter = a.deterministic ? dq_counter(ws, h, bb.p0 + i0, 0) : nullptr;
+      if (counter != nullptr) wait_turn(counter, dq_turn<kBN>(bb, i0));
       asm volatile(
           "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
           "r"(sDq), "r"(rows * kD * 4)
           : "memory");
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      if (counter != nullptr) {  // the reduction complete (written) before the next turn
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        __threadfence();
+        pass_turn(counter);
+      }
     }
   }
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
@@ -828,7 +882,7 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
   const uint32_t full0 = sK + C::kOffBar;  // a barrier per stage, 8 bytes apart
   const float* rows_f = reinterpret_cast<const float*>(smem_raw + (sRows - raw));
 
-  const BwdBlock bb = bwd_block<C::kBN>(a, blockIdx.y, blockIdx.z, blockIdx.x);
+  const BwdBlock bb = bwd_block<C::kBN>(a, blockIdx.y, blockIdx.z, key_tile(a));
   if (bb.n0 >= bb.sq.tk) return;
   const int hk = bb.hk, tk = bb.sq.tk, n0 = bb.n0;
   const int group = a.Hq / a.Hkv;
@@ -843,13 +897,12 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
       a.v_t, tk - n0);
   cp_async_commit();
 
-  // Steps: (query head g of the group, query tile i0), head by head, the tiles on the sequence's
-  // 64-row grid (its padded blocks) from the one holding i_lo to i_hi.
-  const int i_first = bb.i_lo / kBM * kBM;
-  const int per_head = bb.i_hi > bb.i_lo ? (bb.i_hi - i_first + kBM - 1) / kBM : 0;
+  // Steps: (query head g of the group, query tile i0 of [i_lo, i_hi)), head by head, the tiles on
+  // the sequence's 64-row grid (its padded blocks).
+  const int per_head = bb.i_hi > bb.i_lo ? (bb.i_hi - bb.i_lo + kBM - 1) / kBM : 0;
   const int n_steps = per_head * group;
   auto step_head = [&](int s) { return hk * group + s / per_head; };
-  auto step_i0 = [&](int s) { return i_first + (s % per_head) * kBM; };
+  auto step_i0 = [&](int s) { return bb.i_lo + (s % per_head) * kBM; };
   // Thread 0: step s's Q, dO (two 64-column panels each), lse2 and delta into stage s % 3.
   auto issue = [&](int s) {
     if (s >= n_steps) return;
@@ -877,6 +930,7 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
   // This warpgroup's keys, and this thread's within them: n0w + warp * 16 + lane / 4 + 8 r.
   const int n0w = n0 + wg * 64;
   const int key_base = n0w + warp * 16 + lane / 4;
+  int* passed = nullptr;  // thread tid 0 of each warpgroup: the turn it still has to pass on
   cp_async_wait<0>();
   fence_proxy_async_shared();
   __syncthreads();  // K and V landed and are visible to wgmma; the barriers are initialised
@@ -971,6 +1025,17 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
     // The half added to the accumulator in fragment order: a warp's 16-byte reductions cover
     // 512 contiguous bytes.
     float* dq_dst = ws.dq_acc + dq_at<true>(ws, C::kD, h, bb.p0 + i0, 64 * wg) + tid * 4;
+    // Deterministic: wait for this tile's turn; the previous step's turn is passed on first
+    // (a step late, when its additions are long done and every thread of the warpgroup has
+    // since passed a barrier, which the release orders them by).
+    if (a.deterministic) {
+      if (tid == 0) {
+        if (passed != nullptr) pass_turn(passed);
+        passed = dq_counter(ws, h, bb.p0 + i0, wg);
+        wait_turn(passed, dq_turn<C::kBN>(bb, i0));
+      }
+      named_barrier_sync(2 + wg, 128);
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq_dst + j * 512),
@@ -985,7 +1050,8 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
   // dK (times the scale, left out of dS) and dV, staged in K's and V's shared memory as
   // [128 keys][256 bytes] rows with the 16-byte chunk c at c ^ (key % 8) (conflict-free both
   // ways), then written as whole 16-byte chunks.
-  __syncthreads();  // both warpgroups' products are done with K and V
+  __syncthreads();  // both warpgroups' products are done with K and V (and with their dQ)
+  if (passed != nullptr) pass_turn(passed);
 #pragma unroll
   for (int dn = 0; dn < C::kD / 8; ++dn)
 #pragma unroll
@@ -1098,9 +1164,12 @@ bool run_bwd(const AttentionBwdArgs& a) {
   const bool h2 = a.D == 128 && a.max_tk > 0 && rows > 0 &&
                   cuda::prefill_kernel() == PrefillKernel::kAuto &&
                   device_info().compute_capability() == 90 && encode_bwd_maps(maps, a);
-  if (h2) {  // its whole accumulator, and lse2 and delta of the padding rows, start as zeros
-    LLMK_CUDA_CHECK(cudaMemsetAsync(a.workspace, 0, ws.tp * a.Hq * (a.D + 2) * sizeof(float),
-                                    current_stream()));
+  if (h2) {  // its whole accumulator, lse2 and delta of the padding rows, the turns: zeros
+    LLMK_CUDA_CHECK(cudaMemsetAsync(
+        a.workspace, 0, ws.tp * a.Hq * (a.D + 2) * sizeof(float) + turns_bytes(ws, a.Hq),
+        current_stream()));
+  } else if (a.deterministic) {
+    LLMK_CUDA_CHECK(cudaMemsetAsync(ws.turns, 0, turns_bytes(ws, a.Hq), current_stream()));
   }
   if (rows > 0) {
     constexpr int kThreads = 256;

@@ -9,7 +9,7 @@
 // added to the fp32 accumulator: by vector reductions in L2 from the Hopper head-dim-128 kernel
 // (two warpgroups on 128 keys), by one bulk reduction per step from the other Hopper kernel, by
 // atomics in the mma.sync build), and a pass that rounds dQ to 16 bits. dQ's sums thus run in no
-// fixed order: its last bits may differ from run to run.
+// fixed order (its last bits may differ from run to run) unless `deterministic` is set.
 #pragma once
 
 #include <cstddef>
@@ -60,6 +60,10 @@ struct AttentionBwdArgs {
   float softcap = 0.0f;
   bool causal = false;
   int window_left = -1, window_right = -1;
+
+  // dQ's parts added in a fixed order (key tile by key tile, each block waiting its turn on a
+  // counter): the same bits on every run, at some cost in speed.
+  bool deterministic = false;
 };
 
 // Head dims the tensor-core backward is built for: multiples of 16 from 64 to 128.

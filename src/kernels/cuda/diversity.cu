@@ -208,6 +208,15 @@ struct Row {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) v[j] = reinterpret_cast<const uint4*>(r)[j * 32 + lane];
   }
+  // The same with an L2 eviction policy (createpolicy).
+  __device__ void load(const T* r, int lane, uint64_t policy) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                   : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
+                   : "l"(reinterpret_cast<const uint4*>(r) + j * 32 + lane), "l"(policy));
+    }
+  }
   __device__ float at(int j, int e) const { return to_float(reinterpret_cast<const T*>(&v[j])[e]); }
   __device__ float sum_squares() const {
     float ss = 0.0f;
@@ -236,17 +245,22 @@ constexpr int kColsumFastBlocks = kPer* kElems<T> <= 16   ? 4
 template <class T, int kPer>
 __global__ void __launch_bounds__(kThreads, kColsumFastBlocks<T, kPer>)
     colsum_fast_kernel(float* partial, float* inv_out, unsigned* nonzero, const float* inv_in,
-                       const float* weight, const T* x, int64_t N) {
+                       const float* weight, const T* x, int64_t N, int64_t keep_from) {
   unsigned nz = 0;  // this warp's nonzero rows
   constexpr int E = kElems<T>;
   constexpr int64_t d = 32 * kPer * E;
   __shared__ float slice[d];  // the block's sums, the warps adding theirs in turn
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Rows from keep_from on stay in the L2 for the row pass, which reads them first; the others
+  // go first.
+  uint64_t keep, pass;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(keep));
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pass));
   float acc[kPer][E] = {};
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + warp; i < N;
        i += static_cast<int64_t>(gridDim.x) * kWarps) {
     Row<T, kPer> row;
-    row.load(x + i * d, lane);
+    row.load(x + i * d, lane, i >= keep_from ? keep : pass);
     float inv;
     if (inv_in) {
       inv = inv_in[i];
@@ -287,6 +301,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int E = kElems<T>;
   constexpr int64_t d = 32 * kPer * E;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint64_t last_use;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(last_use));
   float s_reg[kPer][E];
 #pragma unroll
   for (int j = 0; j < kPer; ++j)
@@ -294,9 +310,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < E; ++e) s_reg[j][e] = S[col<T>(j, lane, e)];
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < N;
        t += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t i = N - 1 - t;  // the rows the column sums read last first
+    const int64_t i = N - 1 - t;  // the rows the column sums read last (and kept) first
     Row<T, kPer> row;
-    row.load(x + i * d, lane);
+    row.load(x + i * d, lane, last_use);
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPer; ++j)
@@ -396,9 +412,10 @@ int row_blocks(int64_t N) {
 }
 
 // S (and, with weight, the weighted sum into `into`) from the rows; inv written when compute_inv.
+// keep_from: the first row that the fast kernel asks the L2 to keep (N: none).
 template <class T>
 void column_sums(float* into, const Work& w, const float* weight, const T* x, int64_t N, int64_t d,
-                 bool compute_inv) {
+                 bool compute_inv, int64_t keep_from) {
   int P = sum_blocks();  // partial rows: at most this many
   const cudaStream_t st = current_stream();
   if (compute_inv) LLMK_CUDA_CHECK(cudaMemsetAsync(w.nonzero, 0, sizeof(unsigned), st));
@@ -406,7 +423,7 @@ void column_sums(float* into, const Work& w, const float* weight, const T* x, in
     P = kColsumFastBlocks<T, kPer> * device_info().sm_count;
     colsum_fast_kernel<T, kPer><<<P, kThreads, 0, st>>>(w.partial, compute_inv ? w.inv : nullptr,
                                                         w.nonzero, compute_inv ? nullptr : w.inv,
-                                                        weight, x, N);
+                                                        weight, x, N, keep_from);
   });
   if (!fast) {
     const int warps = colsum_warps(d);  // >= 1: cosine_diversity_max_dim() was checked
@@ -439,7 +456,13 @@ void cosine_diversity_fwd(float* out, const T* x, int64_t N, int64_t d, bool row
     return;
   }
   const Work w = carve(workspace, N, d);
-  column_sums<T>(w.S, w, nullptr, x, N, d, true);
+  // The row means read the rows again, the last ones first: as many as half the L2 holds are
+  // asked to stay there.
+  const int64_t kept =
+      rows ? static_cast<int64_t>(device_info().l2_bytes / 2 / (static_cast<size_t>(d) * sizeof(T)))
+           : 0;
+  const int64_t keep_from = std::max<int64_t>(0, N - kept);
+  column_sums<T>(w.S, w, nullptr, x, N, d, true, keep_from);
   if (!rows) {
     mean_kernel<<<1, 1024, 0, st>>>(out, w.S, w.nonzero, N, d);
     LLMK_CUDA_CHECK(cudaGetLastError());
@@ -464,8 +487,8 @@ void cosine_diversity_bwd(T* dx, const float* dout, const T* x, int64_t N, int64
     return;
   }
   const Work w = carve(workspace, N, d);
-  column_sums<T>(w.S, w, nullptr, x, N, d, true);
-  if (rows) column_sums<T>(w.G, w, dout, x, N, d, false);  // G = sum_i g_i u_i
+  column_sums<T>(w.S, w, nullptr, x, N, d, true, N);
+  if (rows) column_sums<T>(w.G, w, dout, x, N, d, false, N);  // G = sum_i g_i u_i
   const bool fast = is_aligned(dx, 16) && with_fast<T>(d, x, [&]<int kPer>() {
                       bwd_fast_kernel<T, kPer><<<row_blocks(N), kThreads, 0, st>>>(
                           dx, dout, x, w.inv, w.S, w.G, N, rows);

@@ -78,27 +78,19 @@ BwdWs bwd_ws(void* ws, int64_t T, int64_t Hq, int64_t D, int64_t B) {
 }
 size_t turns_bytes(const BwdWs& ws, int64_t Hq) { return ws.tp / 64 * Hq * 2 * sizeof(int); }
 
-// Where the Hopper D = 128 kernel's accumulator keeps element (r, col) of a 64 x 128 query tile:
-// warpgroup col / 64's half (4096 floats) in its threads' fragment order, thread t's four floats
-// of 8-column block j at (j * 128 + t) * 4, so that the staging in shared memory before each
-// bulk reduction is one conflict-free 16-byte store per block.
-__device__ __forceinline__ int dq_slot(int r, int col) {
-  const int c = col % 64, q = (c % 8) / 2;
-  const int t = (r / 16) * 32 + (r % 8) * 4 + q;
-  const int x = ((r % 16) / 8) * 2 + c % 2;
-  return (col / 64) * 4096 + ((c / 8) * 128 + t) * 4 + x;
-}
-// The accumulator's float offset of (padded row pr of head h, column col): kPerm, the Hopper
-// D = 128 kernel's tile order; else row-major [Hq, tp, D].
-template <bool kPerm>
+// The accumulator's float offset of (padded row pr of head h, column col), row-major [Hq, tp, D].
 __device__ __forceinline__ int64_t dq_at(const BwdWs& ws, int D, int h, int64_t pr, int col) {
-  const int64_t row = static_cast<int64_t>(h) * ws.tp + pr;
-  if constexpr (kPerm) {
-    const int r = static_cast<int>(pr % 64);
-    return (row - r) * D + dq_slot(r, col);
-  } else {
-    return row * D + col;
-  }
+  return (static_cast<int64_t>(h) * ws.tp + pr) * D + col;
+}
+// The two-warpgroup kernel's accumulator keeps each 64-row query tile of a head (the 64 x D
+// floats of its rows) in the order its threads hold dQ: `parts` column parts of `cols` columns
+// (head dim 128: two halves, one per warpgroup; else one part of D), and in a part, thread t's
+// (of 128) four floats of 8-column block j at (j * 128 + t) * 4: element (r, c) of the part is
+// thread (r / 16) * 32 + (r % 8) * 4 + (c % 8) / 2, float ((r % 16) / 8) * 2 + c % 2 of block
+// c / 8 (the wgmma accumulator layout). A warp's 16-byte reductions then cover 512 contiguous
+// bytes.
+__device__ __forceinline__ float* dq_tile(const BwdWs& ws, int D, int h, int64_t pr0) {
+  return ws.dq_acc + (static_cast<int64_t>(h) * ws.tp + pr0) * D;
 }
 
 template <class T16>
@@ -155,7 +147,7 @@ __global__ void bwd_rows_kernel(const AttentionBwdArgs a, BwdWs ws) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) dot += o[e] * d[e];
     if constexpr (kZero) {
-      float4* acc = reinterpret_cast<float4*>(ws.dq_acc + dq_at<false>(ws, a.D, h, pr, c * 8));
+      float4* acc = reinterpret_cast<float4*>(ws.dq_acc + dq_at(ws, a.D, h, pr, c * 8));
       acc[0] = acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
@@ -181,23 +173,23 @@ __global__ void bwd_dq_kernel(const AttentionBwdArgs a, BwdWs ws) {
   const int64_t t = row / a.Hq;
   const int h = static_cast<int>(row % a.Hq);
   const float4* src = reinterpret_cast<const float4*>(
-      ws.dq_acc + dq_at<false>(ws, a.D, h, padded_row(a.cu_q, a.B, t), c * 8));
+      ws.dq_acc + dq_at(ws, a.D, h, padded_row(a.cu_q, a.B, t), c * 8));
   const float4 x = src[0], y = src[1];
   const float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
   store8(static_cast<T16*>(a.dq) + t * a.dq_t + h * a.dq_h + c * 8, v);
 }
 
-// dq from the Hopper D = 128 kernel's accumulator (dq_slot's order), times the scale its dS left
-// out. 256 threads per 64-row tile of a head: thread (half, 16-column pair of blocks jp, rows r
-// and r + 8 of a 16-row band) reads two runs of 64 contiguous bytes (four threads' float4 of
-// blocks 2 jp and 2 jp + 1) and writes 32 contiguous bytes to each of its two rows.
+// dq from the two-warpgroup kernel's accumulator (dq_tile's order), times the scale its dS left
+// out. 2 D threads per 64-row tile of a head: thread (16-column pair of blocks jp, rows r and
+// r + 8 of a 16-row band) reads two runs of 64 contiguous bytes (four threads' float4 of blocks
+// 2 jp and 2 jp + 1) and writes 32 contiguous bytes to each of its two rows.
 template <class T16>
-__global__ void bwd_dq_tiles_kernel(const AttentionBwdArgs a, BwdWs ws) {
+__global__ void bwd_dq_tiles_kernel(const AttentionBwdArgs a, BwdWs ws, int cols) {
   const int64_t tiles_per_head = ws.tp / 64;
   const int64_t tile = blockIdx.x;  // h * tiles_per_head + padded tile
   const int h = static_cast<int>(tile / tiles_per_head);
   const int64_t pr0 = (tile % tiles_per_head) * 64;
-  const int w = threadIdx.x, half = w / 128, jp = (w / 32) % 4, warp = (w / 8) % 4, rr = w % 8;
+  const int w = threadIdx.x, jp = w / 32, warp = (w / 8) % 4, rr = w % 8;
   // The sequence whose padded rows hold this tile: the last b with pad_row0(b) <= pr0.
   int lo = 0, hi = a.B;
   while (hi - lo > 1) {
@@ -211,22 +203,23 @@ __global__ void bwd_dq_tiles_kernel(const AttentionBwdArgs a, BwdWs ws) {
   const int64_t i0 = pr0 - pad_row0(a.cu_q, lo);
   const int tq = a.cu_q[lo + 1] - a.cu_q[lo];
   if (i0 >= tq) return;  // padding
-  const float* base = ws.dq_acc + (static_cast<int64_t>(h) * ws.tp + pr0) * 128 + half * 4096 +
-                      (warp * 32 + rr * 4) * 4;
-  float ra[16], rb[16];  // rows warp * 16 + rr and + 8, columns half * 64 + 16 jp ..
+  const float* tile_base = dq_tile(ws, a.D, h, pr0);
+  float ra[16], rb[16];  // rows warp * 16 + rr and + 8, columns 16 jp ..
 #pragma unroll
-  for (int jj = 0; jj < 2; ++jj)
+  for (int jj = 0; jj < 2; ++jj) {
+    const int col = 16 * jp + 8 * jj, part = col / cols, j = (col % cols) / 8;
+    const float* base = tile_base + part * 64 * cols + (j * 128 + warp * 32 + rr * 4) * 4;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const float4 f = *reinterpret_cast<const float4*>(base + ((2 * jp + jj) * 128 + q) * 4);
+      const float4 f = *reinterpret_cast<const float4*>(base + q * 4);
       ra[jj * 8 + 2 * q] = f.x * a.scale;
       ra[jj * 8 + 2 * q + 1] = f.y * a.scale;
       rb[jj * 8 + 2 * q] = f.z * a.scale;
       rb[jj * 8 + 2 * q + 1] = f.w * a.scale;
     }
+  }
   const int r = warp * 16 + rr;
-  const int col = half * 64 + jp * 16;
-  T16* dq = static_cast<T16*>(a.dq) + h * a.dq_h + col;
+  T16* dq = static_cast<T16*>(a.dq) + h * a.dq_h + jp * 16;
   const int64_t t = a.cu_q[lo] + i0 + r;
   if (i0 + r < tq) {
     store8(dq + t * a.dq_t, *reinterpret_cast<const float(*)[8]>(&ra[0]));
@@ -297,8 +290,8 @@ __device__ __forceinline__ void wait_turn(const int* counter, int turn) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
   } while (seen != turn);
 }
-// After this thread's additions to the tile, and those of the threads that reached a barrier
-// with it since theirs (the release orders them too).
+// After this thread's additions to the tile, and those of the threads that fenced theirs
+// (__threadfence) and then reached a barrier with it.
 __device__ __forceinline__ void pass_turn(int* counter) {
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
@@ -566,7 +559,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
       for (int r = 0; r < 2; ++r) {
         const int i = i0 + warp * 16 + lane / 4 + 8 * r;
         if (i >= tq) continue;
-        float* dst = ws.dq_acc + dq_at<false>(ws, kD, h, bb.p0 + i, (lane % 4) * 2);
+        float* dst = ws.dq_acc + dq_at(ws, kD, h, bb.p0 + i, (lane % 4) * 2);
 #pragma unroll
         for (int dn = 0; dn < kDT; ++dn) {
           atomicAdd(reinterpret_cast<float2*>(dst + dn * 8),
@@ -796,7 +789,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
     __syncthreads();  // the tile is complete and visible to the copy engine
     if (threadIdx.x == 0) {
       const int rows = min(kBM, tq - i0);
-      float* dst = ws.dq_acc + dq_at<false>(ws, kD, h, bb.p0 + i0, 0);
+      float* dst = ws.dq_acc + dq_at(ws, kD, h, bb.p0 + i0, 0);
       int* counter = a.deterministic ? dq_counter(ws, h, bb.p0 + i0, 0) : nullptr;
       if (counter != nullptr) wait_turn(counter, dq_turn<kBN>(bb, i0));
       asm volatile(
@@ -834,27 +827,36 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 #endif
 }
 
-// The Hopper kernel for head dim 128 (sm_90a), FA3's arrangement of the same algorithm: a block of
-// two warpgroups owns 128 keys, warpgroup w keys [64 w, 64 w + 64) with their dK and dV in
-// registers, and the two share each step's 64 queries:
-//   S^T = K_w Q^T, dP^T = V_w dO^T   m64 n64 k128, from shared memory; P^T and dS^T in registers
-//   dV_w += P^T dO, dK_w += dS^T Q   m64 n128 k64, P^T / dS^T as register A operands
-//   dQ[:, 64 w .. 64 w + 64) = dS K  m64 n64 k128: dS^T of both warpgroups through shared memory
-// so each query tile is loaded, and its dQ added to the accumulator, once per 128 keys instead of
-// once per 64, and each warpgroup reduces a 64 x 64 half (16 KB, one bulk reduction staged in its
-// threads' fragment order, dq_slot). Q, dO and the rows' lse2 and delta arrive by the bulk copy
-// engine (TMA, two stages on mbarriers) issued by thread 0 once both warpgroups have released the
-// stage; dS^T is double-buffered so that one barrier per step (dS^T complete) suffices. The
-// products are issued ahead of the element-wise work that does not need them: P is formed while
-// dP^T runs, dS^T is stored while dV runs, dQ and dK are issued together, dQ staged while dK runs.
-// dS leaves out the scale: dK takes it at the end, dQ in bwd_dq_kernel.
+// The Hopper kernel for head dims 64, 96 and 128 (sm_90a), FA3's arrangement of the same
+// algorithm: a block of two warpgroups owns 128 keys, warpgroup w keys [64 w, 64 w + 64) with
+// their dK and dV in registers, and the two share each step's 64 queries:
+//   S^T = K_w Q^T, dP^T = V_w dO^T   m64 n64 kD, from shared memory; P^T and dS^T in registers
+//   dV_w += P^T dO, dK_w += dS^T Q   m64 nD k64, P^T / dS^T as register A operands
+//   dQ                               at head dim 128: columns [64 w, 64 w + 64) of dS K, m64 n64
+//                                    k128 over both warpgroups' dS^T (through shared memory);
+//                                    else this warpgroup's keys' share dS_w K_w, m64 nD k64
+// so each query tile is loaded once per 128 keys instead of once per 64. Each warpgroup adds its
+// dQ to the fp32 accumulator with 16-byte reductions in L2 (red.global.add.v4.f32) in its
+// fragment order (dq_tile). Q, dO and the rows' lse2 and delta arrive by the bulk copy engine
+// (TMA, three stages on mbarriers), issued by thread 0 once both warpgroups are past the step
+// that used the stage; dS^T is double-buffered, so one barrier per step (dS^T complete)
+// suffices. The products are issued ahead of the element-wise work that does not need them: P is
+// formed while dP^T runs, dS^T stored while dV runs, dQ and dK issued together, dQ added while dK
+// runs. dS leaves out the scale: dK takes it at the end, dQ in bwd_dq_tiles_kernel.
+template <int kD_>
 struct BwdH2 {
-  static constexpr int kD = 128, kBN = 128, kBM = 64, kThreads = 256;
-  static constexpr uint32_t kKV = kBN * kD * 2;   // K or V: two panels of [128][64]
-  static constexpr uint32_t kQ = kBM * kD * 2;    // a Q or dO tile: two panels of [64][64]
-  static constexpr uint32_t kS = kBN * kBM * 2;   // dS^T [128 keys][64 queries], one panel
-  static constexpr uint32_t kRows = 2 * kBM * 4;  // lse2 and delta of a stage
-  static constexpr int kStages = 3;               // Q / dO / rows stages
+  static constexpr int kD = kD_, kBN = 128, kBM = 64, kThreads = 256;
+  static constexpr int kPanels = (kD + 63) / 64;  // 64-column panels of a tile
+  // dQ's columns split between the warpgroups (head dim 128), or each warpgroup's dQ over its
+  // own keys (the others: a 64 x D product of both would not fit the registers at 128, and
+  // halves of the others are no whole panels)
+  static constexpr bool kSplitCols = kD == 128;
+  static constexpr int kDqCols = kSplitCols ? 64 : kD;     // dQ columns of a warpgroup
+  static constexpr uint32_t kKV = kBN * kPanels * 64 * 2;  // K or V: panels of [128][64]
+  static constexpr uint32_t kQ = kBM * kPanels * 64 * 2;   // a Q or dO tile: panels of [64][64]
+  static constexpr uint32_t kS = kBN * kBM * 2;            // dS^T [128 keys][64 queries], one panel
+  static constexpr uint32_t kRows = 2 * kBM * 4;           // lse2 and delta of a stage
+  static constexpr int kStages = 3;                        // Q / dO / rows stages
   // K, V | stages x (Q, dO) | 2 x dS^T | stages x rows | stages barriers; + 1024: re-alignment.
   static constexpr uint32_t kOffQ = 2 * kKV, kOffS = kOffQ + kStages * 2 * kQ,
                             kOffRows = kOffS + 2 * kS, kOffBar = kOffRows + kStages * kRows;
@@ -862,17 +864,17 @@ struct BwdH2 {
 };
 
 struct BwdMaps {
-  CUtensorMap q, dout;  // [T][Hq][128] 16-bit, boxes of 64 rows x 64 columns, 128-byte swizzle
+  CUtensorMap q, dout;  // [T][Hq][D] 16-bit, boxes of 64 rows x 64 columns, 128-byte swizzle
 };
 
-template <class T16, bool kCap>
-__global__ void __launch_bounds__(BwdH2::kThreads, 1)
+template <class T16, bool kCap, int kD>
+__global__ void __launch_bounds__(256, 1)
     bwd_h2_kernel(const AttentionBwdArgs a, const BwdWs ws, const __grid_constant__ BwdMaps maps) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma exists on sm_90a only; the host launches this kernel on sm_90 devices only
 #else
   using E = MmaElem<T16>;
-  using C = BwdH2;
+  using C = BwdH2<kD>;
   using wgmma_detail::load_swizzled;
   constexpr int kBM = C::kBM, kNT = kBM / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -889,10 +891,10 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int warp = tid / kWarp, lane = tid % kWarp;
 
-  load_swizzled<C::kBN, C::kD, C::kThreads>(
+  load_swizzled<C::kBN, kD, C::kThreads>(
       sK, static_cast<const uint16_t*>(a.k) + static_cast<int64_t>(bb.k0 + n0) * a.k_t + hk * a.k_h,
       a.k_t, tk - n0);
-  load_swizzled<C::kBN, C::kD, C::kThreads>(
+  load_swizzled<C::kBN, kD, C::kThreads>(
       sV, static_cast<const uint16_t*>(a.v) + static_cast<int64_t>(bb.k0 + n0) * a.v_t + hk * a.v_h,
       a.v_t, tk - n0);
   cp_async_commit();
@@ -910,7 +912,7 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
     const uint32_t bar = full0 + 8 * st, q = sQ0 + st * 2 * C::kQ;
     const uint64_t keep = l2_evict_last_policy();
     mbar_arrive_expect_tx(bar, 2 * C::kQ + C::kRows);
-    for (int p = 0; p < 2; ++p) {
+    for (int p = 0; p < C::kPanels; ++p) {
       tma_load_3d(q + p * (kBM * 128), &maps.q, 64 * p, h, bb.q0 + i0, bar, keep);
       tma_load_3d(q + C::kQ + p * (kBM * 128), &maps.dout, 64 * p, h, bb.q0 + i0, bar, keep);
     }
@@ -924,13 +926,12 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
     for (int s = 0; s < C::kStages; ++s) issue(s);
   }
 
-  float dk[C::kD / 2], dv[C::kD / 2];
+  float dk[kD / 2], dv[kD / 2];
 #pragma unroll
-  for (int i = 0; i < C::kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
   // This warpgroup's keys, and this thread's within them: n0w + warp * 16 + lane / 4 + 8 r.
   const int n0w = n0 + wg * 64;
   const int key_base = n0w + warp * 16 + lane / 4;
-  int* passed = nullptr;  // thread tid 0 of each warpgroup: the turn it still has to pass on
   cp_async_wait<0>();
   fence_proxy_async_shared();
   __syncthreads();  // K and V landed and are visible to wgmma; the barriers are initialised
@@ -948,7 +949,7 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
     float sc[kBM / 2], dp[kBM / 2];
     auto keys_by_queries = [&](float(&acc)[kBM / 2], uint32_t keys, uint32_t queries) {
 #pragma unroll
-      for (int kk = 0; kk < C::kD / 16; ++kk) {
+      for (int kk = 0; kk < kD / 16; ++kk) {
         const uint32_t col = (kk % 4) * 32;
         wgmma_ss<T16, kBM>(
             acc, wgmma_desc_sw128(keys + (kk / 4) * (C::kBN * 128) + wg * 8192 + col, 16, 1024),
@@ -983,7 +984,7 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_rs<T16, C::kD>(dv, pa[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, kBM * 128, 1024));
+      wgmma_rs<T16, kD>(dv, pa[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, kBM * 128, 1024));
     wgmma_commit();
     // dS^T to shared memory, [key][query] swizzled: the 16-byte chunk c of key row r at c ^ (r %
     // 8).
@@ -1001,20 +1002,29 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
     // Both warpgroups are done with step s - 1, so its stage takes step s + 2.
     if (threadIdx.x == 0 && s >= 1) issue(s + 2);
 
-    // dQ's half = dS K[:, 64 w ..): A = dS^T M-major over all 128 keys, B = K panel w N-major;
-    // then dK += dS^T Q.
-    float dq[32];
+    // dQ: with kSplitCols its half dS K[:, 64 w ..) (A = dS^T M-major over all 128 keys, B = K
+    // panel w N-major), else this warpgroup's keys' share dS_w K_w (all columns); then
+    // dK += dS^T Q.
+    float dq[C::kDqCols / 2];
     wgmma_fence();
+    if constexpr (C::kSplitCols) {
 #pragma unroll
-    for (int kk = 0; kk < C::kBN / 16; ++kk)
-      wgmma_sstt<T16, 64>(
-          dq, wgmma_desc_sw128(sS + kk * 16 * 128, kBM * 128, 1024),
-          wgmma_desc_sw128(sK + wg * (C::kBN * 128) + kk * 16 * 128, C::kBN * 128, 1024), kk > 0);
+      for (int kk = 0; kk < C::kBN / 16; ++kk)
+        wgmma_sstt<T16, 64>(
+            dq, wgmma_desc_sw128(sS + kk * 16 * 128, kBM * 128, 1024),
+            wgmma_desc_sw128(sK + wg * (C::kBN * 128) + kk * 16 * 128, C::kBN * 128, 1024), kk > 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 64 / 16; ++kk)
+        wgmma_sstt<T16, kD>(dq, wgmma_desc_sw128(sS + (wg * 64 + kk * 16) * 128, kBM * 128, 1024),
+                            wgmma_desc_sw128(sK + (wg * 64 + kk * 16) * 128, C::kBN * 128, 1024),
+                            kk > 0);
+    }
     wgmma_commit();
     wgmma_fence_operand(dk);
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_rs<T16, C::kD>(dk, sa[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, kBM * 128, 1024));
+      wgmma_rs<T16, kD>(dk, sa[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, kBM * 128, 1024));
     wgmma_commit();
     wgmma_fence_operand(dq);
     wgmma_wait<1>();  // dV and dQ are done; dK may still run
@@ -1022,25 +1032,28 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
     wgmma_fence_operand(dv);
     hold(pa);
 
-    // The half added to the accumulator in fragment order: a warp's 16-byte reductions cover
+    // Added to the accumulator in fragment order (dq_tile): a warp's 16-byte reductions cover
     // 512 contiguous bytes.
-    float* dq_dst = ws.dq_acc + dq_at<true>(ws, C::kD, h, bb.p0 + i0, 64 * wg) + tid * 4;
-    // Deterministic: wait for this tile's turn; the previous step's turn is passed on first
-    // (a step late, when its additions are long done and every thread of the warpgroup has
-    // since passed a barrier, which the release orders them by).
+    float* dq_dst = dq_tile(ws, kD, h, bb.p0 + i0) + (C::kSplitCols ? wg * 64 * 64 : 0) + tid * 4;
+    // Deterministic (never with kSplitCols: h2_head_dim): the block's two warpgroups take
+    // consecutive turns on the tile's counter, each passing its turn on once its additions are
+    // done (each thread fences them, then a barrier orders them before the release).
+    int* counter = nullptr;
     if (a.deterministic) {
-      if (tid == 0) {
-        if (passed != nullptr) pass_turn(passed);
-        passed = dq_counter(ws, h, bb.p0 + i0, wg);
-        wait_turn(passed, dq_turn<C::kBN>(bb, i0));
-      }
+      counter = dq_counter(ws, h, bb.p0 + i0, 0);
+      if (tid == 0) wait_turn(counter, 2 * dq_turn<C::kBN>(bb, i0) + wg);
       named_barrier_sync(2 + wg, 128);
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < C::kDqCols / 8; ++j)
       asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq_dst + j * 512),
                    "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
                    : "memory");
+    if (counter != nullptr) {
+      __threadfence();
+      named_barrier_sync(2 + wg, 128);
+      if (tid == 0) pass_turn(counter);
+    }
     wgmma_fence_operand(dk);
     wgmma_wait<0>();
     wgmma_fence_operand(dk);
@@ -1048,16 +1061,16 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
   }
 
   // dK (times the scale, left out of dS) and dV, staged in K's and V's shared memory as
-  // [128 keys][256 bytes] rows with the 16-byte chunk c at c ^ (key % 8) (conflict-free both
-  // ways), then written as whole 16-byte chunks.
-  __syncthreads();  // both warpgroups' products are done with K and V (and with their dQ)
-  if (passed != nullptr) pass_turn(passed);
+  // [128 keys][kPanels * 128 bytes] rows with the 16-byte chunk c at c ^ (key % 8)
+  // (conflict-free both ways), then written as whole 16-byte chunks.
+  constexpr int kPitch = C::kPanels * 128, kChunks = kD / 8;
+  __syncthreads();  // both warpgroups' products are done with K and V
 #pragma unroll
-  for (int dn = 0; dn < C::kD / 8; ++dn)
+  for (int dn = 0; dn < kD / 8; ++dn)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = wg * 64 + warp * 16 + lane / 4 + 8 * r;
-      const uint32_t at = row * 256 + ((dn ^ (row % 8)) * 16) + (lane % 4) * 4;
+      const uint32_t at = row * kPitch + ((dn ^ (row % 8)) * 16) + (lane % 4) * 4;
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + at),
                    "r"(E::pack(dk[4 * dn + 2 * r] * a.scale, dk[4 * dn + 2 * r + 1] * a.scale))
                    : "memory");
@@ -1067,10 +1080,10 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
     }
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < C::kBN * 16 / C::kThreads; ++i) {
-    const int idx = i * C::kThreads + threadIdx.x, row = idx / 16, c = idx % 16;
-    if (n0 + row >= tk) continue;
-    const uint32_t at = row * 256 + ((c ^ (row % 8)) * 16);
+  for (int i = 0; i < (C::kBN * kChunks + C::kThreads - 1) / C::kThreads; ++i) {
+    const int idx = i * C::kThreads + threadIdx.x, row = idx / kChunks, c = idx % kChunks;
+    if (row >= C::kBN || n0 + row >= tk) continue;
+    const uint32_t at = row * kPitch + ((c ^ (row % 8)) * 16);
     uint4 kx, vx;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(kx.x), "=r"(kx.y), "=r"(kx.z), "=r"(kx.w)
@@ -1085,7 +1098,7 @@ __global__ void __launch_bounds__(BwdH2::kThreads, 1)
 #endif
 }
 
-// Q's and dO's tensor maps for bwd_h2_kernel: [T][Hq][128] with their strides, boxes of 64
+// Q's and dO's tensor maps for bwd_h2_kernel: [T][Hq][D] with their strides, boxes of 64
 // columns x 1 head x 64 rows; false if the driver refused them.
 bool encode_bwd_maps(BwdMaps& m, const AttentionBwdArgs& a) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -1095,7 +1108,7 @@ bool encode_bwd_maps(BwdMaps& m, const AttentionBwdArgs& a) {
                                 static_cast<cuuint64_t>(a.T)};
     const cuuint64_t strides[2] = {static_cast<cuuint64_t>(h_stride) * 2,
                                    static_cast<cuuint64_t>(t_stride) * 2};
-    const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(BwdH2::kBM)};
+    const cuuint32_t box[3] = {64, 1, 64};
     const cuuint32_t unit[3] = {1, 1, 1};
     return encode(map, a.fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                   3, const_cast<void*>(base), dims, strides, box, unit,
@@ -1106,21 +1119,47 @@ bool encode_bwd_maps(BwdMaps& m, const AttentionBwdArgs& a) {
   return one(&m.q, a.q, a.q_t, a.q_h) && one(&m.dout, a.dout, a.dout_t, a.dout_h);
 }
 
-template <class T16, bool kCap>
+template <class T16, bool kCap, int kD>
 void launch_h2(const AttentionBwdArgs& a, const BwdWs& ws, const BwdMaps& maps) {
+  using C = BwdH2<kD>;
   static const bool raised = [] {
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(bwd_h2_kernel<T16, kCap>,
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(bwd_h2_kernel<T16, kCap, kD>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(BwdH2::kSmemBytes)));
+                                         static_cast<int>(C::kSmemBytes)));
     return true;
   }();
   (void)raised;
   // Key tiles fastest: the blocks in flight share a few heads' Q, dO and dQ in L2.
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.max_tk, BwdH2::kBN)), static_cast<unsigned>(a.B),
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.max_tk, C::kBN)), static_cast<unsigned>(a.B),
                   static_cast<unsigned>(a.Hkv));
-  bwd_h2_kernel<T16, kCap>
-      <<<grid, BwdH2::kThreads, BwdH2::kSmemBytes, current_stream()>>>(a, ws, maps);
+  bwd_h2_kernel<T16, kCap, kD><<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a, ws, maps);
   check_launch("attention backward");
+}
+
+// The two-warpgroup kernel for head dim D, with or without the softcap; false for a head dim it
+// is not built for.
+template <class T16>
+bool launch_h2_for(const AttentionBwdArgs& a, const BwdWs& ws, const BwdMaps& maps) {
+  const bool cap = a.softcap > 0.0f;
+  switch (a.D) {
+    case 64:
+      cap ? launch_h2<T16, true, 64>(a, ws, maps) : launch_h2<T16, false, 64>(a, ws, maps);
+      return true;
+    case 96:
+      cap ? launch_h2<T16, true, 96>(a, ws, maps) : launch_h2<T16, false, 96>(a, ws, maps);
+      return true;
+    case 128:
+      cap ? launch_h2<T16, true, 128>(a, ws, maps) : launch_h2<T16, false, 128>(a, ws, maps);
+      return true;
+    default:
+      return false;
+  }
+}
+// Head dims the two-warpgroup kernel takes: 64 and 96, and 128 when not deterministic (its
+// deterministic mode at 128, each half taking turns on a counter of its own, gave dq and dk bits
+// that changed from run to run on an H100, cause not found; the one-warpgroup kernel takes it).
+bool h2_head_dim(const AttentionBwdArgs& a) {
+  return a.D == 64 || a.D == 96 || (a.D == 128 && !a.deterministic);
 }
 
 // Launches kKernel with kSmem bytes of dynamic shared memory, its limit raised once per kernel
@@ -1158,10 +1197,10 @@ bool run_bwd(const AttentionBwdArgs& a) {
   if (!(a.D >= 64 && a.D <= 128 && a.D % 16 == 0)) return false;
   const BwdWs ws = bwd_ws(a.workspace, a.T, a.Hq, a.D, a.B);
   const int64_t rows = static_cast<int64_t>(a.T) * a.Hq;
-  // The two-warpgroup kernel at head dim 128 on Hopper (unless the mma.sync kernels are asked
+  // The two-warpgroup kernel (h2_head_dim) on Hopper (unless the mma.sync kernels are asked
   // for), where the driver encodes its tensor maps.
   BwdMaps maps;
-  const bool h2 = a.D == 128 && a.max_tk > 0 && rows > 0 &&
+  const bool h2 = h2_head_dim(a) && a.max_tk > 0 && rows > 0 &&
                   cuda::prefill_kernel() == PrefillKernel::kAuto &&
                   device_info().compute_capability() == 90 && encode_bwd_maps(maps, a);
   if (h2) {  // its whole accumulator, lse2 and delta of the padding rows, the turns: zeros
@@ -1182,11 +1221,7 @@ bool run_bwd(const AttentionBwdArgs& a) {
     check_launch("attention backward rows");
   }
   if (h2) {
-    if (a.softcap > 0.0f) {
-      launch_h2<T16, true>(a, ws, maps);
-    } else {
-      launch_h2<T16, false>(a, ws, maps);
-    }
+    launch_h2_for<T16>(a, ws, maps);
   } else if (a.max_tk > 0) {
     switch (a.D) {
       case 64:
@@ -1211,7 +1246,8 @@ bool run_bwd(const AttentionBwdArgs& a) {
   if (rows > 0) {
     if (h2) {
       bwd_dq_tiles_kernel<T16>
-          <<<static_cast<unsigned>(ws.tp / 64 * a.Hq), 256, 0, current_stream()>>>(a, ws);
+          <<<static_cast<unsigned>(ws.tp / 64 * a.Hq), static_cast<unsigned>(2 * a.D), 0,
+             current_stream()>>>(a, ws, a.D == 128 ? 64 : a.D);  // BwdH2<D>::kDqCols
     } else {
       const int64_t n = rows * (a.D / 8);
       bwd_dq_kernel<T16>

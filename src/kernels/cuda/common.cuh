@@ -142,6 +142,18 @@ __device__ __forceinline__ void round_to_bf16(float (&f)[N]) {
   for (int k = 0; k < N; ++k) f[k] = __bfloat162float(__float2bfloat16_rn(f[k]));
 }
 
+// L2 eviction-priority policies (sm_80+) for loads, copies and stores with a cache hint.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

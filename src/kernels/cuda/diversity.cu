@@ -208,7 +208,7 @@ struct Row {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) v[j] = reinterpret_cast<const uint4*>(r)[j * 32 + lane];
   }
-  // The same with an L2 eviction policy (createpolicy).
+  // The same with an L2 eviction policy (l2_evict_first_policy and the like).
   __device__ void load(const T* r, int lane, uint64_t policy) {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -253,9 +253,7 @@ __global__ void __launch_bounds__(kThreads, kColsumFastBlocks<T, kPer>)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Rows from keep_from on stay in the L2 for the row pass, which reads them first; the others
   // go first.
-  uint64_t keep, pass;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(keep));
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pass));
+  const uint64_t keep = l2_evict_last_policy(), pass = l2_evict_first_policy();
   float acc[kPer][E] = {};
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + warp; i < N;
        i += static_cast<int64_t>(gridDim.x) * kWarps) {
@@ -301,8 +299,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int E = kElems<T>;
   constexpr int64_t d = 32 * kPer * E;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint64_t last_use;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(last_use));
+  const uint64_t last_use = l2_evict_first_policy();
   float s_reg[kPer][E];
 #pragma unroll
   for (int j = 0; j < kPer; ++j)

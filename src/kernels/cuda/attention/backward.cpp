@@ -11,13 +11,6 @@ bool launch_attention_backward(const AttentionBwdArgs& a);
 
 bool attention_backward_supported(int D) { return D >= 64 && D <= 128 && D % 16 == 0; }
 
-size_t attention_backward_workspace(int64_t T, int64_t Hq, int64_t D, int64_t B) {
-  const int64_t tp = (T + 63) / 64 * 64 + 64 * B;  // padded_rows in backward.cu
-  // dQ's accumulator, lse2 and delta (floats), the turn counters (ints), as bwd_ws lays them out
-  return static_cast<size_t>(tp * Hq * D + 2 * tp * Hq) * sizeof(float) +
-         static_cast<size_t>(tp / 64 * Hq * 2) * sizeof(int);
-}
-
 void attention_backward(const AttentionBwdArgs& a) {
   LLMK_CHECK(attention_backward_supported(a.D),
              "attention backward: head dim {} is not built (64 to 128, multiples of 16)", a.D);

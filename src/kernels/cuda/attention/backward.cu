@@ -46,18 +46,24 @@ __host__ __device__ inline int64_t padded_rows(int64_t T, int64_t B) {
 __device__ __forceinline__ int64_t pad_row0(const int32_t* cu_q, int b) {
   return (static_cast<int64_t>(cu_q[b]) + kPadRows * b) / kPadRows * kPadRows;
 }
-// The padded row of query row t: its sequence is the last b with cu_q[b] <= t.
-__device__ __forceinline__ int64_t padded_row(const int32_t* cu_q, int B, int64_t t) {
+// The last b in [0, B) with start(b) <= x, for a start() that grows with b (start(0) <= x).
+template <class F>
+__device__ __forceinline__ int last_seq_at(int B, int64_t x, F start) {
   int lo = 0, hi = B;
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (cu_q[mid] <= t) {
+    if (start(mid) <= x) {
       lo = mid;
     } else {
       hi = mid;
     }
   }
-  return pad_row0(cu_q, lo) + (t - cu_q[lo]);
+  return lo;
+}
+// The padded row of query row t: its sequence is the last b with cu_q[b] <= t.
+__device__ __forceinline__ int64_t padded_row(const int32_t* cu_q, int B, int64_t t) {
+  const int b = last_seq_at(B, t, [&](int m) { return static_cast<int64_t>(cu_q[m]); });
+  return pad_row0(cu_q, b) + (t - cu_q[b]);
 }
 
 // The workspace, over padded rows: dQ's fp32 accumulator [Hq, tp, D] (a query tile of one head
@@ -76,7 +82,9 @@ BwdWs bwd_ws(void* ws, int64_t T, int64_t Hq, int64_t D, int64_t B) {
   float* delta = p + tp * Hq * D + tp * Hq;
   return {p, p + tp * Hq * D, delta, reinterpret_cast<int*>(delta + tp * Hq), tp};
 }
-size_t turns_bytes(const BwdWs& ws, int64_t Hq) { return ws.tp / 64 * Hq * 2 * sizeof(int); }
+size_t turns_bytes(int64_t tp, int64_t Hq) {
+  return static_cast<size_t>(tp / 64 * Hq * 2) * sizeof(int);
+}
 
 // The accumulator's float offset of (padded row pr of head h, column col), row-major [Hq, tp, D].
 __device__ __forceinline__ int64_t dq_at(const BwdWs& ws, int D, int h, int64_t pr, int col) {
@@ -190,16 +198,8 @@ __global__ void bwd_dq_tiles_kernel(const AttentionBwdArgs a, BwdWs ws, int cols
   const int h = static_cast<int>(tile / tiles_per_head);
   const int64_t pr0 = (tile % tiles_per_head) * 64;
   const int w = threadIdx.x, jp = w / 32, warp = (w / 8) % 4, rr = w % 8;
-  // The sequence whose padded rows hold this tile: the last b with pad_row0(b) <= pr0.
-  int lo = 0, hi = a.B;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (pad_row0(a.cu_q, mid) <= pr0) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
+  // The sequence whose padded rows hold this tile.
+  const int lo = last_seq_at(a.B, pr0, [&](int m) { return pad_row0(a.cu_q, m); });
   const int64_t i0 = pr0 - pad_row0(a.cu_q, lo);
   const int tq = a.cu_q[lo + 1] - a.cu_q[lo];
   if (i0 >= tq) return;  // padding
@@ -614,6 +614,31 @@ struct BwdWgCfg {
   static constexpr size_t kSmemBytes = 6 * kTile + kSTile + 2 * 2 * 64 * 4 + 1024;
 };
 
+// A warpgroup's m64 n64 accumulator (P^T or dS^T, keys x 64 queries) as the four 16-bit A
+// fragments of a product over those queries.
+template <class E>
+__device__ __forceinline__ void a_fragments(uint32_t (&f)[4][4], const float (&acc)[32]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    prefill_detail::p_fragment<E>(f[kk], *reinterpret_cast<const float(*)[1][8][4]>(&acc[0]), 0,
+                                  kk);
+}
+// dS^T fragments to shared memory at sS, [key][64 queries] rows of 128 bytes in the swizzled
+// layout (the 16-byte chunk c of key row r at chunk c ^ (r % 8)); this warp's rows start at key
+// row0 + 16 warp.
+__device__ __forceinline__ void store_ds_t(uint32_t sS, const uint32_t (&sa)[4][4], int row0) {
+  const int warp = (threadIdx.x % 128) / kWarp, lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int r = row0 + warp * 16 + lane / 4 + 8 * (x % 2);
+      const int c = kk * 16 + 8 * (x / 2) + (lane % 4) * 2;  // query column (even)
+      const uint32_t at = sS + r * 128 + ((((c / 8) ^ (r % 8)) * 16) | ((c % 8) * 2));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(sa[kk][x]) : "memory");
+    }
+}
+
 // Keeps fragment registers a wgmma still reads from being reused before its wait.
 template <int N>
 __device__ __forceinline__ void hold(const uint32_t (&r)[N][4]) {
@@ -723,13 +748,8 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
     probs_t(st4, a, bb.sq, n0, key_base, i0, s_lse);
     dscores_t(dp4, st4, a, s_lse, s_delta);
     uint32_t pa[kBM / 16][4], sa[kBM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      prefill_detail::p_fragment<E>(pa[kk], *reinterpret_cast<const float(*)[1][kNT][4]>(&st[0]), 0,
-                                    kk);
-      prefill_detail::p_fragment<E>(sa[kk], *reinterpret_cast<const float(*)[1][kNT][4]>(&dp[0]), 0,
-                                    kk);
-    }
+    a_fragments<E>(pa, st);
+    a_fragments<E>(sa, dp);
     // dV += P^T dO, dK += dS^T Q: B N-major, LBO = one 64-column panel, SBO = 8 queries.
     wgmma_fence_operand(dv);
     wgmma_fence_operand(dk);
@@ -741,17 +761,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
     for (int kk = 0; kk < kBM / 16; ++kk)
       wgmma_rs<T16, kD>(dk, sa[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, kBM * 128, 1024));
     wgmma_commit();
-    // dS^T to shared memory, [key][query] in the swizzled layout: the 16-byte chunk c of key
-    // row r at chunk c ^ (r % 8).
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int r = warp * 16 + lane / 4 + 8 * (x % 2);
-        const int c = kk * 16 + 8 * (x / 2) + (lane % 4) * 2;  // query column (even)
-        const uint32_t at = sS + r * 128 + ((((c / 8) ^ (r % 8)) * 16) | ((c % 8) * 2));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(sa[kk][x]) : "memory");
-      }
+    store_ds_t(sS, sa, 0);
     fence_proxy_async_shared();
     __syncthreads();  // dS^T complete and visible to wgmma
     wgmma_wait<0>();
@@ -967,18 +977,12 @@ __global__ void __launch_bounds__(256, 1)
     auto& dp4 = *reinterpret_cast<float(*)[kNT][4]>(&dp[0]);
     probs_t<kCap ? 1 : 0>(sc4, a, bb.sq, n0w, key_base, i0, s_lse);
     uint32_t pa[kBM / 16][4], sa[kBM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      prefill_detail::p_fragment<E>(pa[kk], *reinterpret_cast<const float(*)[1][kNT][4]>(&sc[0]), 0,
-                                    kk);
+    a_fragments<E>(pa, sc);
     wgmma_fence_operand(dp);
     wgmma_wait<0>();
     wgmma_fence_operand(dp);
     dscores_t<kCap ? 1 : 0, false>(dp4, sc4, a, s_lse, s_delta);
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      prefill_detail::p_fragment<E>(sa[kk], *reinterpret_cast<const float(*)[1][kNT][4]>(&dp[0]), 0,
-                                    kk);
+    a_fragments<E>(sa, dp);
     // dV += P^T dO: B N-major, LBO = one 64-column panel, SBO = 8 queries.
     wgmma_fence_operand(dv);
     wgmma_fence();
@@ -986,17 +990,7 @@ __global__ void __launch_bounds__(256, 1)
     for (int kk = 0; kk < kBM / 16; ++kk)
       wgmma_rs<T16, kD>(dv, pa[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, kBM * 128, 1024));
     wgmma_commit();
-    // dS^T to shared memory, [key][query] swizzled: the 16-byte chunk c of key row r at c ^ (r %
-    // 8).
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int r = wg * 64 + warp * 16 + lane / 4 + 8 * (x % 2);
-        const int c = kk * 16 + 8 * (x / 2) + (lane % 4) * 2;  // query column (even)
-        const uint32_t at = sS + r * 128 + ((((c / 8) ^ (r % 8)) * 16) | ((c % 8) * 2));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(sa[kk][x]) : "memory");
-      }
+    store_ds_t(sS, sa, wg * 64);  // this warpgroup's 64 key rows
     fence_proxy_async_shared();
     named_barrier_sync(1, C::kThreads);  // both warpgroups' dS^T are in and visible to wgmma
     // Both warpgroups are done with step s - 1, so its stage takes step s + 2.
@@ -1205,10 +1199,9 @@ bool run_bwd(const AttentionBwdArgs& a) {
                   device_info().compute_capability() == 90 && encode_bwd_maps(maps, a);
   if (h2) {  // its whole accumulator, lse2 and delta of the padding rows, the turns: zeros
     LLMK_CUDA_CHECK(cudaMemsetAsync(
-        a.workspace, 0, ws.tp * a.Hq * (a.D + 2) * sizeof(float) + turns_bytes(ws, a.Hq),
-        current_stream()));
+        a.workspace, 0, attention_backward_workspace(a.T, a.Hq, a.D, a.B), current_stream()));
   } else if (a.deterministic) {
-    LLMK_CUDA_CHECK(cudaMemsetAsync(ws.turns, 0, turns_bytes(ws, a.Hq), current_stream()));
+    LLMK_CUDA_CHECK(cudaMemsetAsync(ws.turns, 0, turns_bytes(ws.tp, a.Hq), current_stream()));
   }
   if (rows > 0) {
     constexpr int kThreads = 256;
@@ -1260,6 +1253,12 @@ bool run_bwd(const AttentionBwdArgs& a) {
 
 }  // namespace
 }  // namespace attn
+
+// bwd_ws's layout: dQ's accumulator, lse2 and delta (floats), the turn counters.
+size_t attention_backward_workspace(int64_t T, int64_t Hq, int64_t D, int64_t B) {
+  const int64_t tp = attn::padded_rows(T, B);
+  return static_cast<size_t>(tp * Hq * (D + 2)) * sizeof(float) + attn::turns_bytes(tp, Hq);
+}
 
 bool launch_attention_backward(const AttentionBwdArgs& a) {
   return a.fp16 ? attn::run_bwd<__half>(a) : attn::run_bwd<__nv_bfloat16>(a);

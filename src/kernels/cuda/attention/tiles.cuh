@@ -26,17 +26,6 @@ __device__ __forceinline__ void cp_async_16_at(uint32_t dst, const void* src, bo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
 }
-// L2 eviction-priority policies (sm_80+) for the cache hints of cp_async_16_policy and stores.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t l2_evict_last_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
 // cp_async_16_at from a generic pointer to shared memory, with an L2 cache policy.
 __device__ __forceinline__ void cp_async_16_policy(void* dst, const void* src, bool valid,
                                                    uint64_t policy) {

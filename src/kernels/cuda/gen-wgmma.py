@@ -17,7 +17,7 @@ import sys
 
 HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wgmma.cuh")
 
-SS_N = [64, 128]        # A and B from shared memory (descriptors): S = Q K^T, N = keys per tile
+SS_N = [64, 128, 256]  # A and B from shared memory: S = Q K^T (N = keys per tile), GEMM tiles
 RS_N = [64, 80, 96, 112, 128, 256]  # A from registers, B from shared memory: O += P V, N = head dim
 # A and B from shared memory, both MN-major (read transposed): the backward's dQ = dS K, A = dS
 # stored [keys][queries] and B = K stored [keys][head dim]; N = head dim.

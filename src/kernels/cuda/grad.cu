@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "core/cuda/device.h"
+#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grad.h"
 
@@ -255,33 +256,6 @@ void run_map(const char* op, const MapArgs<T, kIn, kOut>& a, F f) {
                      dim3(kMapThreads), 0, a, f);
   }
   check_launch(op);
-}
-
-// act(x) and act'(x) in fp32, the forms of cpu::grad's gate_value.
-struct GateValue {
-  float f, df;
-};
-
-template <Act kAct>
-__device__ __forceinline__ GateValue gate_value(float x) {
-  if constexpr (kAct == Act::SiLU) {
-    const float s = 1.0f / (1.0f + expf(-x));
-    return {x * s, s * (1.0f + x * (1.0f - s))};
-  } else if constexpr (kAct == Act::GeluTanh) {
-    constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
-    constexpr float kK = 0.044715f;
-    const float t = tanhf(kC * (x + kK * x * x * x));
-    const float cdf = 0.5f * (1.0f + t);
-    // (1 - t)(1 + t) rather than 1 - t^2: accurate where |t| is close to 1.
-    const float dt = (1.0f - t) * (1.0f + t) * kC * (1.0f + 3.0f * kK * x * x);
-    return {x * cdf, cdf + 0.5f * x * dt};
-  } else if constexpr (kAct == Act::GeluErf) {
-    constexpr float kInvSqrt2Pi = 0.3989422804014327f;
-    const float cdf = normcdff(x);  // 0.5 (1 + erf(x / sqrt(2))), accurate for x < 0 too
-    return {x * cdf, cdf + x * kInvSqrt2Pi * expf(-0.5f * x * x)};
-  } else {
-    return {x, 1.0f};
-  }
 }
 
 struct AddOp {

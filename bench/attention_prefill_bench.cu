@@ -128,17 +128,19 @@ int main_impl(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
     } else if (!std::strcmp(argv[i], "--kernel") && i + 1 < argc &&
-               (!std::strcmp(argv[i + 1], "auto") || !std::strcmp(argv[i + 1], "mma-sync"))) {
+               (!std::strcmp(argv[i + 1], "auto") || !std::strcmp(argv[i + 1], "wgmma") ||
+                !std::strcmp(argv[i + 1], "mma-sync"))) {
       kernel = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: attention_prefill_bench [--samples N] [--only B,Hq,S,D,causal] "
-                   "[--kernel auto|mma-sync]\n");
+                   "[--kernel auto|wgmma|mma-sync]\n");
       return 2;
     }
   }
   cuda::init();
   if (!std::strcmp(kernel, "mma-sync")) cuda::set_prefill_kernel(cuda::PrefillKernel::kMmaSync);
+  if (!std::strcmp(kernel, "wgmma")) cuda::set_prefill_kernel(cuda::PrefillKernel::kWgmma);
   std::vector<Shape> shapes = {
       {16, 32, 32, 512, 64, false},
       {16, 32, 32, 512, 64, true},

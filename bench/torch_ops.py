@@ -154,7 +154,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the first two shapes only")
     ap.add_argument("--only", default="attention,linear,layer",
                     help="comma-separated subset of: attention, linear, layer")
-    ap.add_argument("--attention-kernel", choices=["auto", "mma-sync"], default="auto",
+    ap.add_argument("--attention-kernel", choices=["auto", "wgmma", "mma-sync"], default="auto",
                     help="llmk's attention build on an H100: warpgroup MMA (auto) or mma.sync")
     args = ap.parse_args()
     if not torch.cuda.is_available():

@@ -454,16 +454,20 @@ void register_ops(nb::module_& parent) {
     return out;
   });
   m.def("reset_stats", [] { ops::reset_train_op_stats(); });
-  // Which attention kernels run on an sm_90 GPU, forward and backward: "auto" (warpgroup MMA)
-  // or "mma-sync" (the portable build, which every other GPU runs); for tests and benchmarks.
+  // Which attention kernels run on an sm_90 GPU, forward and backward: "auto" (warpgroup MMA,
+  // the forward warp-specialised at head dim 128), "wgmma" (the forward's warpgroup-MMA kernel
+  // without warp specialisation at every head dim) or "mma-sync" (the portable build, which every
+  // other GPU runs); for tests and benchmarks.
   m.def(
       "set_attention_kernel",
       [](const std::string& kernel) {
-        LLMK_CHECK(kernel == "auto" || kernel == "mma-sync",
-                   "set_attention_kernel: \"{}\" is not \"auto\" or \"mma-sync\"", kernel);
+        LLMK_CHECK(kernel == "auto" || kernel == "wgmma" || kernel == "mma-sync",
+                   "set_attention_kernel: \"{}\" is not \"auto\", \"wgmma\" or \"mma-sync\"",
+                   kernel);
 #ifdef LLMK_HAS_CUDA
-        cuda::set_prefill_kernel(kernel == "auto" ? cuda::PrefillKernel::kAuto
-                                                  : cuda::PrefillKernel::kMmaSync);
+        cuda::set_prefill_kernel(kernel == "auto"    ? cuda::PrefillKernel::kAuto
+                                 : kernel == "wgmma" ? cuda::PrefillKernel::kWgmma
+                                                     : cuda::PrefillKernel::kMmaSync);
 #endif
       },
       nb::arg("kernel"));

@@ -301,11 +301,12 @@ TEST_P(AttentionPrefillGpu, ArgumentErrors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionPrefillGpu,
-                         ::testing::Values(cuda::PrefillKernel::kAuto,
+                         ::testing::Values(cuda::PrefillKernel::kAuto, cuda::PrefillKernel::kWgmma,
                                            cuda::PrefillKernel::kMmaSync),
                          [](const ::testing::TestParamInfo<cuda::PrefillKernel>& p) {
-                           return std::string(p.param == cuda::PrefillKernel::kAuto ? "Auto"
-                                                                                    : "MmaSync");
+                           return std::string(p.param == cuda::PrefillKernel::kAuto    ? "Auto"
+                                              : p.param == cuda::PrefillKernel::kWgmma ? "Wgmma"
+                                                                                       : "MmaSync");
                          });
 
 }  // namespace

@@ -75,10 +75,10 @@ void attention_prefill(const AttentionArgs& a) {
              "attention prefill: a sliding window (window = {}) needs the causal mask", a.window);
   LLMK_CHECK(a.Hkv > 0 && a.Hq % a.Hkv == 0,
              "attention prefill: {} query heads are not a multiple of {} KV heads", a.Hq, a.Hkv);
-  const bool wgmma =
-      prefill_kernel() == PrefillKernel::kAuto && device_info().compute_capability() == 90;
+  const PrefillKernel k =
+      device_info().compute_capability() == 90 ? prefill_kernel() : PrefillKernel::kMmaSync;
   dispatch_head_dim(a.D, "attention prefill",
-                    [&](auto d) { attn::launch_prefill<decltype(d)::value>(a, wgmma); });
+                    [&](auto d) { attn::launch_prefill<decltype(d)::value>(a, k); });
 }
 
 void set_prefill_kernel(PrefillKernel k) { g_prefill_kernel.store(k, std::memory_order_relaxed); }

@@ -1095,22 +1095,8 @@ __global__ void __launch_bounds__(256, 1)
 // Q's and dO's tensor maps for bwd_h2_kernel: [T][Hq][D] with their strides, boxes of 64
 // columns x 1 head x 64 rows; false if the driver refused them.
 bool encode_bwd_maps(BwdMaps& m, const AttentionBwdArgs& a) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  auto one = [&](CUtensorMap* map, const void* base, int64_t t_stride, int64_t h_stride) {
-    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.D), static_cast<cuuint64_t>(a.Hq),
-                                static_cast<cuuint64_t>(a.T)};
-    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(h_stride) * 2,
-                                   static_cast<cuuint64_t>(t_stride) * 2};
-    const cuuint32_t box[3] = {64, 1, 64};
-    const cuuint32_t unit[3] = {1, 1, 1};
-    return encode(map, a.fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                  3, const_cast<void*>(base), dims, strides, box, unit,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-  };
-  return one(&m.q, a.q, a.q_t, a.q_h) && one(&m.dout, a.dout, a.dout_t, a.dout_h);
+  return encode_head_rows(&m.q, a.q, a.T, a.Hq, a.D, a.q_t, a.q_h, 64, a.fp16) &&
+         encode_head_rows(&m.dout, a.dout, a.T, a.Hq, a.D, a.dout_t, a.dout_h, 64, a.fp16);
 }
 
 template <class T16, bool kCap, int kD>
@@ -1174,7 +1160,7 @@ void launch_main(dim3 grid, const AttentionBwdArgs& a, BwdWs ws) {
 template <int kD, class T16>
 void launch_bwd(const AttentionBwdArgs& a, BwdWs ws) {
   const bool wgmma =
-      cuda::prefill_kernel() == PrefillKernel::kAuto && device_info().compute_capability() == 90;
+      cuda::prefill_kernel() != PrefillKernel::kMmaSync && device_info().compute_capability() == 90;
   const dim3 grid(static_cast<unsigned>(ceil_div(a.max_tk, kBwdBN)), static_cast<unsigned>(a.B),
                   static_cast<unsigned>(a.Hkv));
   if (wgmma) {
@@ -1195,7 +1181,7 @@ bool run_bwd(const AttentionBwdArgs& a) {
   // for), where the driver encodes its tensor maps.
   BwdMaps maps;
   const bool h2 = h2_head_dim(a) && a.max_tk > 0 && rows > 0 &&
-                  cuda::prefill_kernel() == PrefillKernel::kAuto &&
+                  cuda::prefill_kernel() != PrefillKernel::kMmaSync &&
                   device_info().compute_capability() == 90 && encode_bwd_maps(maps, a);
   if (h2) {  // its whole accumulator, lse2 and delta of the padding rows, the turns: zeros
     LLMK_CUDA_CHECK(cudaMemsetAsync(

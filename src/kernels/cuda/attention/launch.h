@@ -12,22 +12,22 @@
 
 namespace llmk::cuda::attn {
 
-// Prefill: specialised (one tiling per head dim and kernel) in prefill_d<kD>.cu; `wgmma` picks the
-// Hopper kernel (the caller checked the device).
+// Prefill: specialised (one tiling per head dim and kernel) in prefill_d<kD>.cu; k picks the
+// kernel (kAuto and kWgmma: Hopper kernels; the caller checked the device).
 template <int kD>
-void launch_prefill(const AttentionArgs& a, bool wgmma);
+void launch_prefill(const AttentionArgs& a, PrefillKernel k);
 template <>
-void launch_prefill<64>(const AttentionArgs& a, bool wgmma);
+void launch_prefill<64>(const AttentionArgs& a, PrefillKernel k);
 template <>
-void launch_prefill<80>(const AttentionArgs& a, bool wgmma);
+void launch_prefill<80>(const AttentionArgs& a, PrefillKernel k);
 template <>
-void launch_prefill<96>(const AttentionArgs& a, bool wgmma);
+void launch_prefill<96>(const AttentionArgs& a, PrefillKernel k);
 template <>
-void launch_prefill<112>(const AttentionArgs& a, bool wgmma);
+void launch_prefill<112>(const AttentionArgs& a, PrefillKernel k);
 template <>
-void launch_prefill<128>(const AttentionArgs& a, bool wgmma);
+void launch_prefill<128>(const AttentionArgs& a, PrefillKernel k);
 template <>
-void launch_prefill<256>(const AttentionArgs& a, bool wgmma);
+void launch_prefill<256>(const AttentionArgs& a, PrefillKernel k);
 
 // Decode: how one launch is laid out, chosen on the host (attention.cpp) from host-known
 // values only, so a captured launch replays at any position.
@@ -65,5 +65,11 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan);
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda);
 // nullptr where the driver has none.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
+
+// A [rows][heads][D] 16-bit tensor (row and head strides in elements) as a 3-d tensor map with
+// boxes of 64 columns x 1 head x box_rows rows and the 128-byte swizzle (the panels the wgmma
+// descriptors read); false if the driver has no encoder or refused the map.
+bool encode_head_rows(CUtensorMap* map, const void* base, int64_t rows, int64_t heads, int D,
+                      int64_t t_stride, int64_t h_stride, int box_rows, bool fp16);
 
 }  // namespace llmk::cuda::attn

@@ -14,8 +14,8 @@ using Mma = PrefillCfg<256, 8, 1, 64, false, 2, 1>;
 }  // namespace
 
 template <>
-void launch_prefill<256>(const AttentionArgs& a, bool wgmma) {
-  launch_prefill_either<Wg, Mma>(a, wgmma);
+void launch_prefill<256>(const AttentionArgs& a, PrefillKernel k) {
+  launch_prefill_either<Wg, Mma>(a, k);
 }
 
 }  // namespace llmk::cuda::attn

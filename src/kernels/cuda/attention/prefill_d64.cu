@@ -17,8 +17,8 @@ using Mma = PrefillCfg<64, 4, 2, 64, true, 2, 2>;
 }  // namespace
 
 template <>
-void launch_prefill<64>(const AttentionArgs& a, bool wgmma) {
-  launch_prefill_either<Wg, Mma>(a, wgmma);
+void launch_prefill<64>(const AttentionArgs& a, PrefillKernel k) {
+  launch_prefill_either<Wg, Mma>(a, k);
 }
 
 }  // namespace llmk::cuda::attn

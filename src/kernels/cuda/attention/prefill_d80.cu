@@ -17,8 +17,8 @@ using Mma = PrefillCfg<80, 8, 1, 64, false, 1, 2>;
 }  // namespace
 
 template <>
-void launch_prefill<80>(const AttentionArgs& a, bool wgmma) {
-  launch_prefill_either<Wg, Mma>(a, wgmma);
+void launch_prefill<80>(const AttentionArgs& a, PrefillKernel k) {
+  launch_prefill_either<Wg, Mma>(a, k);
 }
 
 }  // namespace llmk::cuda::attn

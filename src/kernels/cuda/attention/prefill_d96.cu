@@ -22,15 +22,16 @@ using Mma = PrefillCfg<96, 8, 1, 64, false, 1, 2>;
 }  // namespace
 
 template <>
-void launch_prefill<96>(const AttentionArgs& a, bool wgmma) {
+void launch_prefill<96>(const AttentionArgs& a, PrefillKernel k) {
   // Work items of the 2-warpgroup tiling (prefill_kernel.cuh's launch_prefill_grid), against
   // the SMs' block slots.
   const int64_t long_items =
       (ceil_div(a.T, WgLong::kBM) + (a.cu_q != nullptr ? a.B - 1 : 0)) * a.Hq;
-  if (wgmma && long_items < int64_t{WgLong::kMinBlocks} * device_info().sm_count) {
-    launch_prefill_either<WgShort, Mma>(a, wgmma);
+  if (k != PrefillKernel::kMmaSync &&
+      long_items < int64_t{WgLong::kMinBlocks} * device_info().sm_count) {
+    launch_prefill_either<WgShort, Mma>(a, k);
   } else {
-    launch_prefill_either<WgLong, Mma>(a, wgmma);
+    launch_prefill_either<WgLong, Mma>(a, k);
   }
 }
 

@@ -274,13 +274,15 @@ __device__ __forceinline__ void tree_reduce(float (&t)[kN], Op op) {
   }
 }
 
-// Online softmax over one key tile: S becomes P = exp2(S fold - m_new), the running O and l are
-// rescaled by exp2(m_old - m_new). Reductions are trees (short dependency chains); a row's four
-// threads (lane % 4) combine with shuffles.
-template <int kMT, int kNT, int kDT>
-__device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
-                                               float (&m)[kMT][2], float (&l)[kMT][2], float fold) {
-  float alpha[kMT][2];
+// Online softmax over one key tile, in two parts: softmax_tile makes S into P = exp2(S fold -
+// m_new), rescales the running l and sets alpha = exp2(m_old - m_new) per row; rescale_o then
+// multiplies the running O by alpha (apart, so that a kernel can do it once its O += P V of the
+// previous tile has left the tensor cores). Reductions are trees (short dependency chains); a
+// row's four threads (lane % 4) combine with shuffles.
+template <int kMT, int kNT>
+__device__ __forceinline__ void softmax_tile(float (&s)[kMT][kNT][4], float (&m)[kMT][2],
+                                             float (&l)[kMT][2], float fold,
+                                             float (&alpha)[kMT][2]) {
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -305,6 +307,10 @@ __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&
       l[mt][r] = l[mt][r] * alpha[mt][r] + t[0];
       m[mt][r] = m_new;
     }
+}
+
+template <int kMT, int kDT>
+__device__ __forceinline__ void rescale_o(float (&o)[kMT][kDT][4], const float (&alpha)[kMT][2]) {
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -314,6 +320,14 @@ __device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&
       o[mt][dn][2] *= alpha[mt][1];
       o[mt][dn][3] *= alpha[mt][1];
     }
+}
+
+template <int kMT, int kNT, int kDT>
+__device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&o)[kMT][kDT][4],
+                                               float (&m)[kMT][2], float (&l)[kMT][2], float fold) {
+  float alpha[kMT][2];
+  softmax_tile(s, m, l, fold, alpha);
+  rescale_o(o, alpha);
 }
 
 // P's A fragment for keys [16 kk, 16 kk + 16) of m-tile mt (16-bit, from the S accumulators).

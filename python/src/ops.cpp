@@ -455,9 +455,9 @@ void register_ops(nb::module_& parent) {
   });
   m.def("reset_stats", [] { ops::reset_train_op_stats(); });
   // Which attention kernels run on an sm_90 GPU, forward and backward: "auto" (warpgroup MMA,
-  // the forward warp-specialised at head dim 128), "wgmma" (the forward's warpgroup-MMA kernel
-  // without warp specialisation at every head dim) or "mma-sync" (the portable build, which every
-  // other GPU runs); for tests and benchmarks.
+  // the forward warp-specialised at head dims 96 and 128), "wgmma" (the forward's warpgroup-MMA
+  // kernel without warp specialisation at every head dim) or "mma-sync" (the portable build,
+  // which every other GPU runs); for tests and benchmarks.
   m.def(
       "set_attention_kernel",
       [](const std::string& kernel) {

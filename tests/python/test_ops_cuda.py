@@ -86,7 +86,7 @@ CASES = [
 @pytest.fixture(params=["auto", "wgmma", "mma-sync"])
 def attn_kernel(request):
     """Each attention test runs on every build of the kernels: what "auto" runs on an H100 (the
-    forward warp-specialised at head dim 128), the warpgroup-MMA forward without warp
+    forward warp-specialised at head dims 96 and 128), the warpgroup-MMA forward without warp
     specialisation, and the portable mma.sync one."""
     _C.set_attention_kernel(request.param)
     yield request.param

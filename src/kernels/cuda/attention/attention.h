@@ -108,9 +108,9 @@ const char* attention_head_dims();
 // Any T >= 1; meant for T > 8. Throws llmk::Error for an unsupported head dim.
 void attention_prefill(const AttentionArgs& a);
 // Which prefill kernel attention_prefill runs: kAuto, on an sm_90 device the warp-specialised
-// kernel (TMA, head dim 128) or the wgmma kernel (the other head dims), and the mma.sync kernel
-// elsewhere; kWgmma, the wgmma kernel at every head dim on sm_90; kMmaSync, the mma.sync kernel
-// everywhere. The attention backward (backward.h) takes its Hopper kernels unless kMmaSync.
+// kernel (TMA, head dims 96 and 128) or the wgmma kernel (the other head dims), and the mma.sync
+// kernel elsewhere; kWgmma, the wgmma kernel at every head dim on sm_90; kMmaSync, the mma.sync
+// kernel everywhere. The attention backward (backward.h) takes its Hopper kernels unless kMmaSync.
 // Process-wide; for the tests and benchmarks that compare them.
 enum class PrefillKernel { kAuto, kMmaSync, kWgmma };
 void set_prefill_kernel(PrefillKernel k);

@@ -15,14 +15,6 @@ using Wg = WgmmaCfg<128, 2, 128, 1>;
 using Mma = PrefillCfg<128, 8, 1, 64, false, 1, 2>;
 }  // namespace
 
-// The warp-specialised kernel's tensor maps (prefill_wgmma.cuh): Q [T][Hq][128], K and V
-// [L][Hkv][128] with their strides.
-bool encode_prefill_maps(PrefillMaps& m, const AttentionArgs& a) {
-  return encode_head_rows(&m.q, a.q, a.T, a.Hq, a.D, a.q_t, a.q_h, 128, a.fp16) &&
-         encode_head_rows(&m.k, a.k, a.L, a.Hkv, a.D, a.k_t, a.k_h, 128, a.fp16) &&
-         encode_head_rows(&m.v, a.v, a.L, a.Hkv, a.D, a.v_t, a.v_h, 128, a.fp16);
-}
-
 template <>
 void launch_prefill<128>(const AttentionArgs& a, PrefillKernel k) {
   launch_prefill_either<Wg, Mma>(a, k);

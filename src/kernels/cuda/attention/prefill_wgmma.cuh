@@ -18,6 +18,7 @@
 // are on the tensor cores.
 #pragma once
 
+#include "kernels/cuda/attention/launch.h"
 #include "kernels/cuda/attention/prefill_kernel.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -204,10 +205,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 #endif
 }
 
-// ---- The warp-specialised kernel (FA3's arrangement of the same algorithm), head dim 128 ----
+// ---- The warp-specialised kernel (FA3's arrangement of the algorithm), head dims 96 and 128 ----
 //
-// Block: two consumer warpgroups (64 query rows each, kBM = 128) and one producer warp. The
-// producer has the copy engine (TMA) load the block's Q tile once and each key tile's K and V
+// Block: two consumer warpgroups (64 query rows each, kBM = 128) and a producer warpgroup whose
+// one thread has the copy engine (TMA) load the block's Q tile once and each key tile's K and V
 // into two-stage rings (a "full" barrier per stage counting the bytes, an "empty" one the
 // consumer warps arrive on when their products have read it), so the warpgroups never stop at a
 // block-wide barrier and drift apart freely. Each consumer overlaps within itself: with P of tile
@@ -231,7 +232,7 @@ struct WsCfg {
   static constexpr int kOffK = kQBytes, kOffV = kOffK + 2 * kKVBytes;
   static constexpr int kOffBar = kOffV + 2 * kKVBytes;  // q, k full x2, v full x2, k/v empty x2
   static constexpr size_t kSmemBytes = 1024 + kOffBar + 9 * 8;
-  static_assert(kD == 128, "built for head dim 128");
+  static_assert(kD == 96 || kD == 128, "built for head dims 96 and 128");
 };
 
 // Keeps the compiler from reusing the registers of a wgmma's A operand before the wgmma is known
@@ -412,7 +413,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #endif
 }
 
-bool encode_prefill_maps(PrefillMaps& m, const AttentionArgs& a);
+// The warp-specialised kernel's tensor maps: Q [T][Hq][kD], K and V [L][Hkv][kD] with their
+// strides (head dim 96: the second panel's columns past 96 read as zeros).
+inline bool encode_prefill_maps(PrefillMaps& m, const AttentionArgs& a) {
+  return encode_head_rows(&m.q, a.q, a.T, a.Hq, a.D, a.q_t, a.q_h, 128, a.fp16) &&
+         encode_head_rows(&m.k, a.k, a.L, a.Hkv, a.D, a.k_t, a.k_h, 128, a.fp16) &&
+         encode_head_rows(&m.v, a.v, a.L, a.Hkv, a.D, a.v_t, a.v_h, 128, a.fp16);
+}
 
 // launch_prefill_ws<kD>: the warp-specialised kernel; false (nothing launched) where it is not
 // built for the arguments or the driver refused the tensor maps.
@@ -441,9 +448,11 @@ template <class Wg, class Mma>
 void launch_prefill_either(const AttentionArgs& a, PrefillKernel k) {
   static_assert(Wg::kD == Mma::kD, "one head dim");
   if (k == PrefillKernel::kAuto) {
-    if constexpr (Wg::kD == 128) {
-      if (a.fp16 ? launch_prefill_ws<WsCfg<128>, __half>(a)
-                 : launch_prefill_ws<WsCfg<128>, __nv_bfloat16>(a)) {
+    constexpr int kD = Wg::kD;
+    // Not at 64: there it ran 0.85x the wgmma kernel (B16 S512, which keeps two blocks per SM).
+    if constexpr (kD == 96 || kD == 128) {
+      if (a.fp16 ? launch_prefill_ws<WsCfg<kD>, __half>(a)
+                 : launch_prefill_ws<WsCfg<kD>, __nv_bfloat16>(a)) {
         return;
       }
     }

@@ -726,9 +726,8 @@ void linear_act_forward(Tensor& y, Tensor* z, const Tensor& x, const Tensor& w, 
   Tensor& pre = z ? *z : y;
   if (at.cuda) {
 #ifdef LLMK_HAS_CUDA
-    // llmk's GEMM with the bias and the activation in its epilogue (Hopper), z written beside;
-    // except tanh GELU past 128 rows, where cuBLASLt's GELU epilogue ran faster (H100,
-    // gemm_act_bench: 1.10 against 1.15 times the plain GEMM at 8192 x 14336 x 4096).
+    // llmk's GEMM with the bias and the activation in its epilogue (Hopper), z written beside,
+    // where gemm_act_preferred says it beats cuBLASLt's GELU epilogue (below).
     const cuda::GemmActArgs g{.y = y.data(),
                               .z = z ? z->data() : nullptr,
                               .x = x.data(),
@@ -738,7 +737,7 @@ void linear_act_forward(Tensor& y, Tensor* z, const Tensor& x, const Tensor& w, 
                               .N = N,
                               .K = K,
                               .act = cpu_act(act)};
-    if (act != Act::None && !(act == Act::GeluTanh && M > 128) && cuda::gemm_act(g)) {
+    if (act != Act::None && cuda::gemm_act_preferred(g) && cuda::gemm_act(g)) {
       count(op, "cuda");
       return;
     }

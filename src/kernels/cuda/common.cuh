@@ -97,6 +97,17 @@ __device__ __forceinline__ __half from_float<__half>(float x) {
   return __float2half_rn(x);
 }
 
+// Two floats as a bf16 pair (x in the low half), the register layout mma fragments use.
+__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// Two floats as an fp16 pair (x in the low half).
+__device__ __forceinline__ uint32_t pack_f16x2(float x, float y) {
+  const __half2 v = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // True when `p` is a multiple of `bytes` (a power of two): the condition for vector accesses.
 __host__ __device__ inline bool is_aligned(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;

@@ -97,7 +97,9 @@ def render():
 // fences and waits around it. A warpgroup (4 consecutive warps, 128 threads) issues each
 // instruction together; accumulators are 64 x N fp32, warp w of the group holding rows
 // [16 w, 16 w + 16) in the mma.sync m16n8 C layout per 8 columns: d[4 j + x] is row
-// lane / 4 + 8 (x / 2), column 8 j + 2 (lane % 4) + x % 2.
+// lane / 4 + 8 (x / 2), column 8 j + 2 (lane % 4) + x % 2. Shared memory written by ordinary
+// stores (st.shared, cp.async) needs fence_proxy_async_shared (hopper.cuh) and a barrier before a
+// wgmma reads it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -128,11 +130,6 @@ __device__ __forceinline__ void wgmma_commit() {
 template <int pending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(pending) : "memory");
-}
-// Makes this thread's shared-memory writes (st.shared, cp.async) visible to the async proxy
-// that wgmma reads through; then a barrier.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");
 }
 // Keeps the compiler from moving accesses of accumulator registers across wgmma issue / wait.
 template <int N>

@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
                          : "memory");
           }
         }
-        fence_proxy_async_smem();  // before the copy engine refills this stage
+        fence_proxy_async_shared();  // before the copy engine refills this stage
         __syncwarp();
       }
     } else {

@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         const uint32_t at = sV + panel * kBN * 128 + row * 128 + (c % 8) * 16;
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
       }
-      fence_proxy_async_smem();  // the zeros are what wgmma reads
+      fence_proxy_async_shared();  // the zeros are what wgmma reads
       named_barrier_sync(1, 256);
     }
 

@@ -1,6 +1,7 @@
 // Device pieces shared by the attention kernels: asynchronous 16-byte tile copies into shared
 // memory (cp.async) and the warp-level bf16 tensor-core instructions (ldmatrix, mma.sync
-// m16n8k16) as inline PTX. Included by the attention .cu files only.
+// m16n8k16) as inline PTX; the Hopper kernels' barriers and copy engine come from hopper.cuh.
+// Included by the attention .cu files only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,16 +10,13 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/hopper.cuh"
 
 namespace llmk::cuda::attn {
 
 using bf16 = __nv_bfloat16;
 
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // 16 bytes global -> shared (`dst` a shared-space byte address), asynchronously; when !valid
 // the destination is zero-filled and nothing is read (src must still be a valid address).
@@ -45,80 +43,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
-// Shared-memory barriers (mbarrier, sm_80+) and the bulk tensor copy engine (TMA, sm_90+), for
-// tiles that land on a barrier instead of a cp.async group. `bar` is a shared-space byte
-// address of an 8-byte-aligned barrier word.
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-// Makes barrier initialisations visible to the copy engine (and the rest of the cluster).
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-// One arrival that also expects `bytes` more from the copy engine before the phase completes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// One plain arrival (the consumer's "this stage is free again").
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Spins until the barrier's phase with the given parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "LLMK_MBAR_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra LLMK_MBAR_WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// Orders this thread's earlier ordinary shared-memory accesses before later copy-engine
-// accesses of the same memory (after a barrier that the copy's issuer also passes).
-__device__ __forceinline__ void fence_proxy_async_smem() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// One box of a 3-d tensor map (a __grid_constant__ kernel parameter's generic address) at
-// element coordinates (c0, c1, c2) -> shared memory at `dst`, completing `bar`'s expected bytes,
-// with an L2 cache policy. Coordinates outside the tensor read as zeros.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2,
-                                            uint32_t bar, uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::"
-      "cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
-      : "memory");
-#else
-  __trap();  // the host launches TMA kernels on sm_90+ only
-#endif
-}
-
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared at `dst` by the
-// bulk copy engine, completing `bar`'s expected bytes.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-#else
-  __trap();
-#endif
-}
-// Barrier `id` (1-15; 0 is __syncthreads) among `threads` threads (a multiple of 32).
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 // Four 8x8 b16 matrices at a shared-space byte address (in unrolled loops a per-thread base plus
 // a compile-time offset, which ptxas folds into the instruction); lane l supplies the address of
 // row (l % 8) of matrix l / 8. Thread t receives elements (t / 4, 2 (t % 4) + {0, 1}) of each
@@ -162,18 +86,6 @@ __device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats as a bf16 pair (x in the low half), the register layout mma fragments use.
-__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Two floats as an fp16 pair (x in the low half).
-__device__ __forceinline__ uint32_t pack_f16x2(float x, float y) {
-  const __half2 v = __floats2half2_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // The 16-bit element types the tensor-core kernels take (bf16, fp16): the matching mma and the

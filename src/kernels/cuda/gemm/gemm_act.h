@@ -33,6 +33,12 @@ struct GemmActArgs {
 // int32. The caller then runs cuBLASLt and the activation apart.
 bool gemm_act(const GemmActArgs& a);
 
+// Whether gemm_act is the faster choice for these operands where cuBLASLt can apply the
+// activation in its epilogue too (tanh GELU): false for tanh GELU past 128 rows. Callers with
+// that path route by it; gemm_act itself still takes such operands (tests and gemm_act_bench
+// run it there).
+bool gemm_act_preferred(const GemmActArgs& a);
+
 // Off: gemm_act returns false always (for tests and benchmarks that compare the paths).
 // Process-wide.
 void set_gemm_act(bool on);

@@ -9,12 +9,15 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 
-// SiLU: x / (1 + e^-x). GELU: 0.5 x (1 + tanh u) = x * (1 - 1 / (1 + e^(2u))), which needs one
-// exp and stays finite at both ends (e^(2u) saturates rather than overflowing).
+// SiLU: x / (1 + e^-x). GELU: 0.5 x (1 + tanh u) = x / (1 + e^(-2u)), which needs one exp and
+// keeps its digits for x < -4, where x - x / (1 + e^(2u)) cancels. From -2u = 88 (x below about
+// -9.3), where exp_clamped and exp8 saturate, GELU is under 6e-38 and taken as 0.
+constexpr float kExpSaturates = 88.0f;
 inline float silu(float x) { return x / (1.0f + detail::exp_clamped(-x)); }
 inline float gelu_tanh(float x) {
   const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  return x - x / (1.0f + detail::exp_clamped(2.0f * u));
+  const float m2u = -2.0f * u;
+  return m2u >= kExpSaturates ? 0.0f : x / (1.0f + detail::exp_clamped(m2u));
 }
 
 template <Activation A>
@@ -32,8 +35,10 @@ void act_row(float* out, const float* gate, const float* up, int64_t F) {
       const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
       const __m256 u = _mm256_mul_ps(_mm256_set1_ps(kSqrt2OverPi),
                                      _mm256_fmadd_ps(_mm256_set1_ps(kGeluCubic), x3, x));
-      const __m256 e = detail::exp8(_mm256_add_ps(u, u));
-      y = _mm256_sub_ps(x, _mm256_div_ps(x, _mm256_add_ps(one, e)));
+      const __m256 m2u = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_add_ps(u, u));
+      const __m256 e = detail::exp8(m2u);
+      y = _mm256_div_ps(x, _mm256_add_ps(one, e));
+      y = _mm256_andnot_ps(_mm256_cmp_ps(m2u, _mm256_set1_ps(kExpSaturates), _CMP_GE_OQ), y);
     }
     _mm256_storeu_ps(out + i, _mm256_mul_ps(y, _mm256_loadu_ps(up + i)));
   }

@@ -8,15 +8,17 @@
 
 namespace llmk::cuda {
 
-// The same forms as cpu::gated_act: SiLU x / (1 + e^-x); GELU 0.5 x (1 + tanh u) written as
-// x - x / (1 + e^(2u)), finite at both ends.
+// The gated activations act(g) * u: SiLU x / (1 + e^-x), as cpu::gated_act; GELU
+// 0.5 x (1 + tanh t) written as x / (1 + e^(-2t)), as act_fast has it: no cancellation at
+// either end (cpu::gated_act's x - x / (1 + e^(2t)) loses all digits for x < -4), and e^(-2t)
+// overflowing to inf gives -0, the limit.
 struct SiluMul {
   __device__ float operator()(float g, float u) const { return g / (1.0f + expf(-g)) * u; }
 };
 struct GeluTanhMul {
   __device__ float operator()(float g, float u) const {
     const float t = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-    return (g - g / (1.0f + expf(2.0f * t))) * u;
+    return g / (1.0f + expf(-2.0f * t)) * u;
   }
 };
 

@@ -13,11 +13,17 @@ varlen call). What llmk cannot run falls back to transformers' own code and is c
 llmk.ops.stats() with the reason (attention dropout; rotary tables not in the [.., seq, dim]
 layout); a padded batch decoding with a cache (queries fewer than keys) raises ValueError. Patching RoPE replaces the module-level apply_rotary_pos_emb of each
 family's modeling file, so it holds for every model of those families in the process.
+
+Beyond swapping ops: q|k|v (and gate|up) run as one autograd node whose backward adds their
+input gradients inside the GEMMs; and on Llama and Qwen2 the decoder layer's residual adds run
+inside the norms' kernels (forward and backward) and the down projection's GEMM, so no separate
+add remains in a layer's forward or backward.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import types
 from typing import Optional
 
@@ -121,12 +127,15 @@ def _leave_rope(module, args, output):
     _rope_depth -= 1
 
 
-def _norm_forward(offset: float):
-    def forward(self, hidden_states, *args, **kwargs):
-        eps = getattr(self, "variance_epsilon", getattr(self, "eps", 1e-6))
-        w = self.weight + offset if offset else self.weight
-        return L.rms_norm(hidden_states, w.to(hidden_states.dtype), float(eps))
-    return forward
+def _norm_params(norm: nn.Module, like: Tensor) -> tuple[Tensor, float]:
+    """The weight (Gemma's 1 + w) and eps of a patched RMSNorm module."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+    w = norm.weight + norm._llmk_offset if norm._llmk_offset else norm.weight
+    return w.to(like.dtype), float(eps)
+
+
+def _norm_forward(self, hidden_states, *args, **kwargs):
+    return L.rms_norm(hidden_states, *_norm_params(self, hidden_states))
 
 
 def _mlp_forward(act: str):
@@ -135,13 +144,97 @@ def _mlp_forward(act: str):
                "gelu_new": lambda g, u: L.geglu(g, u, "tanh"),
                "gelu": lambda g, u: L.geglu(g, u, "none")}[act]
 
-    def forward(self, x):
+    def forward(self, x, residual: Optional[Tensor] = None):
+        """down(act(gate(x)) * up(x)) (+ residual, added by the down projection's GEMM)."""
         if hasattr(self, "gate_up_proj"):  # Phi-3: one projection, gate first
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        elif _plain_linear(self.gate_proj, self.up_proj):
+            gate, up = L._linears(x, [self.gate_proj.weight, self.up_proj.weight],
+                                  [self.gate_proj.bias, self.up_proj.bias])
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(gate_fn(gate, up))
+        h = gate_fn(gate, up)
+        down = self.down_proj
+        if residual is None:
+            return down(h)
+        if not _plain_linear(down) or down.bias is not None:
+            return residual + down(h)
+        out = torch.addmm(residual.reshape(-1, residual.shape[-1]), h.reshape(-1, h.shape[-1]),
+                          down.weight.t())
+        return out.view(residual.shape)
+    forward.llmk = True
     return forward
+
+
+def _plain_linear(*mods: nn.Module) -> bool:
+    return all(type(m) is nn.Linear for m in mods)
+
+
+class _SharedInput:
+    """Linear layers that read the same input (an attention module's q_proj, k_proj, v_proj) as
+    one autograd node: the first of them called with an input computes every output, the others
+    take theirs, and the backward sums their input gradients in the GEMMs (llmk.ops._linears)."""
+
+    def __init__(self, mods: list[nn.Module]):
+        self.mods, self.x, self.pending = mods, None, {}
+
+    def forward_of(self, i: int):
+        def forward(x):
+            if x is not self.x or i not in self.pending:
+                ys = L._linears(x, [m.weight for m in self.mods], [m.bias for m in self.mods])
+                self.x, self.pending = x, dict(enumerate(ys))
+            y = self.pending.pop(i)
+            if not self.pending:
+                self.x = None
+            return y
+        return forward
+
+
+def _group_qkv(attn: nn.Module) -> None:
+    mods = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+    if not all(m is not None for m in mods) or not _plain_linear(*mods) or \
+            getattr(attn, "_llmk_qkv", False):
+        return
+    group = _SharedInput(mods)
+    for i, m in enumerate(mods):
+        m.forward = group.forward_of(i)
+    attn._llmk_qkv = True
+
+
+# Decoder layers whose forward is x + attn(norm1(x)) then s + mlp(norm2(s)), and which pass all
+# their arguments to the attention: their residual adds go into the norms' kernels and the down
+# projection's GEMM.
+_PRE_NORM_LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer")
+
+
+def _layer_forward(sig: inspect.Signature):
+    def forward(self, *args, **kwargs):
+        bound = sig.bind(self, *args, **kwargs)
+        kw = dict(bound.arguments)
+        kw.pop("self")
+        x = kw.pop("hidden_states")
+        for name, p in sig.parameters.items():
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                kw.update(kw.pop(name, {}))
+        h, x = L._rms_norm_tee(x, *_norm_params(self.input_layernorm, x))
+        a = self.self_attn(hidden_states=h, **kw)[0]
+        h, s = L.rms_norm(a, *_norm_params(self.post_attention_layernorm, a), residual=x)
+        return self.mlp(h, residual=s)
+    forward.llmk = True
+    return forward
+
+
+def _fuse_layer(layer: nn.Module) -> None:
+    forward = type(layer).forward
+    sig = inspect.signature(forward)
+    if (type(layer).__name__ not in _PRE_NORM_LAYERS or sig.return_annotation is not Tensor
+            or "hidden_states" not in sig.parameters
+            or not getattr(getattr(layer, "input_layernorm", None), "_llmk_offset", None) == 0.0
+            or not getattr(getattr(layer, "post_attention_layernorm", None), "_llmk_offset",
+                           None) == 0.0
+            or not getattr(getattr(layer, "mlp", None).forward, "llmk", False)):
+        return
+    layer.forward = types.MethodType(_layer_forward(sig), layer)
 
 
 def apply(model: nn.Module, attention: bool = True, norm: bool = True, rope: bool = True,
@@ -174,7 +267,13 @@ def apply(model: nn.Module, attention: bool = True, norm: bool = True, rope: boo
     for m in model.modules():
         name = type(m).__name__
         if norm and name.endswith("RMSNorm") and hasattr(m, "weight"):
-            m.forward = types.MethodType(_norm_forward(offset), m)
+            m._llmk_offset = offset
+            m.forward = types.MethodType(_norm_forward, m)
         elif mlp and name.endswith("MLP") and hasattr(m, "down_proj"):
             m.forward = types.MethodType(_mlp_forward(act), m)
+        elif attention and name.endswith("Attention"):
+            _group_qkv(m)
+    if norm and mlp:
+        for m in model.modules():
+            _fuse_layer(m)
     return model

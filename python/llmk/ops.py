@@ -209,8 +209,9 @@ def _(x, residual, weight, eps):
 
 
 @_op("rms_norm_backward")
-def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor,
-                       need_dw: bool) -> tuple[Tensor, Tensor]:
+def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, need_dw: bool,
+                       dres: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    # dres: a gradient reaching x by another path (the residual stream), added to dx in-kernel
     x2 = _c(x).reshape(-1, x.shape[-1])
     dx = torch.empty_like(x2)
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else \
@@ -219,12 +220,13 @@ def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor,
     if need_dw and x.is_cuda:
         ws = torch.empty(_C.rms_norm_backward_workspace(x2), dtype=torch.uint8, device=x.device)
     _C.rms_norm_backward(dx, dw if need_dw else None, _c(dy).reshape(x2.shape), x2,
-                         _c(weight), _c(rstd), ws, _stream(x))
+                         _c(weight), _c(rstd), ws,
+                         None if dres is None else _c(dres).reshape(x2.shape), _stream(x))
     return dx.view(x.shape), dw
 
 
 @_rms_norm_backward.register_fake
-def _(dy, x, weight, rstd, need_dw):
+def _(dy, x, weight, rstd, need_dw, dres=None):
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     return dx, (torch.empty_like(weight, memory_format=torch.contiguous_format)
                 if need_dw else weight.new_empty(0))
@@ -257,9 +259,7 @@ def _add_rms_norm_bwd(ctx, dy, ds, _drstd):
     s, weight, rstd = ctx.saved_tensors
     dy = torch.zeros_like(s) if dy is None else dy
     need_dw = ctx.needs_input_grad[2]
-    dsum, dw = _rms_norm_backward(dy, s, weight, rstd, need_dw)
-    if ds is not None:
-        dsum = dsum + ds
+    dsum, dw = _rms_norm_backward(dy, s, weight, rstd, need_dw, ds)
     return dsum, dsum, dw if need_dw else None, None
 
 
@@ -284,6 +284,66 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6,
            lambda: f"llmk.ops.rms_norm: residual is {tuple(residual.shape)} but x {tuple(x.shape)}")
     y, s, _ = _add_rms_norm(x, residual, weight, float(eps))
     return y, s
+
+
+class _RmsNormTee(torch.autograd.Function):
+    """(rms_norm(x), x): a pre-norm block's input and the residual stream that bypasses the
+    block; the gradients of the two meet in the norm's backward kernel instead of an add."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, rstd = _rms_norm(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return y, x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dy, dskip):
+        x, weight, rstd = ctx.saved_tensors
+        dy = torch.zeros_like(x) if dy is None else dy
+        need_dw = ctx.needs_input_grad[1]
+        dx, dw = _rms_norm_backward(dy, x, weight, rstd, need_dw, dskip)
+        return dx, dw if need_dw else None, None
+
+
+def _rms_norm_tee(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(rms_norm(x, weight, eps), x), for a decoder layer's first norm (llmk.hf); eager only."""
+    return _RmsNormTee.apply(x, weight, float(eps))
+
+
+class _SharedInputLinears(torch.autograd.Function):
+    """x W_i^T + b_i for weights that share one input (q|k|v, gate|up). The backward adds the
+    input gradients in the GEMMs (beta = 1) rather than in separate adds."""
+
+    @staticmethod
+    def forward(ctx, x, *wb):
+        ws, bs = wb[0::2], wb[1::2]
+        ctx.save_for_backward(x, *ws)
+        ctx.has_bias = [b is not None for b in bs]
+        return tuple(torch.nn.functional.linear(x, w, b) for w, b in zip(ws, bs))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *ws = ctx.saved_tensors
+        x2 = x.reshape(-1, x.shape[-1])
+        dx, out = None, []
+        for i, (g, w) in enumerate(zip(grads, ws)):
+            dw = db = None
+            if g is not None:
+                g2 = g.reshape(-1, g.shape[-1])
+                if ctx.needs_input_grad[0]:
+                    dx = g2.mm(w) if dx is None else dx.addmm_(g2, w)
+                if ctx.needs_input_grad[1 + 2 * i]:
+                    dw = g2.t().mm(x2)
+                if ctx.has_bias[i] and ctx.needs_input_grad[2 + 2 * i]:
+                    db = g2.sum(0)
+            out += [dw, db]
+        return (None if dx is None else dx.view(x.shape), *out)
+
+
+def _linears(x: Tensor, weights: Sequence[Tensor],
+             biases: Sequence[Optional[Tensor]]) -> tuple[Tensor, ...]:
+    """F.linear(x, w_i, b_i) for each weight, with one autograd node (llmk.hf); eager only."""
+    return _SharedInputLinears.apply(x, *[t for wb in zip(weights, biases) for t in wb])
 
 
 # ---------------------------------------------------------------------------------------------

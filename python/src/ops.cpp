@@ -244,16 +244,18 @@ void register_ops(nb::module_& parent) {
   m.def(
       "rms_norm_backward",
       [](Array dx, OptArray dw, Array dy, Array x, Array w, Array rstd, OptArray workspace,
-         uintptr_t stream) {
+         OptArray dres, uintptr_t stream) {
         Tensor tdx = tensor_of(dx, "dx");
-        std::optional<Tensor> tdw = opt_tensor(dw, "dw"), ws = opt_tensor(workspace, "workspace");
+        std::optional<Tensor> tdw = opt_tensor(dw, "dw"), ws = opt_tensor(workspace, "workspace"),
+                              tres = opt_tensor(dres, "dres");
         on_stream(stream, [&] {
           ops::rms_norm_backward(tdx, tdw ? &*tdw : nullptr, tensor_of(dy, "dy"), tensor_of(x, "x"),
-                                 tensor_of(w, "w"), tensor_of(rstd, "rstd"), ws ? &*ws : nullptr);
+                                 tensor_of(w, "w"), tensor_of(rstd, "rstd"), ws ? &*ws : nullptr,
+                                 tres ? &*tres : nullptr);
         });
       },
       nb::arg("dx"), nb::arg("dw").none(), nb::arg("dy"), nb::arg("x"), nb::arg("w"),
-      nb::arg("rstd"), nb::arg("workspace").none(), nb::arg("stream"));
+      nb::arg("rstd"), nb::arg("workspace").none(), nb::arg("dres").none(), nb::arg("stream"));
   m.def(
       "rms_norm_backward_workspace",
       [](Array x) { return ops::rms_norm_backward_workspace(tensor_of(x, "x")); }, nb::arg("x"));

@@ -286,7 +286,7 @@ size_t rms_norm_backward_workspace(const Tensor& x) {
 }
 
 void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& rstd, Tensor* workspace) {
+                       const Tensor& rstd, Tensor* workspace, const Tensor* dres) {
   constexpr std::string_view op = "rms_norm_backward";
   const Where at =
       dw ? check_float(op, {{"x", &x}, {"dx", &dx}, {"dw", dw}, {"dy", &dy}, {"w", &w}}, true, true)
@@ -305,6 +305,13 @@ void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x
   for (const auto& [name, t] : {NamedTensor{"dy", &dy}, {"x", &x}, {"w", &w}, {"rstd", &rstd}}) {
     require_disjoint(op, "dx", dx, name, *t);
   }
+  if (dres) {
+    require_dtype(op, "dres", *dres, dt);
+    LLMK_CHECK(dres->device() == x.device() && dres->is_contiguous(),
+               "ops::{}: dres ({}) must be contiguous, on x's device", op, dres->str());
+    require_shape(op, "dres", *dres, x.shape());
+    require_no_partial_overlap(op, "dx", dx, "dres", *dres);
+  }
   if (dw) require_shape(op, "dw", *dw, {D});
   if (at.cuda) {
 #ifdef LLMK_HAS_CUDA
@@ -317,7 +324,7 @@ void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x
       cuda::grad::rms_norm_bwd(dx.data<T>(), dw ? dw->data<T>() : nullptr,
                                need ? workspace->data() : nullptr, dy.data<const T>(),
                                x.data<const T>(), w.data<const T>(), rstd.data<const float>(), rows,
-                               D);
+                               D, dres ? dres->data<const T>() : nullptr);
     });
     count(op, "cuda");
 #endif
@@ -326,7 +333,8 @@ void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x
   (void)workspace;
   with_float(dt, [&]<class T>() {
     cpu::grad::rms_norm_bwd(dx.data<T>(), dw ? dw->data<T>() : nullptr, dy.data<const T>(),
-                            x.data<const T>(), w.data<const T>(), rstd.data<const T>(), rows, D);
+                            x.data<const T>(), w.data<const T>(), rstd.data<const T>(), rows, D,
+                            dres ? dres->data<const T>() : nullptr);
   });
   count(op, "cpu");
 }

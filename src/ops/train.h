@@ -23,10 +23,13 @@ namespace llmk::ops {
 void rms_norm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps,
                       const Tensor* residual = nullptr, Tensor* sum = nullptr);
 // dx from dy through the norm of x (the sum, when the forward had a residual), rstd from the
-// forward; dw (optional) summed over rows, deterministically. dx may not alias anything. CUDA:
-// dw needs rms_norm_backward_workspace(x) bytes of CUDA memory from the caller.
+// forward; dw (optional) summed over rows, deterministically. dres (optional, like dx) is added to
+// dx: the gradient reaching the norm's input by another path (the residual stream). dx may alias
+// dres exactly and nothing else. CUDA: dw needs rms_norm_backward_workspace(x) bytes of CUDA
+// memory from the caller.
 void rms_norm_backward(Tensor& dx, Tensor* dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                       const Tensor& rstd, Tensor* workspace = nullptr);
+                       const Tensor& rstd, Tensor* workspace = nullptr,
+                       const Tensor* dres = nullptr);
 size_t rms_norm_backward_workspace(const Tensor& x);
 
 enum class Act : uint8_t {

@@ -489,16 +489,23 @@ TEST_F(CudaGrad, RmsNormForwardInPlace) {
 // block) + (partials / 32: at most 4 * SMs / 32) + 32, and two roundings of its own, so
 //   |dw - ref| <= u |ref| + tiny + (L + 2) 2^-24 sum |dy x rstd|.
 
+// Where the backward writes dx: its own buffer, over dy, or (with a residual gradient dres added)
+// its own buffer or over dres.
+enum class NormDx { Own, OverDy, Dres, OverDres };
+
 template <class T>
 void check_rms_norm_bwd(int64_t rows, int64_t D, bool with_dw, int64_t off, uint32_t seed,
-                        bool dx_over_dy = false) {
+                        NormDx mode = NormDx::Own) {
+  static constexpr const char* kModes[] = {"", " dx over dy", " dres", " dx over dres"};
   const std::string what = name<T>("rms_norm_bwd") + " rows=" + std::to_string(rows) +
                            " D=" + std::to_string(D) + " offset=" + std::to_string(off) +
-                           (with_dw ? " dw" : "") + (dx_over_dy ? " dx over dy" : "");
+                           (with_dw ? " dw" : "") + kModes[static_cast<int>(mode)];
+  const bool with_dres = mode == NormDx::Dres || mode == NormDx::OverDres;
   const int64_t n = rows * D;
   const HostArray<T> dy = random_array<T>(n, seed, 0.1f, 2.0f);
   const HostArray<T> x = random_array<T>(n, seed + 1, 0.1f, 2.0f);
   const HostArray<T> w = random_array<T>(D, seed + 2, 0.5f, 1.5f);
+  const HostArray<T> dres = random_array<T>(n, seed + 3, -2.0f, 2.0f);
   std::vector<float> rstd(static_cast<size_t>(rows));
   std::vector<double> rstd_d(rstd.size());
   for (int64_t r = 0; r < rows; ++r) {
@@ -507,23 +514,26 @@ void check_rms_norm_bwd(int64_t rows, int64_t D, bool with_dw, int64_t off, uint
     rstd[r] = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(D) + kEps));
     rstd_d[r] = rstd[r];
   }
-  DevArray<T> ddy(n + 9), dx_in(n + 9), dw_in(D + 9), ddx(n + 9), ddw(D + 9);
+  DevArray<T> ddy(n + 9), dx_in(n + 9), dw_in(D + 9), ddx(n + 9), ddw(D + 9), ddres(n + 9);
   DevArray<float> drstd(rows);
   const size_t ws_bytes = cg::rms_norm_bwd_workspace(rows, D);
   DevArray<float> ws(static_cast<int64_t>(ws_bytes / sizeof(float)));
   ddy.upload(dy.bits, off);
   dx_in.upload(x.bits, off);
   dw_in.upload(w.bits, off);
+  ddres.upload(dres.bits, off);
   cuda::memcpy_sync(drstd.at(), rstd.data(), rstd.size() * sizeof(float), cudaMemcpyHostToDevice);
-  DevArray<T>& dx_out = dx_over_dy ? ddy : ddx;
+  DevArray<T>& dx_out = mode == NormDx::OverDy ? ddy : mode == NormDx::OverDres ? ddres : ddx;
   const auto run = [&] {
     cg::rms_norm_bwd(dx_out.at(off), with_dw ? ddw.at(off) : nullptr, with_dw ? ws.at() : nullptr,
-                     ddy.at(off), dx_in.at(off), dw_in.at(off), drstd.at(), rows, D);
+                     ddy.at(off), dx_in.at(off), dw_in.at(off), drstd.at(), rows, D,
+                     with_dres ? ddres.at(off) : nullptr);
   };
   run();
   std::vector<double> dx_ref(static_cast<size_t>(n)), dw_ref(static_cast<size_t>(D));
   rg::rms_norm_bwd<double>(dx_ref.data(), with_dw ? dw_ref.data() : nullptr, dy.val.data(),
-                           x.val.data(), w.val.data(), rstd_d.data(), rows, D);
+                           x.val.data(), w.val.data(), rstd_d.data(), rows, D,
+                           with_dres ? dres.val.data() : nullptr);
   std::vector<double> b_dx(dx_ref.size());
   for (int64_t r = 0; r < rows; ++r) {
     const double inv = rstd_d[r];
@@ -532,8 +542,10 @@ void check_rms_norm_bwd(int64_t rows, int64_t D, bool with_dw, int64_t off, uint
     m /= static_cast<double>(D);
     for (int64_t j = 0; j < D; ++j) {
       const size_t i = static_cast<size_t>(r * D + j);
+      // (dres adds one fp32 rounding: 2^-24 of the sum, inside the 2^-16 allowance's reach.)
       b_dx[i] = rounding<T>(dx_ref[i]) + 0x1p-16 * (inv * std::abs(dy.val[i] * w.val[j]) +
-                                                    std::abs(x.val[i]) * inv * inv * inv * m);
+                                                    std::abs(x.val[i]) * inv * inv * inv * m +
+                                                    (with_dres ? std::abs(dres.val[i]) : 0.0));
     }
   }
   const auto got_dx = dx_out.download();
@@ -558,7 +570,7 @@ void check_rms_norm_bwd(int64_t rows, int64_t D, bool with_dw, int64_t off, uint
   }
   expect_near(what + " dw", decoded<T>(got_dw, off, D), dw_ref, b_dw);
   EXPECT_EQ(written_outside<T>(got_dw, off, off + D), 0) << what << " dw";
-  if (dx_over_dy) return;  // dy is gone: no second run
+  if (mode == NormDx::OverDy || mode == NormDx::OverDres) return;  // an input is gone
   // Deterministic: a second run gives the same bits.
   run();
   const auto dx2 = ddx.download(), dw2 = ddw.download();
@@ -586,7 +598,22 @@ TEST_F(CudaGrad, RmsNormBackwardMatchesCpu) {
 
 TEST_F(CudaGrad, RmsNormBackwardInPlace) {
   // dx over dy: the vector kernels (40: small teams; 4096) and the element-by-element one (100).
-  for (const int64_t D : {40, 4096, 100}) check_rms_norm_bwd<bf16>(33, D, true, 0, 900, true);
+  for (const int64_t D : {40, 4096, 100}) {
+    check_rms_norm_bwd<bf16>(33, D, true, 0, 900, NormDx::OverDy);
+  }
+}
+
+TEST_F(CudaGrad, RmsNormBackwardAddsResidualGradient) {
+  // dx = the norm's gradient + dres (the residual stream's), into its own buffer and over dres,
+  // on the vector kernels (40, 4096) and the element-by-element one (100, offset 1).
+  uint32_t seed = 950;
+  for (const NormDx mode : {NormDx::Dres, NormDx::OverDres}) {
+    for (const int64_t D : {40, 4096, 100}) {
+      for (const int64_t off : {0, 1})
+        check_rms_norm_bwd<bf16>(33, D, off == 0, off, seed += 5, mode);
+    }
+    check_rms_norm_bwd<float>(7, 1000, true, 0, seed += 5, mode);
+  }
 }
 
 TEST_F(CudaGrad, RmsNormBackwardEdges) {

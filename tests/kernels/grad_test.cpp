@@ -215,6 +215,16 @@ TEST(GradRmsNorm, BackwardMatchesFiniteDifferences) {
   g::rms_norm_bwd(dx_alone.data(), static_cast<double*>(nullptr), dy.data(), x.data(), w.data(),
                   rstd.data(), rows, D);
   EXPECT_EQ(dx_alone, dx);
+
+  // A residual gradient dres: L + sum(dres * x) has gradient dx + dres, written over dres too.
+  Vec dres = random_vec<double>(rows * D, 14), dx_res(x.size(), kNaN<double>);
+  g::rms_norm_bwd(dx_res.data(), static_cast<double*>(nullptr), dy.data(), x.data(), w.data(),
+                  rstd.data(), rows, D, dres.data());
+  const auto loss_res = [&] { return loss() + dot(dres, x); };
+  expect_grad_near(dx_res, numeric_grad(loss_res, x), "dx with dres");
+  g::rms_norm_bwd(dres.data(), static_cast<double*>(nullptr), dy.data(), x.data(), w.data(),
+                  rstd.data(), rows, D, dres.data());
+  EXPECT_EQ(dres, dx_res);
 }
 
 TEST(GradRmsNorm, FloatBackwardMatchesDouble) {

@@ -78,6 +78,10 @@ def test_apply_matches_transformers(family):
     assert {"flash_attention_forward", "flash_attention_backward", "rms_norm_forward",
             "rope_rotate", "gated_forward", "gated_backward"} <= ran, ran
     assert not [s for s in L.stats() if s["reason"]], L.stats()
+    layers = ours.model.layers
+    # Llama and Qwen2: residual adds in the norms and the down projection; q|k|v one node.
+    assert all(getattr(m.forward, "llmk", False) for m in layers) == (family in ("llama", "qwen2"))
+    assert all(getattr(m.self_attn, "_llmk_qkv", False) for m in layers) == (family != "phi3")
     torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(got[1], want[1], rtol=1e-10, atol=1e-10)
     assert got[2].keys() == want[2].keys()

@@ -109,7 +109,7 @@ void rms_norm_fwd(T* y, T* rstd, const T* x, const T* w, int64_t rows, int64_t D
 
 template <class T>
 void rms_norm_bwd(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, int64_t rows,
-                  int64_t D) {
+                  int64_t D, const T* dres) {
   parallel_each(rows, 6 * D, [&](int64_t r) {
     const T *xr = x + r * D, *dyr = dy + r * D;
     const T inv = rstd[r];
@@ -117,7 +117,10 @@ void rms_norm_bwd(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rs
     for (int64_t j = 0; j < D; ++j) dot += static_cast<double>(dyr[j]) * w[j] * xr[j] * inv;
     const T mean = static_cast<T>(dot / static_cast<double>(D));
     T* dxr = dx + r * D;
-    for (int64_t j = 0; j < D; ++j) dxr[j] = inv * (dyr[j] * w[j] - xr[j] * inv * mean);
+    const T* rr = dres != nullptr ? dres + r * D : nullptr;
+    for (int64_t j = 0; j < D; ++j) {
+      dxr[j] = inv * (dyr[j] * w[j] - xr[j] * inv * mean) + (rr != nullptr ? rr[j] : T(0));
+    }
   });
   if (dw == nullptr) return;
   column_sums(dw, rows, D, [&](int64_t r, int64_t j) {
@@ -281,18 +284,19 @@ void bias_act_bwd(T* dz, T* db, const T* dy, const T* z, int64_t rows, int64_t N
               [&](int64_t r, int64_t j) { return static_cast<double>(dz[r * N + j]); });
 }
 
-#define LLMK_GRAD_INSTANTIATE(T)                                                                   \
-  template void rms_norm_fwd<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);             \
-  template void rms_norm_bwd<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t); \
-  template void gated_fwd<T>(T*, const T*, const T*, int64_t, Act);                                \
-  template void gated_bwd<T>(T*, T*, const T*, const T*, const T*, int64_t, Act);                  \
-  template void add<T>(T*, const T*, const T*, int64_t);                                           \
-  template void rope_table<T>(T*, T*, const int64_t*, int64_t, int, double, double,                \
-                              const double*);                                                      \
-  template void rope_rotate<T>(T*, const T*, const T*, const T*, const RopeShape&, bool);          \
-  template void gemm<T>(T*, int64_t, const T*, int64_t, bool, const T*, int64_t, bool, int64_t,    \
-                        int64_t, int64_t, T, T);                                                   \
-  template void bias_act_fwd<T>(T*, T*, const T*, int64_t, int64_t, Act);                          \
+#define LLMK_GRAD_INSTANTIATE(T)                                                                  \
+  template void rms_norm_fwd<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);            \
+  template void rms_norm_bwd<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t, \
+                                const T*);                                                        \
+  template void gated_fwd<T>(T*, const T*, const T*, int64_t, Act);                               \
+  template void gated_bwd<T>(T*, T*, const T*, const T*, const T*, int64_t, Act);                 \
+  template void add<T>(T*, const T*, const T*, int64_t);                                          \
+  template void rope_table<T>(T*, T*, const int64_t*, int64_t, int, double, double,               \
+                              const double*);                                                     \
+  template void rope_rotate<T>(T*, const T*, const T*, const T*, const RopeShape&, bool);         \
+  template void gemm<T>(T*, int64_t, const T*, int64_t, bool, const T*, int64_t, bool, int64_t,   \
+                        int64_t, int64_t, T, T);                                                  \
+  template void bias_act_fwd<T>(T*, T*, const T*, int64_t, int64_t, Act);                         \
   template void bias_act_bwd<T>(T*, T*, const T*, const T*, int64_t, int64_t, Act);
 LLMK_GRAD_INSTANTIATE(float)
 LLMK_GRAD_INSTANTIATE(double)

@@ -14,10 +14,11 @@ template <class T>
 void rms_norm_fwd(T* y, T* rstd, const T* x, const T* w, int64_t rows, int64_t D, double eps);
 
 // With xhat = x * rstd and g = dy * w: dx = rstd * (g - xhat * mean(g * xhat)) per row, and
-// dw[j] = sum over rows of dy[r][j] * xhat[r][j] (dw may be null). Sums in double.
+// dw[j] = sum over rows of dy[r][j] * xhat[r][j] (dw may be null). Sums in double. dres
+// (optional, [rows, D]) is added to dx; dx may alias it exactly.
 template <class T>
 void rms_norm_bwd(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, int64_t rows,
-                  int64_t D);
+                  int64_t D, const T* dres = nullptr);
 
 // The activations of the gated and the linear ops.
 enum class Act {

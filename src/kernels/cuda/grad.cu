@@ -521,12 +521,13 @@ struct NormBwdArgs {
   const T* x;
   const T* w;
   const float* rstd;
+  const T* dres;  // null, or a gradient added to dx (may alias dx exactly)
   int64_t rows, D;
   int team;
 };
 
-// dx = rstd * dy * w - rstd^2 * mean(dy * w * x * rstd) * x, from registers; dw's partial sums
-// dy * x * rstd accumulate per lane over the block's rows.
+// dx = rstd * dy * w - rstd^2 * mean(dy * w * x * rstd) * x (+ dres), from registers; dw's
+// partial sums dy * x * rstd accumulate per lane over the block's rows.
 template <class T, int kNV, bool kDw>
 __global__ void __launch_bounds__(kNormBounds<kNV>.threads, kNormBounds<kNV>.blocks)
     norm_bwd_vec_kernel(const NormBwdArgs<T> a) {
@@ -580,6 +581,8 @@ __global__ void __launch_bounds__(kNormBounds<kNV>.threads, kNormBounds<kNV>.blo
         }
       }
     }
+    RowVecs<T, kNV> dres;
+    if (a.dres != nullptr && valid) dres.load(a.dres + row * a.D, lane, team, nvec);
     dot = team_sum(dot, team, scratch);
     // dx = inv * dy * w - c * x with c = inv^2 * mean(g * xhat) = inv^3 * dot / D.
     const float c = inv * inv * (dot * inv / static_cast<float>(a.D));
@@ -593,6 +596,12 @@ __global__ void __launch_bounds__(kNormBounds<kNV>.threads, kNormBounds<kNV>.blo
         unpack(load_chunk<T, V>(a.w + j * V), w);
 #pragma unroll
         for (int e = 0; e < V; ++e) out[e] = inv * (d[e] * w[e]) - c * xv[e];
+        if (a.dres != nullptr) {
+          float r[V];
+          unpack(dres.v[k], r);
+#pragma unroll
+          for (int e = 0; e < V; ++e) out[e] += r[e];
+        }
         store_chunk(a.dx + row * a.D + static_cast<int64_t>(j) * V, pack<T, V>(out));
       }
     }
@@ -654,7 +663,8 @@ __global__ void __launch_bounds__(kRowBlock) norm_bwd_scalar_kernel(const NormBw
     const bool first = row == blockIdx.x;
     for (int64_t j = threadIdx.x; j < a.D; j += blockDim.x) {
       const float d = to_float(a.dy[base + j]), xv = to_float(a.x[base + j]);
-      a.dx[base + j] = from_float<T>(inv * (d * to_float(a.w[j])) - c * xv);
+      const float r = a.dres != nullptr ? to_float(a.dres[base + j]) : 0.0f;
+      a.dx[base + j] = from_float<T>(inv * (d * to_float(a.w[j])) - c * xv + r);
       if constexpr (kDw) part[j] = (first ? 0.0f : part[j]) + d * (xv * inv);
     }
   }
@@ -952,7 +962,7 @@ size_t rms_norm_bwd_workspace(int64_t rows, int64_t D) {
 
 template <class T>
 void rms_norm_bwd(T* dx, T* dw, void* workspace, const T* dy, const T* x, const T* w,
-                  const float* rstd, int64_t rows, int64_t D) {
+                  const float* rstd, int64_t rows, int64_t D, const T* dres) {
   if (D <= 0) return;
   if (rows <= 0) {  // dw sums no rows
     if (dw != nullptr) {
@@ -964,10 +974,10 @@ void rms_norm_bwd(T* dx, T* dw, void* workspace, const T* dy, const T* x, const 
   if (want_dw && (workspace == nullptr || !is_aligned(workspace, 16))) {
     fail("grad::rms_norm_bwd: dw needs a 16-byte aligned workspace (rms_norm_bwd_workspace)");
   }
-  const bool aligned =
-      is_aligned(dx, 16) && is_aligned(dy, 16) && is_aligned(x, 16) && is_aligned(w, 16);
+  const bool aligned = is_aligned(dx, 16) && is_aligned(dy, 16) && is_aligned(x, 16) &&
+                       is_aligned(w, 16) && is_aligned(dres, 16);
   const RowPlan p = row_plan<T>(D, aligned);
-  const NormBwdArgs<T> a{dx, static_cast<float*>(workspace), dy, x, w, rstd, rows, D, p.team};
+  const NormBwdArgs<T> a{dx, static_cast<float*>(workspace), dy, x, w, rstd, dres, rows, D, p.team};
   const int64_t groups = row_groups(p, rows);
   if (!want_dw) {
     launch_rows(norm_bwd_kernel<T, false>(p.nv), a, p.threads, groups, kMaxLoopBlocks);
@@ -1047,7 +1057,7 @@ void rope_rotate(T* y, const T* x, const TC* cos, const TC* sin, const RopeShape
   template void rms_norm_fwd<T>(T*, float*, const T*, const T*, T*, const T*, int64_t, int64_t,   \
                                 float);                                                           \
   template void rms_norm_bwd<T>(T*, T*, void*, const T*, const T*, const T*, const float*,        \
-                                int64_t, int64_t);                                                \
+                                int64_t, int64_t, const T*);                                      \
   template void gated_fwd<T>(T*, const T*, const T*, int64_t, Act);                               \
   template void gated_bwd<T>(T*, T*, const T*, const T*, const T*, int64_t, Act);                 \
   template void act_fwd<T>(T*, const T*, int64_t, Act);                                           \

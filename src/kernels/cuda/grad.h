@@ -42,13 +42,15 @@ size_t rms_norm_bwd_workspace(int64_t rows, int64_t D);
 // With xhat = x * rstd and g = dy * w: dx = rstd * (g - xhat * mean(g * xhat)) per row, and,
 // when dw is not null, dw[j] = sum over rows of dy[r][j] * xhat[r][j]. x is what the forward
 // normalised (the stored sum when it had a residual); rstd is the forward's.
-// dy, x, dx: [rows, D]; w, dw: [D]; rstd: [rows]. dx may alias dy exactly.
+// dres (optional, [rows, D]) is added to dx: the gradient that reaches the norm's input by
+// another path (a residual stream), summed here instead of by a separate add.
+// dy, x, dx: [rows, D]; w, dw: [D]; rstd: [rows]. dx may alias dy or dres exactly.
 // dw is deterministic (the same bits on every run on one device): blocks write fp32 partial
 // sums over fixed sets of rows into `workspace` (rms_norm_bwd_workspace(rows, D) bytes, 16-byte
 // aligned; may be null when dw is), and a second kernel adds them up in a fixed order.
 template <class T>
 void rms_norm_bwd(T* dx, T* dw, void* workspace, const T* dy, const T* x, const T* w,
-                  const float* rstd, int64_t rows, int64_t D);
+                  const float* rstd, int64_t rows, int64_t D, const T* dres = nullptr);
 
 // out = act(gate) * up over n elements (Act::None: gate * up). out may alias gate or up.
 template <class T>

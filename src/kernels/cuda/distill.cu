@@ -105,27 +105,44 @@ __device__ Acc shfl_acc(const Acc& v, int lane_mask) {
   return o;
 }
 
-// The block's statistics, combined into scratch[0] (every thread may read it after the call).
-__device__ void block_stats(Stats& s, Stats* scratch) {
+__device__ __forceinline__ void warp_merge(Stats& s) {
   for (int k = 16; k > 0; k >>= 1) {
     s.a.merge(shfl_acc(s.a, k));
     s.b.merge(shfl_acc(s.b, k));
     s.s1.merge(shfl_acc(s.s1, k));
   }
+}
+
+// The block's statistics, combined into scratch[0] (every thread may read it after the call):
+// each warp's by shuffles, then the warps' by warp 0's.
+template <int kWarps>
+__device__ void block_stats(Stats& s, Stats* scratch) {
+  warp_merge(s);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) scratch[warp] = s;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int i = 1; i < kThreads / 32; ++i) {
-      scratch[0].a.merge(scratch[i].a);
-      scratch[0].b.merge(scratch[i].b);
-      scratch[0].s1.merge(scratch[i].s1);
-    }
+  if (warp == 0) {
+    Stats t;
+    if (lane < kWarps) t = scratch[lane];
+    warp_merge(t);
+    if (lane == 0) scratch[0] = t;
   }
   __syncthreads();
 }
 
+// The row's statistics from the C blocks' of the cluster (part: this block's; at_rank maps it
+// to another block's): lane r reads block r's, the warp merges them.
+template <class AtRank>
+__device__ __forceinline__ Stats cluster_stats(AtRank at_rank, const Stats* part, int C) {
+  Stats o;
+  if (static_cast<int>(threadIdx.x % 32) < C)
+    o = *at_rank(part, static_cast<int>(threadIdx.x % 32));
+  warp_merge(o);
+  return o;
+}
+
 // Sum of v over the block into scratch[0] (float2: two sums at once).
+template <int kWarps>
 __device__ float2 block_sum2(float2 v, float2* scratch) {
   for (int k = 16; k > 0; k >>= 1) {
     v.x += __shfl_xor_sync(0xffffffffu, v.x, k);
@@ -136,7 +153,7 @@ __device__ float2 block_sum2(float2 v, float2* scratch) {
   __syncthreads();
   if (threadIdx.x == 0) {
     float2 t = scratch[0];
-    for (int i = 1; i < kThreads / 32; ++i) {
+    for (int i = 1; i < kWarps; ++i) {
       t.x += scratch[i].x;
       t.y += scratch[i].y;
     }
@@ -171,6 +188,131 @@ __device__ __forceinline__ void store_n(T* p, const float (&f)[N]) {
     *reinterpret_cast<uint4*>(p) = raw;
   }
 }
+// A row's label and what it makes of the row.
+struct RowLabel {
+  int64_t label = 0;
+  bool ignored = false, bad = false;
+};
+__device__ __forceinline__ RowLabel row_label(const Args& a, int64_t row) {
+  RowLabel r;
+  if (a.labels == nullptr) return r;
+  r.label = a.labels[row];
+  r.ignored = r.label == a.ignore_index;
+  r.bad = !r.ignored && (r.label < 0 || r.label >= a.V);
+  return r;
+}
+
+// The label's logit (block rank 0's thread 0, when the hard term is on; else 0): read before
+// any of the row's gradient is written, which may replace the student's logits.
+template <class T>
+__device__ __forceinline__ float label_logit(const Args& a, const T* S, const RowLabel& rl,
+                                             int rank) {
+  return rank == 0 && threadIdx.x == 0 && a.alpha != 0.0f && a.labels && !rl.ignored && !rl.bad
+             ? to_float(S[rl.label])
+             : 0.0f;
+}
+
+// Pass 1 on kVec logits of each tensor: the statistics, in log2 units (x = student * log2(e) /
+// T, y the same of the teacher, s1 = student * log2(e) for the hard label at temperature 1).
+template <int kVec, int kKind, class T>
+__device__ __forceinline__ void add_stats(Stats& st, const T* hs, const T* ht, float c2,
+                                          bool hard_separate) {
+  constexpr bool kKL = kKind == static_cast<int>(Divergence::KL);
+  constexpr bool kRKL = kKind == static_cast<int>(Divergence::ReverseKL);
+  float s[kVec], x[kVec], y[kVec], xy[kVec], yx[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    s[k] = to_float(hs[k]) * kLog2e;
+    x[k] = to_float(hs[k]) * c2;
+    y[k] = to_float(ht[k]) * c2;
+    xy[k] = x[k] - y[k];
+    yx[k] = -xy[k];
+  }
+  st.a.add_vec<kVec, kRKL>(x, xy);
+  st.b.add_vec<kVec, kKL>(y, yx);
+  if (hard_separate) st.s1.add_vec<kVec, false>(s, s);
+}
+
+// What the rest of a row needs of its combined statistics (log2 units, D and qg natural).
+struct RowTerms {
+  float lse_a, lse_b, lse1, D = 0.0f, qg = 0.0f;
+};
+template <int kKind>
+__device__ __forceinline__ RowTerms row_terms(const Stats& r, const Args& a) {
+  RowTerms t;
+  t.lse_a = r.a.lse2();
+  t.lse_b = r.b.lse2();
+  t.lse1 = a.hard_separate ? r.s1.lse2() : t.lse_a * a.temperature;
+  if constexpr (kKind == static_cast<int>(Divergence::KL)) {
+    t.D = kLn2 * (r.b.w / r.b.z - t.lse_b + t.lse_a);
+  }
+  if constexpr (kKind == static_cast<int>(Divergence::ReverseKL)) {
+    t.D = kLn2 * (r.a.w / r.a.z - t.lse_a + t.lse_b);
+  }
+  return t;
+}
+
+// JSD's sums over one element (log2-domain logits s, t times c2): D's term and sum_i q_i g_i's,
+// g_i = (1 - beta)(log q_i - log m_i).
+__device__ __forceinline__ void jsd_add(float s, float t, float c2, const RowTerms& r, float beta,
+                                        float2& acc) {
+  const float lq = s * c2 - r.lse_a, lp = t * c2 - r.lse_b;  // log2 units
+  const float q = ex2(lq), p = ex2(lp), m = beta * p + (1.0f - beta) * q;
+  // D's terms as beta p (log p - log m) + (1 - beta) q (log q - log m): summed as
+  // p log p + q log q - m log m they cancel from about -log V down to D.
+  const float lm = log2f(m);
+  const float dq = q > 0.0f ? (1.0f - beta) * q * (lq - lm) : 0.0f;
+  acc.x += (p > 0.0f ? beta * p * (lp - lm) : 0.0f) + dq;
+  acc.y += dq;
+}
+
+// One logit's gradient: cs d + ch (softmax - [i == label]), cs and ch the soft and hard terms'
+// factors (NaN for a bad label).
+struct GradTerms {
+  float c2, beta, cs, ch;
+  int64_t label;
+};
+template <int kKind>
+__device__ __forceinline__ float grad_at(float s, float t, int64_t i, const RowTerms& r,
+                                         const GradTerms& g) {
+  const float lq = s * g.c2 - r.lse_a, lp = t * g.c2 - r.lse_b;  // log2 units
+  const float q = ex2(lq), p = ex2(lp);
+  float d;
+  if constexpr (kKind == static_cast<int>(Divergence::KL)) {
+    d = q - p;
+  } else if constexpr (kKind == static_cast<int>(Divergence::ReverseKL)) {
+    d = q > 0.0f ? q * (kLn2 * (lq - lp) - r.D) : 0.0f;
+  } else {
+    const float m = g.beta * p + (1.0f - g.beta) * q;
+    d = q > 0.0f ? q * ((1.0f - g.beta) * kLn2 * (lq - log2f(m)) - r.qg) : 0.0f;
+  }
+  float v = g.cs * d;
+  if (g.ch != 0.0f) v += g.ch * (ex2(s * kLog2e - r.lse1) - (i == g.label ? 1.0f : 0.0f));
+  return v;
+}
+
+__device__ __forceinline__ GradTerms grad_terms(const Args& a, const RowLabel& rl, float c2) {
+  const float nan = __int_as_float(0x7fc00000);
+  const float scale = a.grad_scale ? *a.grad_scale : 1.0f;
+  GradTerms g;
+  g.c2 = c2;
+  g.beta = a.beta;
+  g.cs = rl.bad ? nan : (1.0f - a.alpha) * a.temperature * scale;
+  g.ch = rl.bad ? nan : a.alpha * scale;
+  g.label = rl.label;
+  return g;
+}
+
+// The row's loss: (1 - alpha) T^2 D + alpha CE; 0 for an ignored row, NaN for a bad label.
+__device__ __forceinline__ float row_loss(const Args& a, const RowLabel& rl, const RowTerms& r,
+                                          float s_label) {
+  if (rl.bad) return __int_as_float(0x7fc00000);
+  if (rl.ignored) return 0.0f;
+  float l = (1.0f - a.alpha) * a.temperature * a.temperature * r.D;
+  if (a.alpha != 0.0f) l += a.alpha * kLn2 * (r.lse1 - s_label * kLog2e);
+  return l;
+}
+
 template <class T, int kVec, int kKind>
 __global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -190,57 +332,36 @@ __global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
   auto cluster_wait = [] {};
   auto at_rank = [](auto* p, int) { return p; };
 #endif
+  constexpr int kWarps = kThreads / 32;
   const int64_t row = blockIdx.x / C;
   extern __shared__ uint4 smem_raw[];
   T* sS = reinterpret_cast<T*>(smem_raw);
   T* sT = sS + a.chunk;
-  __shared__ Stats scratch[kThreads / 32];
+  __shared__ Stats scratch[kWarps];
   __shared__ Stats part;    // this block's statistics, read by the cluster
   __shared__ float2 part2;  // this block's JSD sums, read by the cluster
-  __shared__ float2 scratch2[kThreads / 32];
+  __shared__ float2 scratch2[kWarps];
 
   const int64_t V = a.V, lo = rank * a.chunk, hi = min(V, lo + a.chunk);
   const T* S = static_cast<const T*>(a.student) + row * V;
   const T* Tt = static_cast<const T*>(a.teacher) + row * V;
   T* G = a.grad ? static_cast<T*>(a.grad) + row * V : nullptr;
-  const int64_t label = a.labels ? a.labels[row] : 0;
-  const bool ignored = a.labels && label == a.ignore_index;
-  const bool bad_label = a.labels && !ignored && (label < 0 || label >= V);
-  // The label's logit, read before any gradient is written (grad may be student itself).
-  const float s_label =
-      rank == 0 && threadIdx.x == 0 && a.alpha != 0.0f && a.labels && !ignored && !bad_label
-          ? to_float(S[label])
-          : 0.0f;
-  constexpr bool kKL = kKind == static_cast<int>(Divergence::KL);
-  constexpr bool kRKL = kKind == static_cast<int>(Divergence::ReverseKL);
-  // Logits in log2 units: x = student * log2(e) / T, y the same of the teacher; s1 = student *
-  // log2(e) (the hard label's softmax, at temperature 1).
+  const RowLabel rl = row_label(a, row);
+  const float s_label = label_logit(a, S, rl, rank);
   const float c2 = a.inv_t * kLog2e;
 
   // Pass 1: statistics (and the chunk into shared memory). Four vectors of each tensor are
   // loaded before any is used, so that each thread has eight loads in flight.
   Stats st;
-  if (!ignored) {
+  if (!rl.ignored) {
     using Raw = std::conditional_t<kVec == 1, T, uint4>;
     auto body = [&](int64_t i, const Raw& rs, const Raw& rt) {
       if (a.stage) {
         *reinterpret_cast<Raw*>(sS + (i - lo)) = rs;
         *reinterpret_cast<Raw*>(sT + (i - lo)) = rt;
       }
-      const T* hs = reinterpret_cast<const T*>(&rs);
-      const T* ht = reinterpret_cast<const T*>(&rt);
-      float s[kVec], x[kVec], y[kVec], xy[kVec], yx[kVec];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        s[k] = to_float(hs[k]) * kLog2e;
-        x[k] = to_float(hs[k]) * c2;
-        y[k] = to_float(ht[k]) * c2;
-        xy[k] = x[k] - y[k];
-        yx[k] = -xy[k];
-      }
-      st.a.add_vec<kVec, kRKL>(x, xy);
-      st.b.add_vec<kVec, kKL>(y, yx);
-      if (a.hard_separate) st.s1.add_vec<kVec, false>(s, s);
+      add_stats<kVec, kKind>(st, reinterpret_cast<const T*>(&rs), reinterpret_cast<const T*>(&rt),
+                             c2, a.hard_separate);
     };
     constexpr int kUnroll = 4;
     const int64_t step = static_cast<int64_t>(kThreads) * kVec;
@@ -259,24 +380,14 @@ __global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
       body(i, *reinterpret_cast<const Raw*>(S + i), *reinterpret_cast<const Raw*>(Tt + i));
     }
   }
-  block_stats(st, scratch);
+  block_stats<kWarps>(st, scratch);
   if (threadIdx.x == 0) part = scratch[0];
   cluster_sync();
-  Stats row_st;
-  for (int r = 0; r < C; ++r) {
-    const Stats* o = at_rank(&part, r);
-    row_st.a.merge(o->a);
-    row_st.b.merge(o->b);
-    row_st.s1.merge(o->s1);
-  }
+  const Stats row_st = cluster_stats(at_rank, &part, C);
   // The other blocks' statistics are read: this block's shared memory may go once every block
   // of the cluster has arrived here too (waited for at the end).
   cluster_arrive();
-  const float lse_a = row_st.a.lse2(), lse_b = row_st.b.lse2();  // log2 units
-  const float lse1 = a.hard_separate ? row_st.s1.lse2() : lse_a * a.temperature;
-  float D = 0.0f;  // natural units
-  if constexpr (kKL) D = kLn2 * (row_st.b.w / row_st.b.z - lse_b + lse_a);
-  if constexpr (kRKL) D = kLn2 * (row_st.a.w / row_st.a.z - lse_a + lse_b);
+  RowTerms rt = row_terms<kKind>(row_st, a);
 
   auto load_at = [&](int64_t i, float(&s)[kVec], float(&t)[kVec]) {
     if (a.stage) {
@@ -287,89 +398,47 @@ __global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
       load_n<T, kVec>(Tt + i, t);
     }
   };
-  const float beta = a.beta;
-  // JSD: D and sum_i q_i g_i (g_i = (1 - beta)(log q_i - log m_i)) over the row.
-  float qg = 0.0f;
-  if constexpr (!kKL && !kRKL) {
+  if constexpr (kKind == static_cast<int>(Divergence::JSD)) {
     float2 acc = make_float2(0.0f, 0.0f);
-    if (!ignored) {
+    if (!rl.ignored) {
       for (int64_t i = lo + static_cast<int64_t>(threadIdx.x) * kVec; i < hi;
            i += static_cast<int64_t>(kThreads) * kVec) {
         float s[kVec], t[kVec];
         load_at(i, s, t);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const float lq = s[k] * c2 - lse_a, lp = t[k] * c2 - lse_b;  // log2 units
-          const float q = ex2(lq), p = ex2(lp), m = beta * p + (1.0f - beta) * q;
-          // D's terms as beta p (log p - log m) + (1 - beta) q (log q - log m): summed as
-          // p log p + q log q - m log m they cancel from about -log V down to D.
-          const float lm = log2f(m);
-          const float dq = q > 0.0f ? (1.0f - beta) * q * (lq - lm) : 0.0f;
-          acc.x += (p > 0.0f ? beta * p * (lp - lm) : 0.0f) + dq;
-          acc.y += dq;
-        }
+        for (int k = 0; k < kVec; ++k) jsd_add(s[k], t[k], c2, rt, a.beta, acc);
       }
     }
-    const float2 b = block_sum2(acc, scratch2);
+    const float2 b = block_sum2<kWarps>(acc, scratch2);
     if (threadIdx.x == 0) part2 = b;
     cluster_wait();  // (the arrival after the statistics)
     cluster_sync();  // every block's part2 written
     for (int r = 0; r < C; ++r) {
       const float2 o = *at_rank(&part2, r);
-      D += kLn2 * o.x;
-      qg += kLn2 * o.y;
+      rt.D += kLn2 * o.x;
+      rt.qg += kLn2 * o.y;
     }
     cluster_arrive();  // part2 read; waited for at the end
   }
 
-  const float soft = 1.0f - a.alpha, hard = a.alpha, T_ = a.temperature;
-  const float nan = __int_as_float(0x7fc00000);
   if (G) {
-    const float scale = a.grad_scale ? *a.grad_scale : 1.0f;
-    // v = soft T d + hard (softmax - [i == label]), times scale; a label outside [0, V): NaN.
-    const float cs = bad_label ? nan : soft * T_ * scale, ch = bad_label ? nan : hard * scale;
+    const GradTerms gt = grad_terms(a, rl, c2);
     for (int64_t i = lo + static_cast<int64_t>(threadIdx.x) * kVec; i < hi;
          i += static_cast<int64_t>(kThreads) * kVec) {
       float g[kVec];
-      if (ignored) {
+      if (rl.ignored) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) g[k] = 0.0f;
       } else {
         float s[kVec], t[kVec];
         load_at(i, s, t);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const float lq = s[k] * c2 - lse_a, lp = t[k] * c2 - lse_b;  // log2 units
-          const float q = ex2(lq), p = ex2(lp);
-          float d;
-          if constexpr (kKL) {
-            d = q - p;
-          } else if constexpr (kRKL) {
-            d = q > 0.0f ? q * (kLn2 * (lq - lp) - D) : 0.0f;
-          } else {
-            const float m = beta * p + (1.0f - beta) * q;
-            d = q > 0.0f ? q * ((1.0f - beta) * kLn2 * (lq - log2f(m)) - qg) : 0.0f;
-          }
-          float v = cs * d;
-          if (hard != 0.0f) {
-            v += ch * (ex2(s[k] * kLog2e - lse1) - (i + k == label ? 1.0f : 0.0f));
-          }
-          g[k] = v;
-        }
+        for (int k = 0; k < kVec; ++k) g[k] = grad_at<kKind>(s[k], t[k], i + k, rt, gt);
       }
       store_n<T, kVec>(G + i, g);
     }
   }
-  if (rank == 0 && threadIdx.x == 0) {
-    float l = 0.0f;
-    if (bad_label) {
-      l = nan;
-    } else if (!ignored) {
-      l = soft * T_ * T_ * D;
-      if (hard != 0.0f) l += hard * kLn2 * (lse1 - s_label * kLog2e);
-    }
-    a.loss[row] = l;
-  }
+  if (rank == 0 && threadIdx.x == 0) a.loss[row] = row_loss(a, rl, rt, s_label);
   cluster_wait();  // no block leaves while another may still read its shared memory
 }
 

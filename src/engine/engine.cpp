@@ -121,20 +121,25 @@ void add_top_logprobs(TokenEvent& e, std::span<const float> values, std::span<co
 }  // namespace
 
 namespace {
-// No penalty, no logprobs and no samples left to fork: the token needs the row alone.
-bool row_alone(const RequestOptions& o, bool forked) {
-  return !o.sampler.penalties() && !o.logprobs && (forked || o.n == 1);
+// No penalty (or penalized: applied already), no logprobs and no samples left to fork: the
+// token needs the row alone.
+bool row_alone(const RequestOptions& o, bool forked, bool penalized) {
+  return (penalized || !o.sampler.penalties()) && !o.logprobs && (forked || o.n == 1);
 }
 }  // namespace
 
-bool Engine::plain_sampled(const Request& r, int64_t vocab) {
-  const SamplerConfig& c = r.opts.sampler;
-  return c.temperature > 0.0f && (c.top_k == 0 || c.top_k >= vocab) && c.top_p >= 1.0f &&
-         row_alone(r.opts, r.forked);
+bool Engine::device_penalties(const Request& r) {
+  return r.opts.sampler.penalties() && row_alone(r.opts, r.forked, true);
 }
 
-bool Engine::plain_greedy(const Request& r) {
-  return r.opts.sampler.temperature <= 0.0f && row_alone(r.opts, r.forked);
+bool Engine::plain_sampled(const Request& r, int64_t vocab, bool penalized) {
+  const SamplerConfig& c = r.opts.sampler;
+  return c.temperature > 0.0f && (c.top_k == 0 || c.top_k >= vocab) && c.top_p >= 1.0f &&
+         row_alone(r.opts, r.forked, penalized);
+}
+
+bool Engine::plain_greedy(const Request& r, bool penalized) {
+  return r.opts.sampler.temperature <= 0.0f && row_alone(r.opts, r.forked, penalized);
 }
 
 Finish Engine::finish_of(const Request& r, int32_t token, int64_t known) const {
@@ -150,15 +155,17 @@ Finish Engine::finish_of(const Request& r, int32_t token, int64_t known) const {
 
 void Engine::read_rows(const Scheduler::Step& st, const Tensor& logits) {
   const int64_t vocab = model_.config().vocab_size, rows = logits.dim(0);
-  // What the host reads of each row: on the CPU the whole row. On CUDA a plain greedy row (no
-  // penalties, no logprobs, no samples yet to fork from it) only its argmax, taken on the
-  // device; a plain sampled row (no top-k, top-p or penalties, no logprobs or samples to fork)
-  // only its token, drawn on the device by the Gumbel-max trick (ops::sample_gumbel: the
-  // temperature and min-p, seeded by the sample's seed and the token's position); a top-k row
-  // without penalties (Sampler::top_candidates) its largest logits and log-sum-exp
-  // (ops::topk_lse), from which the sampler draws what it would draw from the whole row; any
-  // other row comes whole.
+  // What the host reads of each row: on the CPU the whole row. On CUDA the penalties of a row
+  // without logprobs or samples yet to fork from it are applied there first
+  // (ops::apply_penalties, the sampler's arithmetic); then a plain greedy row (no penalties left,
+  // no logprobs, no samples yet to fork) only its argmax, taken on the device; a plain sampled
+  // row (no top-k or top-p, no penalties left, no logprobs or samples to fork) only its token,
+  // drawn on the device by the Gumbel-max trick (ops::sample_gumbel: the temperature and min-p,
+  // seeded by the sample's seed and the token's position); a top-k row without penalties left
+  // (Sampler::top_candidates) its largest logits and log-sum-exp (ops::topk_lse), from which the
+  // sampler draws what it would draw from the whole row; any other row comes whole.
   read_.assign(static_cast<size_t>(rows), Read::Whole);
+  penalized_.assign(static_cast<size_t>(rows), 0);
   int64_t top_k = 0;
   bool any_argmax = false, any_gumbel = false;
   if (model_.device() != Device::CPU) {
@@ -166,16 +173,29 @@ void Engine::read_rows(const Scheduler::Step& st, const Tensor& logits) {
     gumbel_temperature_.assign(static_cast<size_t>(rows), 1.0f);
     gumbel_min_p_.assign(static_cast<size_t>(rows), 0.0f);
     gumbel_seed_.assign(static_cast<size_t>(rows), 0);
+    penalty_at_.clear();
+    penalty_by_.clear();
     size_t i = 0;
     for (const Scheduler::Work& w : st.work) {
       if (!w.samples) continue;
       const Sample& sm = samples_.at(w.id);
       const Request& r = requests_.at(sm.request);
-      const int k = Sampler::top_candidates(r.opts.sampler, max_k);
-      if (plain_greedy(r)) {
+      const bool pen = device_penalties(r);
+      if (pen) {
+        penalized_[i] = 1;
+        Sampler::penalty_entries(r.opts.sampler, sched_.tokens(w.id),
+                                 static_cast<size_t>(r.prompt_tokens), static_cast<int32_t>(vocab),
+                                 entries_);
+        for (const PenaltyEntry& e : entries_) {
+          penalty_at_.insert(penalty_at_.end(), {static_cast<int32_t>(i), e.id});
+          penalty_by_.insert(penalty_by_.end(), {e.rp, e.sub});
+        }
+      }
+      const int k = Sampler::top_candidates(r.opts.sampler, max_k, pen);
+      if (plain_greedy(r, pen)) {
         read_[i] = Read::Argmax;
         any_argmax = true;
-      } else if (plain_sampled(r, vocab)) {
+      } else if (plain_sampled(r, vocab, pen)) {
         read_[i] = Read::Gumbel;
         any_gumbel = true;
         gumbel_temperature_[i] = r.opts.sampler.temperature;
@@ -189,6 +209,15 @@ void Engine::read_rows(const Scheduler::Step& st, const Tensor& logits) {
       }
       ++i;
     }
+  }
+  if (!penalty_at_.empty()) {
+    const auto n = static_cast<int64_t>(penalty_by_.size() / 2);
+    Tensor at = Tensor::empty({n, 2}, DType::I32, model_.device());
+    Tensor by = Tensor::empty({n, 2}, DType::F32, model_.device());
+    ops::transfer(at, Tensor::borrow(penalty_at_.data(), {n, 2}, DType::I32));
+    ops::transfer(by, Tensor::borrow(penalty_by_.data(), {n, 2}, DType::F32));
+    Tensor penalized = logits;  // the same storage: penalised in place
+    ops::apply_penalties(penalized, at, by);
   }
   if (std::count(read_.begin(), read_.end(), Read::Whole) > 0) {  // else no row comes whole
     host_logits_.resize(static_cast<size_t>(rows * vocab));
@@ -290,8 +319,12 @@ void Engine::step() {
         how == Read::Top ? std::span<const int32_t>(host_top_ids_).subspan(at * top, top)
                          : std::span<const int32_t>();
     const auto from = static_cast<size_t>(r.prompt_tokens);
+    // A row penalised on the device is drawn from without the history (no penalty again).
+    const bool pen = !penalized_.empty() && penalized_[at] != 0;
     const auto draw = [&](Sampler& s) {
-      return how == Read::Top ? s.sample_top(top_values, top_ids) : s.sample(row, t, from);
+      return how == Read::Top ? s.sample_top(top_values, top_ids, pen)
+             : pen            ? s.sample(row, {}, 0)
+                              : s.sample(row, t, from);
     };
     const int32_t token = how == Read::Argmax   ? host_argmax_[at]
                           : how == Read::Gumbel ? host_drawn_[at]

@@ -103,12 +103,17 @@ class Engine {
   void forget_sample(int64_t seq);
   // Why a sample ends with `token` after `known` tokens (None: it goes on).
   Finish finish_of(const Request& r, int32_t token, int64_t known) const;
-  // Whether a request's next token is the argmax of its logits: temperature 0, no penalties, no
-  // logprobs, and no samples left to draw from its first row.
-  static bool plain_greedy(const Request& r);
+  // Whether a request's row has its penalties applied on the device (ops::apply_penalties) before
+  // it is read: some penalty, no logprobs (they are of the logits as computed), no samples left
+  // to draw from its first row.
+  static bool device_penalties(const Request& r);
+  // Whether a request's next token is the argmax of its logits: temperature 0, no penalties (or
+  // penalized: applied already), no logprobs, and no samples left to draw from its first row.
+  static bool plain_greedy(const Request& r, bool penalized);
   // Whether it is a draw at the temperature above min-p alone (ops::sample_gumbel): no top-k
-  // below the vocabulary, top-p 1, no penalties, no logprobs, no samples left to draw.
-  static bool plain_sampled(const Request& r, int64_t vocab);
+  // below the vocabulary, top-p 1, no penalties (or penalized), no logprobs, no samples left to
+  // draw.
+  static bool plain_sampled(const Request& r, int64_t vocab, bool penalized);
   // How the host reads each row of a step's logits (read_rows): whole, its device argmax, its
   // device Gumbel draw, or its top_k_ largest logits and log-sum-exp.
   enum class Read : uint8_t { Whole, Argmax, Gumbel, Top };
@@ -127,6 +132,10 @@ class Engine {
   std::vector<float> host_top_values_, host_lse_;
   std::vector<int32_t> host_drawn_;
   std::vector<Read> read_;
+  std::vector<uint8_t> penalized_;  // per row of a step: penalties applied on the device
+  std::vector<PenaltyEntry> entries_;
+  std::vector<int32_t> penalty_at_;  // ops::apply_penalties's places and factors, per step
+  std::vector<float> penalty_by_;
   int64_t top_k_ = 0;
   std::vector<float> gumbel_temperature_, gumbel_min_p_;  // per row of a step, for sample_gumbel
   std::vector<int64_t> gumbel_seed_;

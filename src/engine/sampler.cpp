@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_map>
-#include <unordered_set>
+#include <map>
 
 #include "core/error.h"
+#include "kernels/penalty.h"
 
 namespace llmk {
 
@@ -46,28 +46,10 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   for (int32_t i = 0; i < n; ++i)
     cand_[static_cast<size_t>(i)] = {logits[static_cast<size_t>(i)], i};
 
-  if (cfg_.repeat_penalty != 1.0f && cfg_.repeat_last_n > 0) {
-    const size_t from = history.size() > static_cast<size_t>(cfg_.repeat_last_n)
-                            ? history.size() - static_cast<size_t>(cfg_.repeat_last_n)
-                            : 0;
-    std::unordered_set<int32_t> seen(history.begin() + static_cast<std::ptrdiff_t>(from),
-                                     history.end());
-    for (int32_t id : seen) {
-      if (id < 0 || id >= n) continue;
-      float& l = cand_[static_cast<size_t>(id)].first;
-      // As in CTRL / llama.cpp: shrink positive logits, push negative ones further down.
-      l = l > 0 ? l / cfg_.repeat_penalty : l * cfg_.repeat_penalty;
-    }
-  }
-  if ((cfg_.presence_penalty != 0.0f || cfg_.frequency_penalty != 0.0f) &&
-      generated_from < history.size()) {
-    std::unordered_map<int32_t, int> count;
-    for (size_t i = generated_from; i < history.size(); ++i) ++count[history[i]];
-    for (const auto& [id, c] : count) {
-      if (id < 0 || id >= n) continue;
-      cand_[static_cast<size_t>(id)].first -=
-          cfg_.presence_penalty + cfg_.frequency_penalty * static_cast<float>(c);
-    }
+  penalty_entries(cfg_, history, generated_from, n, entries_);
+  for (const PenaltyEntry& e : entries_) {
+    float& l = cand_[static_cast<size_t>(e.id)].first;
+    l = penalty::apply(l, e.rp, e.sub);
   }
 
   auto by_logit = [](const auto& a, const auto& b) {
@@ -86,15 +68,44 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   return draw();
 }
 
-int Sampler::top_candidates(const SamplerConfig& c, int max) {
-  return c.temperature > 0.0f && c.top_k >= 1 && c.top_k <= max && !c.penalties() ? c.top_k : 0;
+void Sampler::penalty_entries(const SamplerConfig& c, std::span<const int32_t> history,
+                              size_t generated_from, int32_t vocab,
+                              std::vector<PenaltyEntry>& out) {
+  out.clear();
+  std::map<int32_t, PenaltyEntry> at;  // by id
+  if (c.repeat_penalty != 1.0f && c.repeat_last_n > 0) {
+    const size_t from = history.size() > static_cast<size_t>(c.repeat_last_n)
+                            ? history.size() - static_cast<size_t>(c.repeat_last_n)
+                            : 0;
+    for (size_t i = from; i < history.size(); ++i)
+      at[history[i]] = {history[i], c.repeat_penalty, 0};
+  }
+  if ((c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) &&
+      generated_from < history.size()) {
+    std::map<int32_t, int> count;
+    for (size_t i = generated_from; i < history.size(); ++i) ++count[history[i]];
+    for (const auto& [id, k] : count) {
+      auto [it, fresh] = at.try_emplace(id, PenaltyEntry{id, 1.0f, 0});
+      it->second.sub = penalty::subtracted(c.presence_penalty, c.frequency_penalty, k);
+    }
+  }
+  for (const auto& [id, e] : at) {
+    if (id >= 0 && id < vocab) out.push_back(e);
+  }
 }
 
-int32_t Sampler::sample_top(std::span<const float> values, std::span<const int32_t> ids) {
-  LLMK_CHECK(
-      top_candidates(cfg_, static_cast<int>(values.size())) > 0 && values.size() == ids.size(),
-      "sampler: {} candidates for top-k {} (temperature {}, penalties off?)", values.size(),
-      cfg_.top_k, cfg_.temperature);
+int Sampler::top_candidates(const SamplerConfig& c, int max, bool penalized) {
+  return c.temperature > 0.0f && c.top_k >= 1 && c.top_k <= max && (penalized || !c.penalties())
+             ? c.top_k
+             : 0;
+}
+
+int32_t Sampler::sample_top(std::span<const float> values, std::span<const int32_t> ids,
+                            bool penalized) {
+  LLMK_CHECK(top_candidates(cfg_, static_cast<int>(values.size()), penalized) > 0 &&
+                 values.size() == ids.size(),
+             "sampler: {} candidates for top-k {} (temperature {}, penalties off?)", values.size(),
+             cfg_.top_k, cfg_.temperature);
   const auto keep = static_cast<size_t>(cfg_.top_k);
   cand_.resize(keep);
   for (size_t i = 0; i < keep; ++i) cand_[i] = {values[i], ids[i]};

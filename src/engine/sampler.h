@@ -34,23 +34,37 @@ struct SamplerConfig {
   }
 };
 
+// One token's penalty in a row (kernels/penalty.h): the repetition factor (1: none) and the
+// amount subtracted.
+struct PenaltyEntry {
+  int32_t id;
+  float rp, sub;
+};
+
 class Sampler {
  public:
   explicit Sampler(const SamplerConfig& cfg);
 
+  // The penalties config c puts on a row of `vocab` logits given the history (as sample()
+  // takes it), one entry per token they move, by ascending id, into out (cleared first).
+  static void penalty_entries(const SamplerConfig& c, std::span<const int32_t> history,
+                              size_t generated_from, int32_t vocab, std::vector<PenaltyEntry>& out);
+
   // logits: [vocab]; history: tokens so far (prompt and generated), for the penalties; the
   // generated ones start at generated_from (presence and frequency penalties count only those).
+  // An empty history: no penalty moves a logit (a row whose penalties were applied already).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history,
                  size_t generated_from = 0);
 
   // How many of a row's largest logits sample() reads with config c: top_k where sampling cuts
-  // to the top k <= max and no penalty moves a logit (then sample_top gives what sample gives),
-  // else 0 (the whole row).
-  static int top_candidates(const SamplerConfig& c, int max);
+  // to the top k <= max and no penalty moves a logit, or penalized (the row's penalties were
+  // applied already), (then sample_top gives what sample gives), else 0 (the whole row).
+  static int top_candidates(const SamplerConfig& c, int max, bool penalized = false);
   // sample() from the row's largest logits only: values descending, equal values by ascending id
   // (ops::topk_lse's order), at least top_candidates() of them; the same token and the same
-  // random draws as sample() on the whole row.
-  int32_t sample_top(std::span<const float> values, std::span<const int32_t> ids);
+  // random draws as sample() on the whole row (penalized: its penalties applied already).
+  int32_t sample_top(std::span<const float> values, std::span<const int32_t> ids,
+                     bool penalized = false);
 
  private:
   double next_uniform();  // in [0, 1)
@@ -59,6 +73,7 @@ class Sampler {
   SamplerConfig cfg_;
   uint64_t state_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused: (logit or prob, id)
+  std::vector<PenaltyEntry> entries_;            // reused
 };
 
 }  // namespace llmk

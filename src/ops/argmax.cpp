@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "kernels/penalty.h"
 #include "ops/check.h"
 #include "ops/ops.h"
 
@@ -88,6 +89,42 @@ void sample_gumbel(Tensor& out, const Tensor& logits, const Tensor& temperature,
   }
   cpu::sample_gumbel(out.data<int32_t>(), logits.data<const float>(), logits.stride(0), M, N, t, p,
                      seeds);
+}
+
+void apply_penalties(Tensor& logits, const Tensor& at, const Tensor& by) {
+  constexpr std::string_view op = "apply_penalties";
+  const bool cuda = on_cuda(op, {{"logits", &logits}, {"at", &at}, {"by", &by}});
+  require_dtype(op, "logits", logits, DType::F32);
+  require_ndim(op, "logits", logits, 2);
+  require_last_dim_contiguous(op, "logits", logits);
+  require_dtype(op, "at", at, DType::I32);
+  require_dtype(op, "by", by, DType::F32);
+  require_ndim(op, "at", at, 2);
+  const int64_t n = at.dim(0);
+  require_shape(op, "at", at, {n, 2});
+  require_shape(op, "by", by, {n, 2});
+  LLMK_CHECK(at.is_contiguous() && by.is_contiguous(),
+             "ops::apply_penalties: at ({}) and by ({}) "
+             "must be contiguous",
+             at.str(), by.str());
+  if (n == 0) return;
+  if (cuda) {
+#ifdef LLMK_HAS_CUDA
+    cuda::apply_penalties(logits.data<float>(), logits.stride(0), at.data<const int32_t>(),
+                          by.data<const float>(), n);
+#endif
+    return;
+  }
+  const int64_t M = logits.dim(0), N = logits.dim(1);
+  const int32_t* a = at.data<const int32_t>();
+  const float* b = by.data<const float>();
+  for (int64_t e = 0; e < n; ++e) {
+    LLMK_CHECK(a[2 * e] >= 0 && a[2 * e] < M && a[2 * e + 1] >= 0 && a[2 * e + 1] < N,
+               "ops::apply_penalties: entry {} is at ({}, {}), outside logits {}", e, a[2 * e],
+               a[2 * e + 1], logits.str());
+    float& l = logits.data<float>()[a[2 * e] * logits.stride(0) + a[2 * e + 1]];
+    l = penalty::apply(l, b[2 * e], b[2 * e + 1]);
+  }
 }
 
 }  // namespace llmk::ops

@@ -173,6 +173,12 @@ void argmax(Tensor& out, const Tensor& x);
 // and CUDA alike. temperature, min_p: [M] f32 (> 0; [0, 1), checked on the CPU); seed: [M] i64.
 void sample_gumbel(Tensor& out, const Tensor& logits, const Tensor& temperature,
                    const Tensor& min_p, const Tensor& seed);
+// The sampler's penalties (engine/sampler.h) applied to logits [M, N] f32 (last dimension
+// contiguous) in place: for each row i of at ([n, 2] i32: row, column; distinct places) the
+// logit there becomes penalty::apply(logit, by[i][0], by[i][1]) (kernels/penalty.h: the
+// repetition factor, then the amount subtracted); the same bits on the CPU and CUDA. at and by
+// (f32 [n, 2]) contiguous, on the logits' device.
+void apply_penalties(Tensor& logits, const Tensor& at, const Tensor& by);
 // The largest k of ops::topk_lse.
 inline constexpr int64_t kMaxTopk = 1024;
 // Per row of logits: [rows, vocab] f32 (last dimension contiguous), the k largest logits and

@@ -207,5 +207,58 @@ TEST(Utf8Stream, HoldsBackIncompleteCharacters) {
   EXPECT_EQ(s.flush(), "");
 }
 
+// Rows penalised by the op from Sampler::penalty_entries give the sampler the tokens it draws
+// from the raw rows with the history (the engine's device path against its host path): greedy,
+// and sampled with the same seed (the same random draws), over penalty settings and histories.
+TEST(OpsApplyPenalties, SameTokensAsTheSamplersOwnPenalties) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> logit(-4.0f, 4.0f);
+  constexpr int64_t kRows = 40, kVocab = 50;
+  Tensor x = Tensor::empty({kRows, kVocab}, DType::F32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = logit(rng);
+  const Tensor raw = x.to(Device::CPU);  // a copy
+  std::vector<std::vector<int32_t>> history(kRows);
+  std::vector<SamplerConfig> cfg(kRows);
+  std::vector<int32_t> at;
+  std::vector<float> by;
+  std::vector<PenaltyEntry> entries;
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int k = 0; k < 5 + static_cast<int>(rng() % 40); ++k) {
+      history[r].push_back(static_cast<int32_t>(rng() % (kVocab + 3)) - 1);  // some out of range
+    }
+    SamplerConfig& c = cfg[r];
+    c.temperature = r % 2 == 0 ? 0.0f : 0.9f;
+    c.top_k = 0;
+    c.top_p = 1.0f;
+    c.min_p = 0.0f;
+    c.repeat_penalty = r % 3 == 0 ? 1.0f : 1.3f;
+    c.repeat_last_n = static_cast<int>(r % 4) * 8;
+    c.presence_penalty = r % 5 == 0 ? 0.0f : 0.7f;
+    c.frequency_penalty = r % 7 == 0 ? 0.0f : -0.4f;
+    c.seed = static_cast<uint64_t>(r);
+    Sampler::penalty_entries(c, history[r], history[r].size() / 2, kVocab, entries);
+    for (const PenaltyEntry& e : entries) {
+      at.insert(at.end(), {static_cast<int32_t>(r), e.id});
+      by.insert(by.end(), {e.rp, e.sub});
+    }
+  }
+  const auto n = static_cast<int64_t>(by.size() / 2);
+  ASSERT_GT(n, kRows);
+  ops::apply_penalties(x, Tensor::borrow(at.data(), {n, 2}, DType::I32),
+                       Tensor::borrow(by.data(), {n, 2}, DType::F32));
+  int moved = 0;
+  for (int64_t r = 0; r < kRows; ++r) {
+    const std::span<const float> before(raw.data<float>() + r * kVocab, kVocab);
+    const std::span<const float> after(x.data<float>() + r * kVocab, kVocab);
+    for (int64_t i = 0; i < kVocab; ++i) moved += before[i] != after[i];
+    Sampler host(cfg[r]), device(cfg[r]);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(device.sample(after, {}, 0), host.sample(before, history[r], history[r].size() / 2))
+          << "row " << r << " draw " << k;
+    }
+  }
+  EXPECT_GT(moved, kRows);
+}
+
 }  // namespace
 }  // namespace llmk

@@ -6,8 +6,9 @@
 // Settings that take each path of the CUDA forward of mixed runs (DecoderModel::
 // attention_by_run): decode tokens in one launch beside prompt chunks of more than 8 tokens from
 // position 0 (the prefill kernel on the projection's keys) and later (keys gathered from the
-// pages), chunks of 8 or fewer alone, pages shared by n samples and copied on write, and a pool
-// small enough to preempt.
+// pages), chunks of 8 or fewer alone, pages shared by n samples and copied on write, a pool
+// small enough to preempt, and penalties applied to the logits on the device (checked against
+// the CPU's row with the sampler's penalties).
 //
 // Yardstick, as families_gpu_test.cpp: transformers' own bf16 error on these fixtures is at most
 // 0.033 of a row's largest |logit|. A logprob takes one logit and the row's log-sum-exp, so it
@@ -20,10 +21,13 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "core/cuda/device.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
+#include "kernels/penalty.h"
 #include "model/family_fixtures.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -70,8 +74,9 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
     std::map<int64_t, std::vector<int32_t>> prompt_of;
     std::map<int64_t, bool> greedy, with_logprobs, min_p_only;
     std::map<int64_t, float> temperature_of;
+    std::map<int64_t, SamplerConfig> penalised;  // requests with penalties (on the device)
     const auto add = [&](const std::vector<int32_t>& p, int n, float temperature, bool logprobs,
-                         bool plain = false) {
+                         bool plain = false, bool penalties = false) {
       RequestOptions o;
       o.max_tokens = 10;
       o.n = n;
@@ -83,6 +88,11 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
         o.sampler.top_p = 1.0f;
         o.sampler.min_p = 0.1f;
       }
+      if (penalties) {  // applied to the logits on the device (ops::apply_penalties)
+        o.sampler.repeat_penalty = 1.5f;
+        o.sampler.presence_penalty = 0.8f;
+        o.sampler.frequency_penalty = 0.3f;
+      }
       const int64_t id = engine.add_request(p, o, [&](const TokenEvent& e) {
         got[{e.request, e.sample}].push_back(e);
         return true;
@@ -92,12 +102,17 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
       with_logprobs[id] = logprobs;
       min_p_only[id] = plain;
       temperature_of[id] = temperature;
+      if (penalties) penalised[id] = o.sampler;
     };
     // Greedy with logprobs (the row comes to the host), and without (the argmax on the device).
     for (size_t i = 0; i < ps.size(); ++i) add(ps[i], 1, 0.0f, i % 2 == 0);
     add(ps[3], 3, 0.8f, true);  // three samples sharing the prompt's pages
     add(ps[5], 1, 1.0f, false, true);
     add(ps[6], 1, 0.7f, false, true);
+    // Penalties on the device, then the argmax, the Gumbel draw and the top-k candidates.
+    add(ps[1], 1, 0.0f, false, false, true);
+    add(ps[2], 1, 0.9f, false, true, true);
+    add(ps[4], 1, 0.8f, false, false, true);
     ops::reset_attention_stats();
     for (int n = 0; !engine.idle(); ++n) {
       engine.step();
@@ -106,7 +121,7 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
     const ops::AttentionStats at = ops::attention_stats();
     EXPECT_GT(at.prefill, 0u) << "no prompt chunk took the prefill kernel";
     EXPECT_GT(at.decode, 0u) << "no run took the paged decode kernel";
-    ASSERT_EQ(got.size(), ps.size() + 5);
+    ASSERT_EQ(got.size(), ps.size() + 8);
     int compared = 0;
     double worst = 0;
     for (const auto& [key, events] : got) {
@@ -117,8 +132,21 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
       seq.pop_back();  // the last token's logits are not needed
       const Tensor logits = cpu->forward(seq, 0, true);
       const int64_t V = logits.dim(1);
+      std::vector<float> pen_row;
+      std::vector<PenaltyEntry> entries;
       for (size_t k = 0; k < events.size(); ++k) {
         const float* row = logits.data<float>() + (p - 1 + static_cast<int64_t>(k)) * V;
+        if (penalised.count(key.first) != 0) {  // the row as the sampler sees it
+          pen_row.assign(row, row + V);
+          Sampler::penalty_entries(penalised.at(key.first),
+                                   std::span<const int32_t>(seq).first(static_cast<size_t>(p) + k),
+                                   static_cast<size_t>(p), static_cast<int32_t>(V), entries);
+          for (const PenaltyEntry& e : entries) {
+            pen_row[static_cast<size_t>(e.id)] =
+                penalty::apply(pen_row[static_cast<size_t>(e.id)], e.rp, e.sub);
+          }
+          row = pen_row.data();
+        }
         double m = row[0], big = 0, sum = 0;
         for (int64_t i = 0; i < V; ++i) {
           m = std::max(m, static_cast<double>(row[i]));

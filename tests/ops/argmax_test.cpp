@@ -194,5 +194,30 @@ TEST(OpsSampleGumbel, ArgumentErrors) {
   expect_error([&] { ops::sample_gumbel(out, x, t, p, s32); }, {"seed"});
 }
 
+TEST(OpsApplyPenalties, ArgumentErrors) {
+  Tensor x = Tensor::empty({2, 5}, DType::F32);
+  std::fill(x.data<float>(), x.data<float>() + 10, 1.0f);
+  std::vector<int32_t> at = {1, 4, 0, 0};
+  std::vector<float> by = {2.0f, 0.5f, 1.0f, 0.25f};
+  ops::apply_penalties(x, Tensor::borrow(at.data(), {2, 2}, DType::I32),
+                       Tensor::borrow(by.data(), {2, 2}, DType::F32));
+  EXPECT_EQ(elem(x, {1, 4}), 0.0f);   // 1 / 2 - 0.5
+  EXPECT_EQ(elem(x, {0, 0}), 0.75f);  // 1 / 1 - 0.25
+  EXPECT_EQ(elem(x, {0, 1}), 1.0f);
+  at = {2, 0};
+  expect_error(
+      [&] {
+        ops::apply_penalties(x, Tensor::borrow(at.data(), {1, 2}, DType::I32),
+                             Tensor::borrow(by.data(), {1, 2}, DType::F32));
+      },
+      {"entry 0 is at (2, 0), outside logits"});
+  expect_error(
+      [&] {
+        ops::apply_penalties(x, Tensor::borrow(at.data(), {1, 2}, DType::I32),
+                             Tensor::borrow(by.data(), {2, 2}, DType::F32));
+      },
+      {"by"});
+}
+
 }  // namespace
 }  // namespace llmk

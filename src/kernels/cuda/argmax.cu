@@ -7,6 +7,7 @@
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/gumbel.h"
+#include "kernels/penalty.h"
 
 namespace llmk::cuda {
 
@@ -119,7 +120,25 @@ void launch_gumbel(int32_t* out, const void* x, int64_t x_ld, int64_t rows, int6
                    static_cast<const T*>(x), x_ld, N, temperature, min_p, seed);
 }
 
+// One thread per entry: its row's logit at its column, penalised in place (entries distinct).
+__global__ void penalty_kernel(float* x, int64_t x_ld, const int32_t* at, const float* by,
+                               int64_t n) {
+  grid_dependency_wait();
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n) return;
+  float* l = x + at[2 * e] * x_ld + at[2 * e + 1];
+  *l = penalty::apply(*l, by[2 * e], by[2 * e + 1]);
+}
+
 }  // namespace
+
+void apply_penalties(float* x, int64_t x_ld, const int32_t* at, const float* by, int64_t n) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  launch_dependent(penalty_kernel, dim3(static_cast<unsigned>(ceil_div(n, kThreads))),
+                   dim3(kThreads), 0, x, x_ld, at, by, n);
+  check_launch("apply_penalties");
+}
 
 void sample_gumbel(int32_t* out, const float* x, int64_t x_ld, int64_t rows, int64_t N,
                    const float* temperature, const float* min_p, const uint64_t* seed) {

@@ -18,4 +18,10 @@ void argmax(int32_t* out, int64_t out_stride, const void* x, DType x_type, int64
 void sample_gumbel(int32_t* out, const float* x, int64_t x_ld, int64_t rows, int64_t N,
                    const float* temperature, const float* min_p, const uint64_t* seed);
 
+// ops::apply_penalties on the GPU: x [rows, *] f32 rows x_ld apart; for each of the n entries
+// e, the logit at row at[2e], column at[2e + 1] becomes penalty::apply(logit, by[2e], by[2e + 1])
+// (kernels/penalty.h). at (i32) and by (f32): [n, 2], device memory; the entries' places are
+// distinct.
+void apply_penalties(float* x, int64_t x_ld, const int32_t* at, const float* by, int64_t n);
+
 }  // namespace llmk::cuda

@@ -163,9 +163,14 @@ void Engine::read_rows(const Scheduler::Step& st, const Tensor& logits) {
   // drawn on the device by the Gumbel-max trick (ops::sample_gumbel: the temperature and min-p,
   // seeded by the sample's seed and the token's position); a top-k row without penalties left
   // (Sampler::top_candidates) its largest logits and log-sum-exp (ops::topk_lse), from which the
-  // sampler draws what it would draw from the whole row; any other row comes whole.
+  // sampler draws what it would draw from the whole row; a top-p row without top-k or logprobs
+  // (Sampler::nucleus) the most candidates and the log-sum-exp at its temperature, the whole row
+  // after all where they hold less than top-p of the mass; any other row comes whole.
   read_.assign(static_cast<size_t>(rows), Read::Whole);
   penalized_.assign(static_cast<size_t>(rows), 0);
+  nucleus_.assign(static_cast<size_t>(rows), 0);
+  lse_scale_.assign(static_cast<size_t>(rows), 1.0f);
+  bool any_nucleus = false;
   int64_t top_k = 0;
   bool any_argmax = false, any_gumbel = false;
   if (model_.device() != Device::CPU) {
@@ -192,6 +197,7 @@ void Engine::read_rows(const Scheduler::Step& st, const Tensor& logits) {
         }
       }
       const int k = Sampler::top_candidates(r.opts.sampler, max_k, pen);
+      lse_scale_[i] = 1.0f;
       if (plain_greedy(r, pen)) {
         read_[i] = Read::Argmax;
         any_argmax = true;
@@ -206,6 +212,14 @@ void Engine::read_rows(const Scheduler::Step& st, const Tensor& logits) {
       } else if (k > 0) {
         read_[i] = Read::Top;
         top_k = std::max<int64_t>({top_k, k, r.opts.logprobs ? r.opts.top_logprobs : 0});
+      } else if (!r.opts.logprobs && Sampler::nucleus(r.opts.sampler, vocab, pen)) {
+        // top-p alone: the most candidates and the log-sum-exp at the temperature (its logprobs
+        // would need the lse at 1); the whole row after all where they hold too little mass.
+        read_[i] = Read::Top;
+        nucleus_[i] = 1;
+        any_nucleus = true;
+        lse_scale_[i] = 1.0f / r.opts.sampler.temperature;
+        top_k = max_k;
       }
       ++i;
     }
@@ -250,7 +264,13 @@ void Engine::read_rows(const Scheduler::Step& st, const Tensor& logits) {
     Tensor ids = Tensor::empty({rows, top_k}, DType::I32, model_.device());
     Tensor values = Tensor::empty({rows, top_k}, DType::F32, model_.device());
     Tensor lse = Tensor::empty({rows}, DType::F32, model_.device());
-    ops::topk_lse(ids, values, lse, logits);
+    if (any_nucleus) {
+      Tensor scale = Tensor::empty({rows}, DType::F32, model_.device());
+      ops::transfer(scale, Tensor::borrow(lse_scale_.data(), {rows}, DType::F32));
+      ops::topk_lse(ids, values, lse, logits, &scale);
+    } else {
+      ops::topk_lse(ids, values, lse, logits);
+    }
     Tensor h_ids = Tensor::borrow(host_top_ids_.data(), {rows, top_k}, DType::I32);
     Tensor h_values = Tensor::borrow(host_top_values_.data(), {rows, top_k}, DType::F32);
     Tensor h_lse = Tensor::borrow(host_lse_.data(), {rows}, DType::F32);
@@ -321,10 +341,21 @@ void Engine::step() {
     const auto from = static_cast<size_t>(r.prompt_tokens);
     // A row penalised on the device is drawn from without the history (no penalty again).
     const bool pen = !penalized_.empty() && penalized_[at] != 0;
+    const bool nucleus = !nucleus_.empty() && nucleus_[at] != 0;
+    const auto whole = [&](Sampler& s, std::span<const float> x) {
+      return pen ? s.sample(x, {}, 0) : s.sample(x, t, from);
+    };
     const auto draw = [&](Sampler& s) {
-      return how == Read::Top ? s.sample_top(top_values, top_ids, pen)
-             : pen            ? s.sample(row, {}, 0)
-                              : s.sample(row, t, from);
+      if (how == Read::Top && nucleus) {
+        const int32_t token = s.sample_nucleus(top_values, top_ids, host_lse_[at]);
+        if (token >= 0) return token;
+        // The nucleus reaches past the candidates: the row after all.
+        row_.resize(static_cast<size_t>(vocab));
+        Tensor dst = Tensor::borrow(row_.data(), {1, vocab}, DType::F32);
+        ops::transfer(dst, logits.slice(0, static_cast<int64_t>(at), static_cast<int64_t>(at) + 1));
+        return whole(s, row_);
+      }
+      return how == Read::Top ? s.sample_top(top_values, top_ids, pen) : whole(s, row);
     };
     const int32_t token = how == Read::Argmax   ? host_argmax_[at]
                           : how == Read::Gumbel ? host_drawn_[at]

@@ -133,6 +133,9 @@ class Engine {
   std::vector<int32_t> host_drawn_;
   std::vector<Read> read_;
   std::vector<uint8_t> penalized_;  // per row of a step: penalties applied on the device
+  std::vector<uint8_t> nucleus_;    // per row of a step: top-p alone, from the candidates
+  std::vector<float> lse_scale_;    // per row of a step: ops::topk_lse's lse_scale
+  std::vector<float> row_;          // a row read after all (the nucleus past the candidates)
   std::vector<PenaltyEntry> entries_;
   std::vector<int32_t> penalty_at_;  // ops::apply_penalties's places and factors, per step
   std::vector<float> penalty_by_;

@@ -117,13 +117,43 @@ int32_t Sampler::draw() {
   // Softmax at the temperature, in double for a stable sum.
   const double max_logit = cand_[0].first;
   double sum = 0;
-  std::vector<double> p(keep);
+  p_.resize(keep);
   for (size_t i = 0; i < keep; ++i) {
-    p[i] = std::exp((static_cast<double>(cand_[i].first) - max_logit) / cfg_.temperature);
-    sum += p[i];
+    p_[i] = std::exp((static_cast<double>(cand_[i].first) - max_logit) / cfg_.temperature);
+    sum += p_[i];
   }
-  for (double& x : p) x /= sum;
+  for (double& x : p_) x /= sum;
+  return pick();
+}
 
+bool Sampler::nucleus(const SamplerConfig& c, int64_t vocab, bool penalized) {
+  return c.temperature > 0.0f && c.top_p < 1.0f && (c.top_k == 0 || c.top_k >= vocab) &&
+         (penalized || !c.penalties());
+}
+
+int32_t Sampler::sample_nucleus(std::span<const float> values, std::span<const int32_t> ids,
+                                float lse_t) {
+  LLMK_CHECK(cfg_.temperature > 0.0f && cfg_.top_p < 1.0f && !values.empty() &&
+                 values.size() == ids.size(),
+             "sampler: {} candidates for top-p {} at temperature {}", values.size(), cfg_.top_p,
+             cfg_.temperature);
+  if (!std::isfinite(lse_t)) return -1;
+  const float scale = 1.0f / cfg_.temperature;  // as the engine passes topk_lse
+  p_.resize(values.size());
+  double mass = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    p_[i] = std::exp(static_cast<double>(values[i] * scale) - lse_t);
+    mass += p_[i];
+  }
+  if (mass < cfg_.top_p) return -1;  // the nucleus reaches past the candidates
+  cand_.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) cand_[i] = {values[i], ids[i]};
+  return pick();
+}
+
+int32_t Sampler::pick() {
+  const size_t keep = cand_.size();
+  const std::vector<double>& p = p_;
   // top-p: the smallest prefix whose mass reaches top_p (at least one token).
   size_t cut = keep;
   if (cfg_.top_p < 1.0f) {

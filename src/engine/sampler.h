@@ -65,15 +65,29 @@ class Sampler {
   // random draws as sample() on the whole row (penalized: its penalties applied already).
   int32_t sample_top(std::span<const float> values, std::span<const int32_t> ids,
                      bool penalized = false);
+  // Whether sample_nucleus may serve config c: top-p below 1 at a temperature, no top-k cut, no
+  // penalty left to apply (penalized: applied already).
+  static bool nucleus(const SamplerConfig& c, int64_t vocab, bool penalized = false);
+  // sample() for nucleus() configs from the row's largest logits (values descending, equal values
+  // by ascending id: ops::topk_lse's order) and lse_t, the log-sum-exp of the whole row times
+  // 1 / temperature (ops::topk_lse's lse_scale, 1.0f / temperature): -1, drawing nothing, where
+  // the candidates hold less than top_p of the row's mass (the whole row is needed); else the
+  // token sample() draws from the whole row, up to the rounding of lse_t, with the same random
+  // draw.
+  int32_t sample_nucleus(std::span<const float> values, std::span<const int32_t> ids, float lse_t);
 
  private:
   double next_uniform();  // in [0, 1)
   int32_t draw();         // from cand_: the kept candidates, sorted
+  // From cand_ with probabilities p_ (descending, summing to at most 1): top-p's prefix, min-p's
+  // floor, then one uniform draw.
+  int32_t pick();
 
   SamplerConfig cfg_;
   uint64_t state_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused: (logit or prob, id)
   std::vector<PenaltyEntry> entries_;            // reused
+  std::vector<double> p_;                        // reused: cand_'s probabilities
 };
 
 }  // namespace llmk

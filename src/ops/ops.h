@@ -186,8 +186,11 @@ inline constexpr int64_t kMaxTopk = 1024;
 // log-probability is logit - lse). ids: [rows, k] i32, values: [rows, k] f32 (both contiguous),
 // values descending and equal values by ascending id; lse: [rows] f32 (contiguous).
 // 1 <= k <= min(vocab, kMaxTopk). CPU and CUDA give the same ids and values bit for bit, and
-// lse within float rounding; non-finite logits as kernels/cpu/topk.h says.
-void topk_lse(Tensor& ids, Tensor& values, Tensor& lse, const Tensor& logits);
+// lse within float rounding; non-finite logits as kernels/cpu/topk.h says. lse_scale ([rows] f32,
+// finite and > 0, contiguous): lse is that of each row times its scale (the normaliser of a
+// sampler's softmax at temperature 1 / scale); ids and values stay the logits'.
+void topk_lse(Tensor& ids, Tensor& values, Tensor& lse, const Tensor& logits,
+              const Tensor* lse_scale = nullptr);
 // dst = src, same shape and device; either may be strided; converts between f32/f16/bf16.
 void copy(Tensor& dst, const Tensor& src);
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "core/error.h"
@@ -258,6 +259,49 @@ TEST(OpsApplyPenalties, SameTokensAsTheSamplersOwnPenalties) {
     }
   }
   EXPECT_GT(moved, kRows);
+}
+
+// Top-p alone from a row's 1024 largest logits and its log-sum-exp at the temperature
+// (ops::topk_lse, as the engine reads it on CUDA): the token sample() draws from the whole row,
+// with the same random draws; a flat row whose nucleus reaches past the candidates gives -1 and
+// draws nothing, so the whole row's draw that follows is the one a fresh sampler makes.
+TEST(Sampler, NucleusFromTheCandidatesDrawsWhatTheWholeRowDraws) {
+  constexpr int64_t kVocab = 5000, kK = 1024;
+  std::mt19937 rng(3);
+  int compared = 0, fell_back = 0;
+  for (int row = 0; row < 24; ++row) {
+    // Peaked rows (a few hundred tokens carry the mass) and flat ones.
+    const float spread = row % 3 == 2 ? 0.05f : 4.0f;
+    std::normal_distribution<float> normal(0.0f, spread);
+    std::vector<float> x(kVocab);
+    for (float& v : x) v = normal(rng);
+    SamplerConfig c =
+        test::untruncated(0.6f + 0.2f * static_cast<float>(row % 4), static_cast<uint64_t>(row));
+    c.top_p = row % 2 == 0 ? 0.9f : 0.5f;
+    c.min_p = row % 5 == 0 ? 0.02f : 0.0f;
+    ASSERT_TRUE(Sampler::nucleus(c, kVocab));
+    Tensor ids = Tensor::empty({1, kK}, DType::I32), values = Tensor::empty({1, kK}, DType::F32);
+    Tensor lse = Tensor::empty({1}, DType::F32);
+    float scale = 1.0f / c.temperature;
+    const Tensor s_t = Tensor::borrow(&scale, {1}, DType::F32);
+    ops::topk_lse(ids, values, lse, Tensor::borrow(x.data(), {1, kVocab}, DType::F32), &s_t);
+    const std::span<const float> v(values.data<float>(), kK);
+    const std::span<const int32_t> id(ids.data<int32_t>(), kK);
+    Sampler whole(c), top(c);
+    for (int draw = 0; draw < 20; ++draw) {
+      const int32_t want = whole.sample(x, {});
+      const int32_t got = top.sample_nucleus(v, id, lse.data<float>()[0]);
+      if (got < 0) {
+        ++fell_back;
+        EXPECT_EQ(top.sample(x, {}), want) << "row " << row << " draw " << draw;
+      } else {
+        EXPECT_EQ(got, want) << "row " << row << " draw " << draw;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 200);
+  EXPECT_GT(fell_back, 50);
 }
 
 }  // namespace

@@ -75,8 +75,9 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
     std::map<int64_t, bool> greedy, with_logprobs, min_p_only;
     std::map<int64_t, float> temperature_of;
     std::map<int64_t, SamplerConfig> penalised;  // requests with penalties (on the device)
+    std::map<int64_t, float> top_p_of;           // requests with top-p alone
     const auto add = [&](const std::vector<int32_t>& p, int n, float temperature, bool logprobs,
-                         bool plain = false, bool penalties = false) {
+                         bool plain = false, bool penalties = false, float top_p = 1.0f) {
       RequestOptions o;
       o.max_tokens = 10;
       o.n = n;
@@ -87,6 +88,11 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
         o.sampler.top_k = 0;
         o.sampler.top_p = 1.0f;
         o.sampler.min_p = 0.1f;
+      }
+      if (top_p < 1.0f) {  // top-p alone: from the candidates and the lse at T (ops::topk_lse)
+        o.sampler.top_k = 0;
+        o.sampler.top_p = top_p;
+        o.sampler.min_p = 0.0f;
       }
       if (penalties) {  // applied to the logits on the device (ops::apply_penalties)
         o.sampler.repeat_penalty = 1.5f;
@@ -103,6 +109,7 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
       min_p_only[id] = plain;
       temperature_of[id] = temperature;
       if (penalties) penalised[id] = o.sampler;
+      if (top_p < 1.0f) top_p_of[id] = top_p;
     };
     // Greedy with logprobs (the row comes to the host), and without (the argmax on the device).
     for (size_t i = 0; i < ps.size(); ++i) add(ps[i], 1, 0.0f, i % 2 == 0);
@@ -113,6 +120,10 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
     add(ps[1], 1, 0.0f, false, false, true);
     add(ps[2], 1, 0.9f, false, true, true);
     add(ps[4], 1, 0.8f, false, false, true);
+    // Top-p alone, with and without penalties, and n samples forking from the first row.
+    add(ps[7], 1, 0.9f, false, false, false, 0.8f);
+    add(ps[0], 1, 1.2f, false, false, true, 0.6f);
+    add(ps[2], 2, 0.7f, false, false, false, 0.9f);
     ops::reset_attention_stats();
     for (int n = 0; !engine.idle(); ++n) {
       engine.step();
@@ -121,7 +132,7 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
     const ops::AttentionStats at = ops::attention_stats();
     EXPECT_GT(at.prefill, 0u) << "no prompt chunk took the prefill kernel";
     EXPECT_GT(at.decode, 0u) << "no run took the paged decode kernel";
-    ASSERT_EQ(got.size(), ps.size() + 8);
+    ASSERT_EQ(got.size(), ps.size() + 12);
     int compared = 0;
     double worst = 0;
     for (const auto& [key, events] : got) {
@@ -166,6 +177,16 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
           EXPECT_GE(row[tok],
                     m + temperature_of.at(key.first) * std::log(0.1) - 4 * kBf16Worst * big)
               << "request " << key.first << " token " << k << ": below min-p's floor";
+        }
+        if (top_p_of.count(key.first) != 0) {  // inside the nucleus at T (bf16's slack)
+          const double t = temperature_of.at(key.first);
+          double above = 0, z = 0;
+          for (int64_t i = 0; i < V; ++i) z += std::exp((row[i] - m) / t);
+          for (int64_t i = 0; i < V; ++i) {
+            if (row[i] > row[tok]) above += std::exp((row[i] - m) / t) / z;
+          }
+          EXPECT_LT(above, top_p_of.at(key.first) + 0.05)
+              << "request " << key.first << " token " << k << " (" << tok << "): outside top-p";
         }
         if (greedy.at(key.first)) {
           std::vector<float> v(row, row + V);

@@ -24,7 +24,7 @@ constexpr uint32_t kPoisonBits = 0xFFFFFFFFu;  // what poisoned_cuda leaves in e
 // Runs the op on the device and on the host over logits [rows, ld] (the first vocab columns) and
 // compares.
 void expect_matches_cpu(const std::vector<float>& x, int64_t rows, int64_t vocab, int64_t ld, int k,
-                        const std::string& what) {
+                        const std::string& what, const std::vector<float>* lse_scale = nullptr) {
   Tensor host_buf = Tensor::borrow(const_cast<float*>(x.data()), {rows, ld}, DType::F32);
   const Tensor host = host_buf.slice(1, 0, vocab);
   const Tensor dev_buf = host_buf.to(Device::CUDA);
@@ -33,14 +33,18 @@ void expect_matches_cpu(const std::vector<float>& x, int64_t rows, int64_t vocab
   Tensor ids_dev = poisoned_cuda({rows, k}, DType::I32);
   Tensor values_dev = poisoned_cuda({rows, k}, DType::F32);
   Tensor lse_dev = poisoned_cuda({rows}, DType::F32);
-  ops::topk_lse(ids_dev, values_dev, lse_dev, dev);
+  Tensor scale_host =
+      lse_scale ? Tensor::borrow(const_cast<float*>(lse_scale->data()), {rows}, DType::F32)
+                : Tensor();
+  const Tensor scale_dev = lse_scale ? scale_host.to(Device::CUDA) : Tensor();
+  ops::topk_lse(ids_dev, values_dev, lse_dev, dev, lse_scale ? &scale_dev : nullptr);
   const Tensor ids = ids_dev.to(Device::CPU), values = values_dev.to(Device::CPU),
                lse = lse_dev.to(Device::CPU);
 
   Tensor ids_ref = Tensor::empty({rows, k}, DType::I32);
   Tensor values_ref = Tensor::empty({rows, k}, DType::F32);
   Tensor lse_ref = Tensor::empty({rows}, DType::F32);
-  ops::topk_lse(ids_ref, values_ref, lse_ref, host);
+  ops::topk_lse(ids_ref, values_ref, lse_ref, host, lse_scale ? &scale_host : nullptr);
 
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = r * k; j < (r + 1) * k; ++j) {
@@ -80,6 +84,18 @@ TEST_F(CudaOpTopkLse, TeacherSizedRowsMatchCpuExactly) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (float& v : x) v = normal(rng);
   expect_matches_cpu(x, rows, vocab, vocab, 64, "rows=300 vocab=262144 k=64");
+}
+
+// A sampler's normaliser at per-row temperatures (lse_scale: 1 / T), the awkward cases too.
+TEST_F(CudaOpTopkLse, ScaledLseMatchesCpu) {
+  uint32_t seed = 300;
+  for (const test::TopkCase& c : test::topk_cases()) {
+    const std::vector<float> x = test::topk_logits(c, seed++);
+    std::vector<float> scale(static_cast<size_t>(c.rows));
+    for (size_t r = 0; r < scale.size(); ++r) scale[r] = 1.0f / (0.3f + 0.4f * (r % 4));
+    expect_matches_cpu(x, c.rows, c.vocab, c.ld, c.k, c.label() + " scaled", &scale);
+    if (HasFatalFailure()) return;
+  }
 }
 
 TEST_F(CudaOpTopkLse, ArgumentErrors) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -42,6 +44,41 @@ TEST(OpsTopkLse, StridedLogitsMatchTheKernel) {
       EXPECT_GE(values.data<float>()[r * k + j - 1], values.data<float>()[r * k + j]);
     }
   }
+}
+
+// lse_scale: each row's log-sum-exp of its logits times its scale, against double sums; ids and
+// values unchanged; a scale that is not finite and positive is refused.
+TEST(OpsTopkLse, ScaledLseIsThatOfTheScaledRow) {
+  const int64_t rows = 4, vocab = 1001;
+  const int k = 5;
+  const Tensor logits = random_tensor({rows, vocab}, 7, -6, 6);
+  Tensor ids = Tensor::empty({rows, k}, DType::I32), ids1 = Tensor::empty({rows, k}, DType::I32);
+  Tensor values = test::poisoned({rows, k}), values1 = test::poisoned({rows, k});
+  Tensor lse = test::poisoned({rows}), lse1 = test::poisoned({rows});
+  std::vector<float> s = {1.0f, 2.5f, 0.5f, 1.0f / 0.7f};
+  const Tensor scale = Tensor::borrow(s.data(), {rows}, DType::F32);
+  ops::topk_lse(ids, values, lse, logits, &scale);
+  ops::topk_lse(ids1, values1, lse1, logits);
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < vocab; ++i)
+      m = std::max(m, double{logits.data<float>()[r * vocab + i] * s[r]});
+    for (int64_t i = 0; i < vocab; ++i)
+      sum += std::exp(double{logits.data<float>()[r * vocab + i] * s[r]} - m);
+    EXPECT_NEAR(lse.data<float>()[r], m + std::log(sum), 1e-6 * std::abs(m + std::log(sum))) << r;
+    if (r == 0) {
+      EXPECT_EQ(lse.data<float>()[r], lse1.data<float>()[r]);  // scale 1: unchanged
+    }
+    for (int j = 0; j < k; ++j) {
+      EXPECT_EQ(ids.data<int32_t>()[r * k + j], ids1.data<int32_t>()[r * k + j]);
+      EXPECT_EQ(values.data<float>()[r * k + j], values1.data<float>()[r * k + j]);
+    }
+  }
+  s[2] = 0.0f;
+  expect_error([&] { ops::topk_lse(ids, values, lse, logits, &scale); },
+               {"lse_scale[2] = 0 must be finite and > 0"});
+  const Tensor short_scale = Tensor::borrow(s.data(), {rows - 1}, DType::F32);
+  expect_error([&] { ops::topk_lse(ids, values, lse, logits, &short_scale); }, {"lse_scale"});
 }
 
 TEST(OpsTopkLse, NoRows) {

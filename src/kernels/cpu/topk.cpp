@@ -54,36 +54,40 @@ void top_k_row(int32_t* ids, float* values, const float* x, int64_t n, int k,
   }
 }
 
-float log_sum_exp(const float* x, int64_t n) {
+// Of x[i] * scale (each product a float: x[i] itself at scale 1).
+float log_sum_exp(const float* x, int64_t n, float scale) {
   float max = -INFINITY;
   bool nan = false, pos_inf = false;
   for (int64_t i = 0; i < n; ++i) {
-    if (std::isfinite(x[i])) {
-      max = std::max(max, x[i]);
+    const float y = x[i] * scale;
+    if (std::isfinite(y)) {
+      max = std::max(max, y);
     } else {
-      nan |= std::isnan(x[i]);
-      pos_inf |= x[i] > 0;
+      nan |= std::isnan(y);
+      pos_inf |= y > 0;
     }
   }
   if (nan) return NAN;
   if (pos_inf) return INFINITY;
   if (max == -INFINITY) return -INFINITY;  // every logit is -inf
   double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - max);  // -inf: 0
+  for (int64_t i = 0; i < n; ++i) {
+    sum += std::exp(static_cast<double>(x[i] * scale) - max);  // -inf: 0
+  }
   return static_cast<float>(max + std::log(sum));
 }
 
 }  // namespace
 
 void topk_lse(int32_t* ids, float* values, float* lse, const float* logits, int64_t rows,
-              int64_t vocab, int64_t ld, int k) {
+              int64_t vocab, int64_t ld, int k, const float* lse_scale) {
   detail::parallel_rows(rows, vocab, [&](int64_t r0, int64_t r1) {
     std::vector<Entry> heap;
     heap.reserve(static_cast<size_t>(k));
     for (int64_t r = r0; r < r1; ++r) {
       const float* x = logits + r * ld;
       top_k_row(ids + r * k, values + r * k, x, vocab, k, heap);
-      lse[r] = log_sum_exp(x, vocab);
+      lse[r] = log_sum_exp(x, vocab, lse_scale != nullptr ? lse_scale[r] : 1.0f);
     }
   });
 }

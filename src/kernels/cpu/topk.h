@@ -15,8 +15,11 @@ namespace llmk::cpu {
 // are copies of the logits, bits included.
 // lse: [rows] = log(sum_j exp(logits_j)), max-subtracted, summed in double. -inf logits add
 // nothing; a row of -inf only gives -inf; a +inf gives +inf; a NaN gives NaN (NaN wins over +inf).
+// With lse_scale ([rows], not null), lse is that of the logits times lse_scale[r] (each product
+// rounded to float first; the same rules for those that are not finite): a sampler's
+// normaliser at temperature 1 / lse_scale[r]. ids and values are the logits' own either way.
 // 1 <= k <= vocab < 2^31. Rows run in parallel on cpu_pool().
 void topk_lse(int32_t* ids, float* values, float* lse, const float* logits, int64_t rows,
-              int64_t vocab, int64_t ld, int k);
+              int64_t vocab, int64_t ld, int k, const float* lse_scale = nullptr);
 
 }  // namespace llmk::cpu

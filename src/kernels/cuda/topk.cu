@@ -182,7 +182,7 @@ __device__ __forceinline__ int block_rank(bool flag, int* counts, int* total) {
 template <int kVec>
 __global__ void __launch_bounds__(kMaxThreads)
     topk_lse_kernel(int32_t* ids, float* values, float* lse, const float* logits, int64_t ld,
-                    int64_t N, int k) {
+                    int64_t N, int k, const float* lse_scale) {
   grid_dependency_wait();  // launch_dependent: the logits come from the kernel before
   __shared__ int hist[kBins];
   __shared__ Entry sel[kMaxK];  // the top k, in no order until step 4
@@ -199,12 +199,14 @@ __global__ void __launch_bounds__(kMaxThreads)
   __syncthreads();
   MaxSum acc{-INFINITY, 0.0};
   bool nan = false, pos_inf = false;
+  const float scale = lse_scale != nullptr ? lse_scale[row] : 1.0f;
   for_each_own<kVec>(x, N, [&](float v, int64_t) {
-    if (isfinite(v)) {
-      add_finite(acc, v);
+    const float y = v * scale;  // (exactly v at scale 1)
+    if (isfinite(y)) {
+      add_finite(acc, y);
     } else {
-      nan |= isnan(v);
-      pos_inf |= v > 0.0f;
+      nan |= isnan(y);
+      pos_inf |= y > 0.0f;
     }
     atomicAdd(&hist[order_key(v) >> (32 - kDigitBits)], 1);
   });
@@ -290,23 +292,23 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 template <int kVec>
 void launch(int32_t* ids, float* values, float* lse, const float* logits, int64_t rows,
-            int64_t vocab, int64_t ld, int k) {
+            int64_t vocab, int64_t ld, int k, const float* lse_scale) {
   // Four elements per thread or more: short rows do not idle a big block.
   const int threads = block_threads_for(ceil_div(vocab, 4), kMaxThreads);
   launch_dependent(topk_lse_kernel<kVec>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, ids,
-                   values, lse, logits, ld, vocab, k);
+                   values, lse, logits, ld, vocab, k, lse_scale);
 }
 
 }  // namespace
 
 void topk_lse(int32_t* ids, float* values, float* lse, const float* logits, int64_t rows,
-              int64_t vocab, int64_t ld, int k) {
+              int64_t vocab, int64_t ld, int k, const float* lse_scale) {
   if (rows == 0) return;
   if (k < 1 || k > kMaxK || k > vocab) fail("topk_lse: k must be in [1, min(vocab, 1024)]");
   if (vocab > INT_MAX || rows > INT_MAX) fail("topk_lse: rows and vocab must be below 2^31");
   const bool vec = is_aligned(logits, 16) && ld % 4 == 0;
-  vec ? launch<4>(ids, values, lse, logits, rows, vocab, ld, k)
-      : launch<1>(ids, values, lse, logits, rows, vocab, ld, k);
+  vec ? launch<4>(ids, values, lse, logits, rows, vocab, ld, k, lse_scale)
+      : launch<1>(ids, values, lse, logits, rows, vocab, ld, k, lse_scale);
   check_launch("topk_lse");
 }
 

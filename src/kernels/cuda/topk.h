@@ -12,8 +12,8 @@ namespace llmk::cuda {
 // stride k): equal to cpu::topk_lse's bit for bit. lse: [rows] f32, max-subtracted with the sum
 // of exp in double: within a few float roundings of cpu::topk_lse's (the exps are fp32). Rows
 // with NaN or infinities give what cpu::topk_lse gives. 1 <= k <= min(vocab, 1024),
-// vocab < 2^31, rows < 2^31.
+// vocab < 2^31, rows < 2^31. lse_scale: as cpu::topk_lse's (device memory).
 void topk_lse(int32_t* ids, float* values, float* lse, const float* logits, int64_t rows,
-              int64_t vocab, int64_t ld, int k);
+              int64_t vocab, int64_t ld, int k, const float* lse_scale = nullptr);
 
 }  // namespace llmk::cuda

@@ -5,7 +5,7 @@ set -euo pipefail
 # clang, libclang-rt-dev (libFuzzer and the sanitizer runtimes) and llvm (llvm-symbolizer, for
 # stack traces): the fuzz preset.
 pkgs=(cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-      libpcre2-dev libutf8proc-dev python3 unzip clang libclang-rt-dev llvm)
+      libpcre2-dev libutf8proc-dev libcpp-httplib-dev python3 unzip clang libclang-rt-dev llvm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,10 +22,10 @@ if ((${#missing[@]})); then
 fi
 
 # The Python package's build (scikit-build-core, nanobind) and tests (pytest; torch for llmk.ops,
-# transformers for llmk.hf), from PyPI, where missing.
+# transformers for llmk.hf; the openai client for llmk serve), from PyPI, where missing.
 py_missing=()
 for m in scikit_build_core:scikit-build-core nanobind:nanobind pytest:pytest torch:torch \
-         transformers:transformers; do
+         transformers:transformers openai:openai; do
   python3 -c "import ${m%%:*}" 2>/dev/null || py_missing+=("${m#*:}")
 done
 if ((${#py_missing[@]})); then

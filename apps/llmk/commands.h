@@ -29,6 +29,8 @@ Command add_bench(CLI::App& app);
 Command add_logits(CLI::App& app);
 Command add_chat(CLI::App& app);
 Command add_teacher_topk(CLI::App& app);
+// llmk serve (apps/llmk/serve.cpp): registers its own subcommand on the top-level app.
+Command add_serve(CLI::App& app);
 
 // llmk run --prompts FILE (apps/llmk/batch.cpp): every prompt through the many-sequence engine.
 struct BatchArgs {

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
       "teacher-topk",
       "Write a teacher model's top-k logits over a dataset of token sequences (safetensors), "
       "for offline distillation"));
+  const llmk::cli::Command serve = llmk::cli::add_serve(app);
   const llmk::cli::Command tokenize = llmk::cli::add_tokenize(
       *app.add_subcommand("tokenize", "Show the token ids and pieces of a text"));
   try {
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("chat")) code = chat();
     if (app.got_subcommand("logits")) code = logits();
     if (app.got_subcommand("teacher-topk")) code = teacher_topk();
+    if (app.got_subcommand("serve")) code = serve();
     llmk::cli::check_stdout();
     return code;
   } catch (const llmk::Error& e) {

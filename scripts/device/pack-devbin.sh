@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Packs the CUDA build's binaries, and the shared libraries the GPU machine lacks, into .devbin/
-# (git-ignored) so that a device call can carry them (scripts/device/README.md says why).
+# (git-ignored) so that a device call can carry them (scripts/device/README.md says why): fmt,
+# PCRE2, utf8proc, and llmk serve's cpp-httplib with the brotli and OpenSSL libraries it links.
 #
 #   scripts/device/pack-devbin.sh [BUILD_DIR [DEST]]   # defaults: build/cuda .devbin
 # Every executable under BUILD_DIR/bench is packed too. gpu-check.sh finds DEST through $DEVBIN.
@@ -17,7 +18,7 @@ cp "$build/llmk" "$build/tests/gpu_tests" "$dest/"
 for b in "$build"/bench/*; do
   [ -f "$b" ] && [ -x "$b" ] && cp "$b" "$dest/"
 done
-for lib in $(ldd "$dest"/* 2>/dev/null | grep -oE '/[^ ]*lib(fmt|pcre2-8|utf8proc)[^ ]*' | sort -u); do
+for lib in $(ldd "$dest"/* 2>/dev/null | grep -oE '/[^ ]*lib(fmt|pcre2-8|utf8proc|cpp-httplib|brotli[a-z]*|ssl|crypto)[^ ]*' | sort -u); do
   cp -L "$lib" "$dest/lib/"
 done
 find "$dest" -maxdepth 1 -type f -exec strip --strip-unneeded {} \; 2>/dev/null || true

@@ -1,0 +1,241 @@
+"""`llmk serve` on the CPU with SmolLM2 (models/, fetched by scripts/fetch-models.sh), through
+the official `openai` client and raw HTTP: chat and completions, streamed and not, n, stop,
+seeds, logprobs, usage, the models and health routes, the API key, and a corpus of malformed
+requests, each answered with a 4xx error object while the server keeps serving. Greedy answers
+equal `llmk run`'s. LLMK_CLI names the program (default: build/cpu/llmk).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_ID = MODEL.name
+KEY = "test-key-123"
+
+
+def cli() -> Path:
+    path = Path(os.environ.get("LLMK_CLI", ROOT / "build" / "cpu" / "llmk"))
+    if not path.exists():
+        pytest.fail(f"{path}: no llmk program (build preset cpu, or set LLMK_CLI)")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(*extra):
+    if not MODEL.exists():
+        pytest.fail(f"{MODEL}: missing (scripts/fetch-models.sh)")
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(cli()), "serve", "-m", str(MODEL), "--device", "cpu", "--port", str(port),
+         "--max-running", "8", "--ctx", "1024", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return proc, base
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        if proc.poll() is not None:
+            pytest.fail(f"llmk serve exited: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail("llmk serve did not become healthy in 30 s")
+
+
+def stop(proc):
+    proc.terminate()  # SIGTERM: stops accepting, exits 0
+    try:
+        assert proc.wait(timeout=20) == 0, proc.stderr.read().decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, base = start("--api-key", KEY)
+    yield base
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def raw(base, path, body=None, method=None, headers=None, key=KEY):
+    """(status, parsed JSON or text) of one HTTP request."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    h = {"Content-Type": "application/json"}
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    h.update(headers or {})
+    req = urllib.request.Request(base + path, data=data, method=method, headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+def chat(client, content, **kw):
+    return client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": content}], **kw)
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL_ID]
+    assert raw(server, "/health", key=None) == (200, {"status": "ok"})
+
+
+def test_chat_greedy_usage_and_stream_agree(client):
+    r = chat(client, "What is the capital of France?", max_tokens=16, temperature=0)
+    text = r.choices[0].message.content
+    assert r.choices[0].message.role == "assistant" and text
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 16 and r.usage.prompt_tokens > 5
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    chunks = list(chat(client, "What is the capital of France?", max_tokens=16, temperature=0,
+                       stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == r.choices[0].finish_reason and not any(finishes[:-1])
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_completions_greedy_equal_llmk_run(client):
+    prompt = "The quick brown fox"
+    r = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=12, temperature=0)
+    out = subprocess.run([str(cli()), "run", "-m", str(MODEL), "-p", prompt, "-n", "12", "--temp",
+                          "0", "--device", "cpu"], capture_output=True, check=True).stdout
+    assert r.choices[0].text == out.decode()[:-1]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL_ID, prompt=prompt, max_tokens=12, temperature=0, stream=True))
+    assert streamed == r.choices[0].text
+
+
+def test_n_seed_stop_and_logprobs(client):
+    r = chat(client, "Tell me a story.", max_tokens=10, temperature=1.0, n=2, seed=7)
+    again = chat(client, "Tell me a story.", max_tokens=10, temperature=1.0, n=2, seed=7)
+    assert len(r.choices) == 2 and [c.index for c in r.choices] == [0, 1]
+    assert [c.message.content for c in r.choices] == [c.message.content for c in again.choices]
+    full = chat(client, "Count from one to ten.", max_tokens=30, temperature=0).choices[0]
+    words = full.message.content.split()
+    assert len(words) > 3
+    stop = words[2]
+    cut = chat(client, "Count from one to ten.", max_tokens=30, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == full.message.content[:full.message.content.index(stop)]
+    lp = chat(client, "Hi", max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    content = lp.choices[0].logprobs.content
+    assert len(content) == lp.usage.completion_tokens
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].logprob >= t.logprob - 1e-4  # greedy: the most likely
+
+
+def test_api_key(server):
+    assert raw(server, "/v1/models", key=None)[0] == 401
+    status, body = raw(server, "/v1/models", key="wrong")
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+
+
+# Malformed requests: (path, body, expected status). Each answers an OpenAI error object.
+def corpus():
+    ok = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    cases = []
+    for body in [b"", b"{", b"[]", b"null", b"42", b'"x"', b"{\"messages\": }", b"\xff\xfe",
+                 b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', b"{" * 10000]:
+        cases.append(("/v1/chat/completions", body, 400))
+    for key, values in {
+        "max_tokens": ["x", -1, 0, 1.5, 10**30, [], {}],
+        "temperature": ["hot", -0.1, 2.5, [], 1e308],
+        "top_p": [-0.5, 1.5, "1"],
+        "top_k": [-1, 0.5, "4"],
+        "min_p": [-0.1, 1.0, "0"],
+        "n": [0, -3, 1000, 2.5, "2"],
+        "seed": ["s", 1.5, []],
+        "stop": [5, [1, 2], [""], ["a", "b", "c", "d", "e"], {}],
+        "presence_penalty": [3, -3, "1"],
+        "frequency_penalty": [2.5, "0"],
+        "repetition_penalty": [0, -1, "1"],
+        "logprobs": ["yes", 3],
+        "top_logprobs": [21, -1, "2"],
+        "stream": ["yes", 1],
+        "stream_options": ["x", {"include_usage": "yes"}, {"other": True}],
+        "messages": [[], "hi", [{"role": "user"}], [{"content": "x"}],
+                     [{"role": "robot", "content": "x"}], [{"role": "user", "content": 5}],
+                     [1, 2], [{"role": "user", "content": "x"}] * 1025,
+                     [{"role": "user", "content": [{"type": "text", "text": "x"}]}]],
+        "max_completion_tokens": ["x", 0, -5],
+        "model": [5, [], {}],
+        "user": [5, []],
+        "tools": [[]], "response_format": [{"type": "json_object"}], "functions": [[]],
+        "prompt": ["x"], "echo": [True], "best_of": [2], "logit_bias": [{}],
+    }.items():
+        for v in values:
+            body = dict(ok)
+            body[key] = v
+            cases.append(("/v1/chat/completions", json.dumps(body).encode(), 400))
+    cases.append(("/v1/chat/completions", json.dumps({**ok, "model": "other"}).encode(), 404))
+    comp = {"model": MODEL_ID, "prompt": "hi", "max_tokens": 2}
+    for key, values in {
+        "prompt": [None, 5, [], [-1], [10**9], [1.5], [[1, 2]], {}, ""],
+        "echo": [True, "x"], "logprobs": [21, -1, "x"], "messages": [[]],
+        "suffix": ["x"], "max_tokens": [0, 5000],
+    }.items():
+        for v in values:
+            body = dict(comp)
+            body[key] = v
+            cases.append(("/v1/completions", json.dumps(body).encode(), 400))
+    long_prompt = {"model": MODEL_ID, "prompt": "word " * 2000, "max_tokens": 2}
+    cases.append(("/v1/completions", json.dumps(long_prompt).encode(), 400))
+    cases.append(("/v1/nothing", json.dumps(ok).encode(), 404))
+    cases.append(("/v1/chat/completions", b"x" * (9 << 20), 413))
+    return cases
+
+
+def test_malformed_requests_get_4xx_errors_and_the_server_goes_on(server):
+    cases = corpus()
+    assert len(cases) >= 100
+    for path, body, want in cases:
+        status, got = raw(server, path, body)
+        assert status == want, (path, body[:200], status, got)
+        assert isinstance(got, dict) and set(got["error"]) == {"message", "type", "param", "code"}, got
+        assert got["error"]["message"]
+    for method in ("PUT", "DELETE"):
+        assert raw(server, "/v1/chat/completions", b"{}", method=method)[0] in (404, 405)
+    status, body = raw(server, "/v1/chat/completions",
+                       {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 3, "temperature": 0})
+    assert status == 200 and body["choices"][0]["message"]["content"]
+
+
+def test_sigterm_exits_cleanly():
+    proc, base = start()
+    assert raw(base, "/v1/models", key=None)[0] == 200
+    stop(proc)

@@ -7,8 +7,9 @@
 // a partial UTF-8 sequence) and, at the end, the finish reason.
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (streamed as server-sent events
-// with "stream": true), GET /v1/models, GET /health. Errors are OpenAI's error object; a body that
-// is not JSON (invalid UTF-8 included: the parser checks it) or names a field not served is 400.
+// with "stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus text). Errors are
+// OpenAI's error object; a body that is not JSON (invalid UTF-8 included: the parser checks it) or
+// names a field not served is 400.
 #include <httplib.h>
 
 #include <atomic>
@@ -85,6 +86,42 @@ struct Job {
   std::string error;
   std::atomic<bool> cancelled{false};
   int64_t id = -1;  // the engine's (engine thread only)
+  // Engine thread only: when it was queued, when its first token came, tokens since.
+  std::chrono::steady_clock::time_point queued_at = std::chrono::steady_clock::now(), first_at;
+  int64_t tokens = 0;
+};
+
+// A Prometheus histogram of seconds.
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts = std::vector<int64_t>(bounds.size() + 1, 0);
+  double sum = 0;
+  void add(double v) {
+    size_t i = 0;
+    while (i < bounds.size() && v > bounds[i]) ++i;
+    ++counts[i];
+    sum += v;
+  }
+  void write(std::string& out, const char* name, const char* help) const {
+    out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+    int64_t acc = 0;
+    for (size_t i = 0; i < bounds.size(); ++i) {
+      acc += counts[i];
+      out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds[i], acc);
+    }
+    acc += counts.back();
+    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, acc, name,
+                       sum, name, acc);
+  }
+};
+
+// What /metrics reports; guarded by Server::m_.
+struct Metrics {
+  std::map<int, int64_t> requests;  // by HTTP status
+  int64_t prompt_tokens = 0, generated_tokens = 0, running = 0, queued = 0;
+  KvPages::Stats kv;
+  Histogram ttft{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+  Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
 };
 
 class Server {
@@ -133,6 +170,9 @@ class Server {
                                        {"owned_by", "llmk"}}})}};
       res.set_content(j.dump(), "application/json");
     });
+    http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_text(), "text/plain; version=0.0.4");
+    });
     for (const bool chat : {true, false}) {
       http_.Post(chat ? "/v1/chat/completions" : "/v1/completions",
                  [this, chat](const httplib::Request& req, httplib::Response& res) {
@@ -150,9 +190,11 @@ class Server {
                    s == 404 ? "not_found_error" : "invalid_request_error", ""});
       res.status = s;
     });
-    http_.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
       fmt::print(stderr, "[llmk serve] {} {} {}\n", req.method, printable(req.path, 80),
                  res.status);
+      std::lock_guard<std::mutex> lk(m_);
+      ++metrics_.requests[res.status];
     });
     fmt::print(stderr, "[llmk serve] listening on http://{}:{} (model {})\n", a_.host, a_.port,
                model_id_);
@@ -368,10 +410,27 @@ class Server {
     cv_.notify_all();
   }
 
+  // A client gone: the engine thread ends its job at its next turn.
+  void cancel(Job& job) {
+    job.cancelled = true;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      cancel_pending_ = true;
+    }
+    cv_.notify_all();
+  }
+
   // The engine's callback for one token of one sample (engine thread).
   bool on_token(Job& job, const TokenEvent& e) {
     std::lock_guard<std::mutex> lk(job.m);
     Output& x = job.outs[static_cast<size_t>(e.sample)];
+    if (job.cancelled.load()) {  // the client is gone: this sample ends here
+      if (x.finish.empty()) {
+        x.finish = "cancelled";
+        --job.running;
+      }
+      return false;
+    }
     bool go_on = true;
     if (e.finish == Finish::Stop) {  // an end-of-generation token: not part of the text
       x.finish = "stop";
@@ -398,8 +457,50 @@ class Server {
       if (x.finish.empty() && e.finish == Finish::Length) x.finish = "length";
     }
     if (!x.finish.empty()) --job.running;
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> mk(m_);  // (job.m, then m_: never the other way)
+      ++metrics_.generated_tokens;
+      if (job.tokens++ == 0) {
+        job.first_at = now;
+        metrics_.ttft.add(std::chrono::duration<double>(now - job.queued_at).count());
+      } else if (job.running == 0) {
+        metrics_.tpot.add(std::chrono::duration<double>(now - job.first_at).count() /
+                          static_cast<double>(job.tokens - 1));
+      }
+    }
     job.cv.notify_all();
     return go_on && !job.cancelled.load();
+  }
+
+  std::string metrics_text() {
+    std::lock_guard<std::mutex> lk(m_);
+    const Metrics& m = metrics_;
+    std::string out;
+    out += "# HELP llmk_requests_total HTTP requests answered, by status.\n";
+    out += "# TYPE llmk_requests_total counter\n";
+    for (const auto& [status, n] : m.requests) {
+      out += fmt::format("llmk_requests_total{{status=\"{}\"}} {}\n", status, n);
+    }
+    const auto one = [&](const char* name, const char* type, const char* help, int64_t v) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+    };
+    one("llmk_prompt_tokens_total", "counter", "Prompt tokens of the requests taken.",
+        m.prompt_tokens);
+    one("llmk_generation_tokens_total", "counter", "Tokens generated.", m.generated_tokens);
+    one("llmk_requests_running", "gauge", "Requests in the engine.", m.running);
+    one("llmk_requests_queued", "gauge", "Requests waiting for the engine thread.", m.queued);
+    one("llmk_kv_pages", "gauge", "Pages of the KV cache pool.", m.kv.pages);
+    one("llmk_kv_pages_used", "gauge", "KV pages held by a sequence.", m.kv.in_use);
+    one("llmk_kv_pages_shared", "gauge", "KV pages held by more than one sequence.", m.kv.shared);
+    one("llmk_kv_pages_cached", "gauge", "KV pages kept for prefix hits.", m.kv.cached);
+    one("llmk_preemptions_total", "counter", "Sequences preempted when the pool ran out.",
+        preemptions_);
+    m.ttft.write(out, "llmk_time_to_first_token_seconds",
+                 "From a request's arrival to its first token.");
+    m.tpot.write(out, "llmk_time_per_output_token_seconds",
+                 "A sample's time from its first to its last token, per token after the first.");
+    return out;
   }
 
   void engine_loop() {
@@ -408,8 +509,11 @@ class Server {
       std::vector<std::shared_ptr<Job>> fresh;
       {
         std::unique_lock<std::mutex> lk(m_);
-        cv_.wait(lk, [&] { return stopping_ || !incoming_.empty() || !engine_.idle(); });
+        cv_.wait(lk, [&] {
+          return stopping_ || cancel_pending_ || !incoming_.empty() || !engine_.idle();
+        });
         if (stopping_ && engine_.idle() && incoming_.empty()) break;
+        cancel_pending_ = false;
         fresh.assign(incoming_.begin(), incoming_.end());
         incoming_.clear();
       }
@@ -419,6 +523,8 @@ class Server {
               job->prompt, job->opts,
               [this, j = job.get()](const TokenEvent& e) { return on_token(*j, e); });
           live.push_back(job);
+          std::lock_guard<std::mutex> lk(m_);
+          metrics_.prompt_tokens += static_cast<int64_t>(job->prompt.size());
         } catch (const std::exception& e) {
           std::lock_guard<std::mutex> lk(job->m);
           job->error = e.what();
@@ -427,7 +533,8 @@ class Server {
         }
       }
       for (const auto& job : live) {  // a client gone: its pages freed now
-        if (job->cancelled.load() && engine_.abort(job->id)) {
+        if (job->cancelled.load()) {
+          engine_.abort(job->id);  // (false where its callback already ended its samples)
           std::lock_guard<std::mutex> lk(job->m);
           job->running = 0;
           job->cv.notify_all();
@@ -453,6 +560,10 @@ class Server {
       });
       std::lock_guard<std::mutex> lk(m_);
       running_jobs_ = static_cast<int64_t>(live.size());
+      metrics_.running = running_jobs_;
+      metrics_.queued = static_cast<int64_t>(incoming_.size());
+      metrics_.kv = engine_.kv_stats();
+      preemptions_ = engine_.scheduler_stats().preemptions;
     }
   }
 
@@ -583,8 +694,7 @@ class Server {
           }
           for (const json& j : chunks) {
             if (!send(j)) {
-              job->cancelled = true;
-              cv_.notify_all();
+              cancel(*job);
               return false;
             }
           }
@@ -596,10 +706,7 @@ class Server {
           return true;
         },
         [this, job](bool success) {
-          if (!success) {
-            job->cancelled = true;
-            cv_.notify_all();
-          }
+          if (!success) cancel(*job);
         });
   }
 
@@ -634,6 +741,9 @@ class Server {
   std::deque<std::shared_ptr<Job>> incoming_;
   int64_t running_jobs_ = 0;
   bool stopping_ = false;
+  bool cancel_pending_ = false;  // some job was cancelled since the engine thread last looked
+  Metrics metrics_;
+  int64_t preemptions_ = 0;
   std::atomic<int64_t> next_id_{0};
   int64_t started_ = std::chrono::duration_cast<std::chrono::seconds>(
                          std::chrono::system_clock::now().time_since_epoch())

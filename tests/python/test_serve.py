@@ -235,6 +235,85 @@ def test_malformed_requests_get_4xx_errors_and_the_server_goes_on(server):
     assert status == 200 and body["choices"][0]["message"]["content"]
 
 
+def metrics(base) -> dict:
+    status, text = raw(base, "/metrics")
+    assert status == 200
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def wait_idle(base):
+    for _ in range(200):
+        m = metrics(base)
+        if m["llmk_requests_running"] == 0 and m["llmk_kv_pages_used"] == 0:
+            return m
+        time.sleep(0.05)
+    pytest.fail(f"requests or pages still held: {m}")
+
+
+def test_metrics_count_requests_tokens_and_pages(server, client):
+    before = metrics(server)
+    r = chat(client, "Hello", max_tokens=5, temperature=0)
+    m = wait_idle(server)
+    assert m['llmk_requests_total{status="200"}'] > before.get('llmk_requests_total{status="200"}', 0)
+    assert m["llmk_generation_tokens_total"] - before["llmk_generation_tokens_total"] == \
+        r.usage.completion_tokens
+    assert m["llmk_prompt_tokens_total"] - before["llmk_prompt_tokens_total"] == \
+        r.usage.prompt_tokens
+    assert m["llmk_time_to_first_token_seconds_count"] > before[
+        "llmk_time_to_first_token_seconds_count"]
+    assert m["llmk_kv_pages"] > 0
+
+
+def test_a_client_that_disconnects_frees_its_pages(server):
+    import http.client
+
+    conn = http.client.HTTPConnection(server.split("//")[1], timeout=30)
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 500, "temperature": 0.8, "stream": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += resp.read1(4096)
+    conn.close()  # mid-stream
+    m = wait_idle(server)
+    assert m["llmk_generation_tokens_total"] > 0
+
+
+def test_many_concurrent_streams_all_end_with_done():
+    import concurrent.futures
+    import http.client
+
+    proc, base = start("--threads", "256")
+    try:
+        def one(i):
+            conn = http.client.HTTPConnection(base.split("//")[1], timeout=120)
+            body = {"model": MODEL_ID, "prompt": f"Item {i}:", "max_tokens": 4, "stream": True,
+                    "seed": i}
+            conn.request("POST", "/v1/completions", json.dumps(body),
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read().decode()
+            conn.close()
+            return resp.status, data
+
+        with concurrent.futures.ThreadPoolExecutor(200) as pool:
+            results = list(pool.map(one, range(200)))
+        for status, data in results:
+            assert status == 200 and data.endswith("data: [DONE]\n\n"), data[-300:]
+            assert data.count('"finish_reason":"length"') + data.count('"finish_reason":"stop"') == 1
+        wait_idle(base)
+    finally:
+        stop(proc)
+
+
 def test_sigterm_exits_cleanly():
     proc, base = start()
     assert raw(base, "/v1/models", key=None)[0] == 200

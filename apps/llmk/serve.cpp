@@ -67,6 +67,7 @@ struct ServeArgs {
 struct Output {
   std::vector<int32_t> ids;
   std::string text;            // decoded so far (cut before a stop string)
+  bool stale = false;          // ids has tokens text lacks: the HTTP thread decodes (text_of)
   size_t sent = 0;             // bytes of text already handed to the stream
   std::string finish;          // "" while running: "stop" or "length"
   std::vector<json> logprobs;  // per token, with logprobs
@@ -241,7 +242,8 @@ class Server {
                                                  "logprobs",
                                                  "stream",
                                                  "stream_options",
-                                                 "user"};
+                                                 "user",
+                                                 "ignore_eos"};
     static const std::set<std::string> chat_only = {"messages", "max_completion_tokens",
                                                     "top_logprobs"};
     static const std::set<std::string> completion_only = {"prompt", "echo"};
@@ -393,6 +395,10 @@ class Server {
     }
     o.max_tokens = std::min<int64_t>(o.max_tokens, model_->context() - plen);
     o.stop_ids = eog_;
+    if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {  // vLLM's: for benchmarks
+      if (!j["ignore_eos"].is_boolean()) bad("\"ignore_eos\" must be true or false", "ignore_eos");
+      if (j["ignore_eos"].get<bool>()) o.stop_ids.clear();
+    }
     job->outs.resize(static_cast<size_t>(o.n));
     job->running = o.n;
     return job;
@@ -436,7 +442,13 @@ class Server {
       x.finish = "stop";
     } else {
       x.ids.push_back(e.token);
-      x.text = tok_.decode(x.ids);
+      // The engine thread decodes only where a stop string needs the text now; else the HTTP
+      // thread does, when it next looks (text_of), off the engine's path.
+      if (job.stop.empty()) {
+        x.stale = true;
+      } else {
+        x.text = tok_.decode(x.ids);
+      }
       if (job.opts.logprobs) {
         json top = json::array();
         for (const auto& [id, lp] : e.top) {
@@ -567,6 +579,15 @@ class Server {
     }
   }
 
+  // x's text, decoded up to its last token (the job's lock held).
+  const std::string& text_of(Output& x) const {
+    if (x.stale) {
+      x.text = tok_.decode(x.ids);
+      x.stale = false;
+    }
+    return x.text;
+  }
+
   json usage(const Job& job) const {
     int64_t out = 0;
     for (const Output& x : job.outs) out += static_cast<int64_t>(x.ids.size());
@@ -626,8 +647,8 @@ class Server {
       json j = head();
       j["choices"] = json::array();
       for (size_t i = 0; i < job->outs.size(); ++i) {
-        const Output& x = job->outs[i];
-        j["choices"].push_back(choice(*job, i, x.text, x.finish.empty() ? "length" : x.finish,
+        Output& x = job->outs[i];
+        j["choices"].push_back(choice(*job, i, text_of(x), x.finish.empty() ? "length" : x.finish,
                                       job->opts.logprobs ? &x.logprobs : nullptr, false));
       }
       j["usage"] = usage(*job);
@@ -648,10 +669,15 @@ class Server {
           bool done = false;
           {
             std::unique_lock<std::mutex> lk(job->m);
+            // What of x may go out now: its text up to a held-back tail while it runs.
+            const auto ready_of = [&](Output& x) {
+              text_of(x);
+              return x.finish.empty() ? safe_prefix(x.text, job->stop) : x.text.size();
+            };
             job->cv.wait_for(lk, std::chrono::milliseconds(200), [&] {
               if (job->running == 0) return true;
-              for (const Output& x : job->outs) {
-                if (x.text.size() > x.sent) return true;
+              for (Output& x : job->outs) {
+                if (x.sent != SIZE_MAX && (ready_of(x) > x.sent || !x.finish.empty())) return true;
               }
               return false;
             });
@@ -669,8 +695,7 @@ class Server {
             *first = false;
             for (size_t i = 0; i < job->outs.size(); ++i) {
               Output& x = job->outs[i];
-              const size_t ready =
-                  x.finish.empty() ? safe_prefix(x.text, job->stop) : x.text.size();
+              const size_t ready = ready_of(x);
               if (ready > x.sent || (!x.finish.empty() && x.sent != SIZE_MAX)) {
                 const std::string delta =
                     x.text.substr(x.sent, ready > x.sent ? ready - x.sent : 0);

@@ -118,8 +118,10 @@ def run(args):
     return row
 
 
-def wait_healthy(base, seconds=600):
+def wait_healthy(base, proc=None, seconds=600):
     for _ in range(seconds * 10):
+        if proc is not None and proc.poll() is not None:
+            sys.exit(f"serve: the launched server exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(base + "/health", timeout=1) as r:
                 if r.status == 200:
@@ -151,7 +153,7 @@ def main():
     if args.launch:
         proc = subprocess.Popen(shlex.split(args.launch))
     try:
-        wait_healthy(args.base)
+        wait_healthy(args.base, proc)
         rows = []
         print("| concurrency | requests (failed) | output tokens/s | requests/s | TTFT p50 / p99 ms "
               "| TPOT p50 / p99 ms | ITL p50 / p99 ms |")
@@ -180,7 +182,7 @@ def main():
                       "output tokens/s")
         return 1 if any(r["failed"] for r in rows) else 0
     finally:
-        if proc is not None:
+        if proc is not None and proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=60)
 

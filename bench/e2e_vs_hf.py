@@ -72,8 +72,25 @@ def build_model(name, args):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.eval()
     model.save_pretrained(folder, safe_serialization=True)
+    write_placeholder_tokenizer(folder, cfg.vocab_size)
     log(f"saved {folder} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters)")
     return cfg, model, folder
+
+
+def write_placeholder_tokenizer(folder, vocab_size):
+    """A byte-level BPE tokenizer.json covering every id of the random model, so that programs
+    that need text (llmk serve) load the folder: the 256 byte tokens, then "tok<i>" pieces (no
+    merges: text encodes to bytes, any id decodes)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(byte_chars))}
+    for i in range(len(vocab), vocab_size):
+        vocab[f"tok{i}"] = i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(os.path.join(folder, "tokenizer.json"))
 
 
 def run_config(name, args):

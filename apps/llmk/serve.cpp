@@ -788,9 +788,10 @@ int run_serve(const ServeArgs& a) {
     tmpl = chat_template_for(load_config(a.model), tok, a.model);
   } catch (const Error&) {  // no template: completions only
   }
-  const int64_t ctx = a.ctx > 0 ? a.ctx : 4096;
   fmt::print(stderr, "[llmk serve] loading {} ...\n", a.model);
-  auto model = Engine::load(a.model, ctx, a.max_running, 16, device, parse_kv_memory(a.kv_memory));
+  // (ctx 0: the model's context, at most 4096.)
+  auto model =
+      Engine::load(a.model, a.ctx, a.max_running, 16, device, parse_kv_memory(a.kv_memory));
   std::string id = a.model;
   while (!id.empty() && id.back() == '/') id.pop_back();
   id = id.substr(id.find_last_of('/') + 1);
@@ -826,7 +827,7 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--max-n", a->max_n, "Largest n (samples per request) accepted")
       ->check(in_range(1, 1024))
       ->default_val(16);
-  cmd->add_option("--ctx", a->ctx, "Context length (tokens); default 4096")
+  cmd->add_option("--ctx", a->ctx, "Context length (tokens); default: the model's, at most 4096")
       ->check(in_range(0, 1 << 24));
   cmd->add_option("--kv-memory", a->kv_memory,
                   "KV cache size in GiB, or 'free' (the GPU's free memory); default: "

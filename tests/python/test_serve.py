@@ -212,6 +212,17 @@ def corpus():
             body = dict(comp)
             body[key] = v
             cases.append(("/v1/completions", json.dumps(body).encode(), 400))
+    # Every numeric field given a value of another JSON type, on both routes.
+    numeric = ["max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed",
+               "presence_penalty", "frequency_penalty", "repetition_penalty"]
+    for path, base, extra in (("/v1/chat/completions", ok, ["max_completion_tokens",
+                                                            "top_logprobs"]),
+                              ("/v1/completions", comp, ["logprobs"])):
+        for key in numeric + extra:
+            for v in (True, "1", [1], {"a": 1}):
+                body = dict(base)
+                body[key] = v
+                cases.append((path, json.dumps(body).encode(), 400))
     long_prompt = {"model": MODEL_ID, "prompt": "word " * 2000, "max_tokens": 2}
     cases.append(("/v1/completions", json.dumps(long_prompt).encode(), 400))
     cases.append(("/v1/nothing", json.dumps(ok).encode(), 404))
@@ -221,7 +232,7 @@ def corpus():
 
 def test_malformed_requests_get_4xx_errors_and_the_server_goes_on(server):
     cases = corpus()
-    assert len(cases) >= 100
+    assert len(cases) >= 200
     for path, body, want in cases:
         status, got = raw(server, path, body)
         assert status == want, (path, body[:200], status, got)
@@ -229,6 +240,11 @@ def test_malformed_requests_get_4xx_errors_and_the_server_goes_on(server):
         assert got["error"]["message"]
     for method in ("PUT", "DELETE"):
         assert raw(server, "/v1/chat/completions", b"{}", method=method)[0] in (404, 405)
+    for path in ("/v1/chat/completions", "/v1/completions"):  # GET on a POST route
+        assert raw(server, path, method="GET")[0] in (404, 405)
+    for auth in ("Bearer", "Bearer ", f"Basic {KEY}", f"bearer {KEY}", f"Bearer {KEY}x"):
+        status, body = raw(server, "/v1/models", headers={"Authorization": auth}, key=None)
+        assert status == 401 and body["error"]["type"] == "authentication_error", auth
     status, body = raw(server, "/v1/chat/completions",
                        {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}],
                         "max_tokens": 3, "temperature": 0})

@@ -7,11 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define LLMK_HOST_DEVICE __host__ __device__
-#else
-#define LLMK_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace llmk::gumbel {
 

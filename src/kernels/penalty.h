@@ -4,11 +4,7 @@
 // presence_penalty + frequency_penalty * count (0 for a token not generated).
 #pragma once
 
-#if defined(__CUDACC__)
-#define LLMK_HOST_DEVICE __host__ __device__
-#else
-#define LLMK_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace llmk::penalty {
 

@@ -852,7 +852,12 @@ __global__ void __launch_bounds__(kBwdThreads, 2)
 // that used the stage; dS^T is double-buffered, so one barrier per step (dS^T complete)
 // suffices. The products are issued ahead of the element-wise work that does not need them: P is
 // formed while dP^T runs, dS^T stored while dV runs, dQ and dK issued together, dQ added while dK
-// runs. dS leaves out the scale: dK takes it at the end, dQ in bwd_dq_tiles_kernel.
+// runs (issuing dV before dS^T is formed, and leaving dK running into the next step, measured
+// within the noise). Outside the deterministic mode a block takes
+// two key tiles, n and nt - 1 - n, so that under a causal mask all blocks have the same work (with
+// one tile each, key tiles fastest, the last wave held the long tiles of the last heads: the
+// backward at 4 x 2048 x 128, 32/8 and 32/32 heads, took 4-7% longer). dS leaves out the scale: dK
+// takes it at the end, dQ in bwd_dq_tiles_kernel.
 template <int kD_>
 struct BwdH2 {
   static constexpr int kD = kD_, kBN = 128, kBM = 64, kThreads = 256;
@@ -894,39 +899,49 @@ __global__ void __launch_bounds__(256, 1)
   const uint32_t full0 = sK + C::kOffBar;  // a barrier per stage, 8 bytes apart
   const float* rows_f = reinterpret_cast<const float*>(smem_raw + (sRows - raw));
 
-  const BwdBlock bb = bwd_block<C::kBN>(a, blockIdx.y, blockIdx.z, key_tile(a));
-  if (bb.n0 >= bb.sq.tk) return;
-  const int hk = bb.hk, tk = bb.sq.tk, n0 = bb.n0;
   const int group = a.Hq / a.Hkv;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int warp = tid / kWarp, lane = tid % kWarp;
 
-  load_swizzled<C::kBN, kD, C::kThreads>(
-      sK, static_cast<const uint16_t*>(a.k) + static_cast<int64_t>(bb.k0 + n0) * a.k_t + hk * a.k_h,
-      a.k_t, tk - n0);
-  load_swizzled<C::kBN, kD, C::kThreads>(
-      sV, static_cast<const uint16_t*>(a.v) + static_cast<int64_t>(bb.k0 + n0) * a.v_t + hk * a.v_h,
-      a.v_t, tk - n0);
-  cp_async_commit();
-
-  // Steps: (query head g of the group, query tile i0 of [i_lo, i_hi)), head by head, the tiles on
-  // the sequence's 64-row grid (its padded blocks).
-  const int per_head = bb.i_hi > bb.i_lo ? (bb.i_hi - bb.i_lo + kBM - 1) / kBM : 0;
-  const int n_steps = per_head * group;
-  auto step_head = [&](int s) { return hk * group + s / per_head; };
-  auto step_i0 = [&](int s) { return bb.i_lo + (s % per_head) * kBM; };
+  // This block's key tiles, one after the other: tile key_tile(a) in the deterministic mode,
+  // else tiles x and nt - 1 - x of the sequence's nt (x = blockIdx.x < ceil(nt / 2)), so that
+  // under a causal mask every block has the same work (the grid's last wave would otherwise hold
+  // the long tiles of the last heads).
+  const int x = a.deterministic ? key_tile(a) : static_cast<int>(blockIdx.x);
+  const BwdBlock bb0 = bwd_block<C::kBN>(a, blockIdx.y, blockIdx.z, x);
+  const int hk = bb0.hk, tk = bb0.sq.tk, nt = (tk + C::kBN - 1) / C::kBN;
+  if (a.deterministic ? x >= nt : x >= (nt + 1) / 2) return;
+  const int n_tiles = a.deterministic || nt - 1 - x == x ? 1 : 2;
+  const BwdBlock bb1 = bwd_block<C::kBN>(a, blockIdx.y, blockIdx.z, nt - 1 - x);
+  // A tile's steps: (query head g of the group, query tile i0 of [i_lo, i_hi)), head by head, the
+  // tiles on the sequence's 64-row grid (its padded blocks).
+  auto per_head_of = [&](const BwdBlock& bb) {
+    return bb.i_hi > bb.i_lo ? (bb.i_hi - bb.i_lo + kBM - 1) / kBM : 0;
+  };
+  const int per_head0 = per_head_of(bb0), steps0 = per_head0 * group;
+  const int per_head1 = per_head_of(bb1);
+  const int n_steps = steps0 + (n_tiles == 2 ? per_head1 * group : 0);
+  // Step s of the block (its tiles' steps in turn) as (head, first query row).
+  auto step_at = [&](int s, int& h, int& i0) {
+    const bool first = s < steps0;
+    const int ls = first ? s : s - steps0, per_head = first ? per_head0 : per_head1;
+    h = hk * group + ls / per_head;
+    i0 = (first ? bb0.i_lo : bb1.i_lo) + (ls % per_head) * kBM;
+  };
   // Thread 0: step s's Q, dO (two 64-column panels each), lse2 and delta into stage s % 3.
   auto issue = [&](int s) {
     if (s >= n_steps) return;
-    const int st = s % C::kStages, h = step_head(s), i0 = step_i0(s);
+    int h, i0;
+    step_at(s, h, i0);
+    const int st = s % C::kStages;
     const uint32_t bar = full0 + 8 * st, q = sQ0 + st * 2 * C::kQ;
     const uint64_t keep = l2_evict_last_policy();
     mbar_arrive_expect_tx(bar, 2 * C::kQ + C::kRows);
     for (int p = 0; p < C::kPanels; ++p) {
-      tma_load_3d(q + p * (kBM * 128), &maps.q, 64 * p, h, bb.q0 + i0, bar, keep);
-      tma_load_3d(q + C::kQ + p * (kBM * 128), &maps.dout, 64 * p, h, bb.q0 + i0, bar, keep);
+      tma_load_3d(q + p * (kBM * 128), &maps.q, 64 * p, h, bb0.q0 + i0, bar, keep);
+      tma_load_3d(q + C::kQ + p * (kBM * 128), &maps.dout, 64 * p, h, bb0.q0 + i0, bar, keep);
     }
-    const int64_t row = static_cast<int64_t>(h) * ws.tp + bb.p0 + i0;
+    const int64_t row = static_cast<int64_t>(h) * ws.tp + bb0.p0 + i0;
     bulk_load(sRows + st * C::kRows, ws.lse2 + row, kBM * 4, bar);
     bulk_load(sRows + st * C::kRows + kBM * 4, ws.delta + row, kBM * 4, bar);
   };
@@ -936,158 +951,178 @@ __global__ void __launch_bounds__(256, 1)
     for (int s = 0; s < C::kStages; ++s) issue(s);
   }
 
-  float dk[kD / 2], dv[kD / 2];
-#pragma unroll
-  for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
-  // This warpgroup's keys, and this thread's within them: n0w + warp * 16 + lane / 4 + 8 r.
-  const int n0w = n0 + wg * 64;
-  const int key_base = n0w + warp * 16 + lane / 4;
-  cp_async_wait<0>();
-  fence_proxy_async_shared();
-  __syncthreads();  // K and V landed and are visible to wgmma; the barriers are initialised
+  int s = 0;  // the block's steps so far: the stages run on across its tiles
+  for (int t = 0; t < n_tiles; ++t) {
+    const BwdBlock bb = t == 0 ? bb0 : bb1;
+    const int n0 = bb.n0;
+    if (t > 0) __syncthreads();  // the last tile's dK and dV have left K's and V's shared memory
+    load_swizzled<C::kBN, kD, C::kThreads>(
+        sK,
+        static_cast<const uint16_t*>(a.k) + static_cast<int64_t>(bb.k0 + n0) * a.k_t + hk * a.k_h,
+        a.k_t, tk - n0);
+    load_swizzled<C::kBN, kD, C::kThreads>(
+        sV,
+        static_cast<const uint16_t*>(a.v) + static_cast<int64_t>(bb.k0 + n0) * a.v_t + hk * a.v_h,
+        a.v_t, tk - n0);
+    cp_async_commit();
 
-  for (int s = 0; s < n_steps; ++s) {
-    const int st = s % C::kStages, h = step_head(s), i0 = step_i0(s);
-    const uint32_t parity = (s / C::kStages) & 1;
-    const uint32_t sQ = sQ0 + st * 2 * C::kQ, sdO = sQ + C::kQ, sS = sS0 + (s & 1) * C::kS;
-    const float* s_lse = rows_f + st * (2 * kBM);
-    const float* s_delta = s_lse + kBM;
-    mbar_wait(full0 + 8 * st, parity);
-
-    // S^T = K_w Q^T and dP^T = V_w dO^T: K-major A and B, 16-column steps inside 64-column
-    // panels (K and V panels hold 128 rows, this warpgroup's start 64 w rows in).
-    float sc[kBM / 2], dp[kBM / 2];
-    auto keys_by_queries = [&](float(&acc)[kBM / 2], uint32_t keys, uint32_t queries) {
+    float dk[kD / 2], dv[kD / 2];
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t col = (kk % 4) * 32;
-        wgmma_ss<T16, kBM>(
-            acc, wgmma_desc_sw128(keys + (kk / 4) * (C::kBN * 128) + wg * 8192 + col, 16, 1024),
-            wgmma_desc_sw128(queries + (kk / 4) * (kBM * 128) + col, 16, 1024), kk > 0);
+    for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.0f;
+    // This warpgroup's keys, and this thread's within them: n0w + warp * 16 + lane / 4 + 8 r.
+    const int n0w = n0 + wg * 64;
+    const int key_base = n0w + warp * 16 + lane / 4;
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    __syncthreads();  // K and V landed and are visible to wgmma; the barriers are initialised
+
+    const int tile_end = s + (t == 0 ? steps0 : n_steps - steps0);
+    for (; s < tile_end; ++s) {
+      int h, i0;
+      step_at(s, h, i0);
+      const int st = s % C::kStages;
+      const uint32_t parity = (s / C::kStages) & 1;
+      const uint32_t sQ = sQ0 + st * 2 * C::kQ, sdO = sQ + C::kQ, sS = sS0 + (s & 1) * C::kS;
+      const float* s_lse = rows_f + st * (2 * kBM);
+      const float* s_delta = s_lse + kBM;
+      mbar_wait(full0 + 8 * st, parity);
+
+      // S^T = K_w Q^T and dP^T = V_w dO^T: K-major A and B, 16-column steps inside 64-column
+      // panels (K and V panels hold 128 rows, this warpgroup's start 64 w rows in).
+      float sc[kBM / 2], dp[kBM / 2];
+      auto keys_by_queries = [&](float(&acc)[kBM / 2], uint32_t keys, uint32_t queries) {
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          const uint32_t col = (kk % 4) * 32;
+          wgmma_ss<T16, kBM>(
+              acc, wgmma_desc_sw128(keys + (kk / 4) * (C::kBN * 128) + wg * 8192 + col, 16, 1024),
+              wgmma_desc_sw128(queries + (kk / 4) * (kBM * 128) + col, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+      };
+      wgmma_fence();
+      keys_by_queries(sc, sK, sQ);
+      keys_by_queries(dp, sV, sdO);
+      wgmma_fence_operand(sc);
+      wgmma_wait<1>();  // S^T is in; dP^T may still run
+      wgmma_fence_operand(sc);
+      auto& sc4 = *reinterpret_cast<float(*)[kNT][4]>(&sc[0]);
+      auto& dp4 = *reinterpret_cast<float(*)[kNT][4]>(&dp[0]);
+      probs_t<kCap ? 1 : 0>(sc4, a, bb.sq, n0w, key_base, i0, s_lse);
+      uint32_t pa[kBM / 16][4], sa[kBM / 16][4];
+      a_fragments<E>(pa, sc);
+      wgmma_fence_operand(dp);
+      wgmma_wait<0>();
+      wgmma_fence_operand(dp);
+      dscores_t<kCap ? 1 : 0, false>(dp4, sc4, a, s_lse, s_delta);
+      a_fragments<E>(sa, dp);
+      // dV += P^T dO: B N-major, LBO = one 64-column panel, SBO = 8 queries.
+      wgmma_fence_operand(dv);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk)
+        wgmma_rs<T16, kD>(dv, pa[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, kBM * 128, 1024));
+      wgmma_commit();
+      store_ds_t(sS, sa, wg * 64);  // this warpgroup's 64 key rows
+      fence_proxy_async_shared();
+      named_barrier_sync(1, C::kThreads);  // both warpgroups' dS^T are in and visible to wgmma
+      // Both warpgroups are done with step s - 1, so its stage takes step s + 2.
+      if (threadIdx.x == 0 && s >= 1) issue(s + 2);
+
+      // dQ: with kSplitCols its half dS K[:, 64 w ..) (A = dS^T M-major over all 128 keys, B = K
+      // panel w N-major), else this warpgroup's keys' share dS_w K_w (all columns); then
+      // dK += dS^T Q.
+      float dq[C::kDqCols / 2];
+      wgmma_fence();
+      if constexpr (C::kSplitCols) {
+#pragma unroll
+        for (int kk = 0; kk < C::kBN / 16; ++kk)
+          wgmma_sstt<T16, 64>(
+              dq, wgmma_desc_sw128(sS + kk * 16 * 128, kBM * 128, 1024),
+              wgmma_desc_sw128(sK + wg * (C::kBN * 128) + kk * 16 * 128, C::kBN * 128, 1024),
+              kk > 0);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 64 / 16; ++kk)
+          wgmma_sstt<T16, kD>(dq, wgmma_desc_sw128(sS + (wg * 64 + kk * 16) * 128, kBM * 128, 1024),
+                              wgmma_desc_sw128(sK + (wg * 64 + kk * 16) * 128, C::kBN * 128, 1024),
+                              kk > 0);
       }
       wgmma_commit();
-    };
-    wgmma_fence();
-    keys_by_queries(sc, sK, sQ);
-    keys_by_queries(dp, sV, sdO);
-    wgmma_fence_operand(sc);
-    wgmma_wait<1>();  // S^T is in; dP^T may still run
-    wgmma_fence_operand(sc);
-    auto& sc4 = *reinterpret_cast<float(*)[kNT][4]>(&sc[0]);
-    auto& dp4 = *reinterpret_cast<float(*)[kNT][4]>(&dp[0]);
-    probs_t<kCap ? 1 : 0>(sc4, a, bb.sq, n0w, key_base, i0, s_lse);
-    uint32_t pa[kBM / 16][4], sa[kBM / 16][4];
-    a_fragments<E>(pa, sc);
-    wgmma_fence_operand(dp);
-    wgmma_wait<0>();
-    wgmma_fence_operand(dp);
-    dscores_t<kCap ? 1 : 0, false>(dp4, sc4, a, s_lse, s_delta);
-    a_fragments<E>(sa, dp);
-    // dV += P^T dO: B N-major, LBO = one 64-column panel, SBO = 8 queries.
-    wgmma_fence_operand(dv);
-    wgmma_fence();
+      wgmma_fence_operand(dk);
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_rs<T16, kD>(dv, pa[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, kBM * 128, 1024));
-    wgmma_commit();
-    store_ds_t(sS, sa, wg * 64);  // this warpgroup's 64 key rows
-    fence_proxy_async_shared();
-    named_barrier_sync(1, C::kThreads);  // both warpgroups' dS^T are in and visible to wgmma
-    // Both warpgroups are done with step s - 1, so its stage takes step s + 2.
-    if (threadIdx.x == 0 && s >= 1) issue(s + 2);
+      for (int kk = 0; kk < kBM / 16; ++kk)
+        wgmma_rs<T16, kD>(dk, sa[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, kBM * 128, 1024));
+      wgmma_commit();
+      wgmma_fence_operand(dq);
+      wgmma_wait<1>();  // dV and dQ are done; dK may still run
+      wgmma_fence_operand(dq);
+      wgmma_fence_operand(dv);
+      hold(pa);
 
-    // dQ: with kSplitCols its half dS K[:, 64 w ..) (A = dS^T M-major over all 128 keys, B = K
-    // panel w N-major), else this warpgroup's keys' share dS_w K_w (all columns); then
-    // dK += dS^T Q.
-    float dq[C::kDqCols / 2];
-    wgmma_fence();
-    if constexpr (C::kSplitCols) {
+      // Added to the accumulator in fragment order (dq_tile): a warp's 16-byte reductions cover
+      // 512 contiguous bytes.
+      float* dq_dst = dq_tile(ws, kD, h, bb.p0 + i0) + (C::kSplitCols ? wg * 64 * 64 : 0) + tid * 4;
+      // Deterministic (never with kSplitCols: h2_head_dim): the block's two warpgroups take
+      // consecutive turns on the tile's counter, each passing its turn on once its additions are
+      // done (each thread fences them, then a barrier orders them before the release).
+      int* counter = nullptr;
+      if (a.deterministic) {
+        counter = dq_counter(ws, h, bb.p0 + i0, 0);
+        if (tid == 0) wait_turn(counter, 2 * dq_turn<C::kBN>(bb, i0) + wg);
+        named_barrier_sync(2 + wg, 128);
+      }
 #pragma unroll
-      for (int kk = 0; kk < C::kBN / 16; ++kk)
-        wgmma_sstt<T16, 64>(
-            dq, wgmma_desc_sw128(sS + kk * 16 * 128, kBM * 128, 1024),
-            wgmma_desc_sw128(sK + wg * (C::kBN * 128) + kk * 16 * 128, C::kBN * 128, 1024), kk > 0);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < 64 / 16; ++kk)
-        wgmma_sstt<T16, kD>(dq, wgmma_desc_sw128(sS + (wg * 64 + kk * 16) * 128, kBM * 128, 1024),
-                            wgmma_desc_sw128(sK + (wg * 64 + kk * 16) * 128, C::kBN * 128, 1024),
-                            kk > 0);
+      for (int j = 0; j < C::kDqCols / 8; ++j)
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq_dst + j * 512),
+                     "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
+                     : "memory");
+      if (counter != nullptr) {
+        __threadfence();
+        named_barrier_sync(2 + wg, 128);
+        if (tid == 0) pass_turn(counter);
+      }
+      wgmma_fence_operand(dk);
+      wgmma_wait<0>();
+      wgmma_fence_operand(dk);
+      hold(sa);
     }
-    wgmma_commit();
-    wgmma_fence_operand(dk);
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_rs<T16, kD>(dk, sa[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, kBM * 128, 1024));
-    wgmma_commit();
-    wgmma_fence_operand(dq);
-    wgmma_wait<1>();  // dV and dQ are done; dK may still run
-    wgmma_fence_operand(dq);
-    wgmma_fence_operand(dv);
-    hold(pa);
 
-    // Added to the accumulator in fragment order (dq_tile): a warp's 16-byte reductions cover
-    // 512 contiguous bytes.
-    float* dq_dst = dq_tile(ws, kD, h, bb.p0 + i0) + (C::kSplitCols ? wg * 64 * 64 : 0) + tid * 4;
-    // Deterministic (never with kSplitCols: h2_head_dim): the block's two warpgroups take
-    // consecutive turns on the tile's counter, each passing its turn on once its additions are
-    // done (each thread fences them, then a barrier orders them before the release).
-    int* counter = nullptr;
-    if (a.deterministic) {
-      counter = dq_counter(ws, h, bb.p0 + i0, 0);
-      if (tid == 0) wait_turn(counter, 2 * dq_turn<C::kBN>(bb, i0) + wg);
-      named_barrier_sync(2 + wg, 128);
+    // dK (times the scale, left out of dS) and dV, staged in K's and V's shared memory as
+    // [128 keys][kPanels * 128 bytes] rows with the 16-byte chunk c at c ^ (key % 8)
+    // (conflict-free both ways), then written as whole 16-byte chunks.
+    constexpr int kPitch = C::kPanels * 128, kChunks = kD / 8;
+    __syncthreads();  // both warpgroups' products are done with K and V
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = wg * 64 + warp * 16 + lane / 4 + 8 * r;
+        const uint32_t at = row * kPitch + ((dn ^ (row % 8)) * 16) + (lane % 4) * 4;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + at),
+                     "r"(E::pack(dk[4 * dn + 2 * r] * a.scale, dk[4 * dn + 2 * r + 1] * a.scale))
+                     : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sV + at),
+                     "r"(E::pack(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]))
+                     : "memory");
+      }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < (C::kBN * kChunks + C::kThreads - 1) / C::kThreads; ++i) {
+      const int idx = i * C::kThreads + threadIdx.x, row = idx / kChunks, c = idx % kChunks;
+      if (row >= C::kBN || n0 + row >= tk) continue;
+      const uint32_t at = row * kPitch + ((c ^ (row % 8)) * 16);
+      uint4 kx, vx;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(kx.x), "=r"(kx.y), "=r"(kx.z), "=r"(kx.w)
+                   : "r"(sK + at));
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(vx.x), "=r"(vx.y), "=r"(vx.z), "=r"(vx.w)
+                   : "r"(sV + at));
+      const int64_t key = bb.k0 + n0 + row;
+      *reinterpret_cast<uint4*>(static_cast<T16*>(a.dk) + key * a.dk_t + hk * a.dk_h + c * 8) = kx;
+      *reinterpret_cast<uint4*>(static_cast<T16*>(a.dv) + key * a.dv_t + hk * a.dv_h + c * 8) = vx;
     }
-#pragma unroll
-    for (int j = 0; j < C::kDqCols / 8; ++j)
-      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq_dst + j * 512),
-                   "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
-                   : "memory");
-    if (counter != nullptr) {
-      __threadfence();
-      named_barrier_sync(2 + wg, 128);
-      if (tid == 0) pass_turn(counter);
-    }
-    wgmma_fence_operand(dk);
-    wgmma_wait<0>();
-    wgmma_fence_operand(dk);
-    hold(sa);
-  }
-
-  // dK (times the scale, left out of dS) and dV, staged in K's and V's shared memory as
-  // [128 keys][kPanels * 128 bytes] rows with the 16-byte chunk c at c ^ (key % 8)
-  // (conflict-free both ways), then written as whole 16-byte chunks.
-  constexpr int kPitch = C::kPanels * 128, kChunks = kD / 8;
-  __syncthreads();  // both warpgroups' products are done with K and V
-#pragma unroll
-  for (int dn = 0; dn < kD / 8; ++dn)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = wg * 64 + warp * 16 + lane / 4 + 8 * r;
-      const uint32_t at = row * kPitch + ((dn ^ (row % 8)) * 16) + (lane % 4) * 4;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sK + at),
-                   "r"(E::pack(dk[4 * dn + 2 * r] * a.scale, dk[4 * dn + 2 * r + 1] * a.scale))
-                   : "memory");
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sV + at),
-                   "r"(E::pack(dv[4 * dn + 2 * r], dv[4 * dn + 2 * r + 1]))
-                   : "memory");
-    }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < (C::kBN * kChunks + C::kThreads - 1) / C::kThreads; ++i) {
-    const int idx = i * C::kThreads + threadIdx.x, row = idx / kChunks, c = idx % kChunks;
-    if (row >= C::kBN || n0 + row >= tk) continue;
-    const uint32_t at = row * kPitch + ((c ^ (row % 8)) * 16);
-    uint4 kx, vx;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(kx.x), "=r"(kx.y), "=r"(kx.z), "=r"(kx.w)
-                 : "r"(sK + at));
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(vx.x), "=r"(vx.y), "=r"(vx.z), "=r"(vx.w)
-                 : "r"(sV + at));
-    const int64_t key = bb.k0 + n0 + row;
-    *reinterpret_cast<uint4*>(static_cast<T16*>(a.dk) + key * a.dk_t + hk * a.dk_h + c * 8) = kx;
-    *reinterpret_cast<uint4*>(static_cast<T16*>(a.dv) + key * a.dv_t + hk * a.dv_h + c * 8) = vx;
   }
 #endif
 }
@@ -1109,9 +1144,11 @@ void launch_h2(const AttentionBwdArgs& a, const BwdWs& ws, const BwdMaps& maps) 
     return true;
   }();
   (void)raised;
-  // Key tiles fastest: the blocks in flight share a few heads' Q, dO and dQ in L2.
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.max_tk, C::kBN)), static_cast<unsigned>(a.B),
-                  static_cast<unsigned>(a.Hkv));
+  // Key tiles fastest: the blocks in flight share a few heads' Q, dO and dQ in L2. Outside the
+  // deterministic mode a block takes two key tiles (bwd_h2_kernel).
+  const int64_t tiles = ceil_div(a.max_tk, C::kBN);
+  const dim3 grid(static_cast<unsigned>(a.deterministic ? tiles : ceil_div(tiles, 2)),
+                  static_cast<unsigned>(a.B), static_cast<unsigned>(a.Hkv));
   bwd_h2_kernel<T16, kCap, kD><<<grid, C::kThreads, C::kSmemBytes, current_stream()>>>(a, ws, maps);
   check_launch("attention backward");
 }

@@ -8,14 +8,23 @@
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (streamed as server-sent events
 // with "stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus text). Errors are
-// OpenAI's error object; a body that is not JSON (invalid UTF-8 included: the parser checks it) or
-// names a field not served is 400.
+// OpenAI's error object; a body that is not JSON (invalid UTF-8 included: the parser checks it),
+// names a key twice in one object, or names a field not served is 400.
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -23,6 +32,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "apps/llmk/commands.h"
 #include "core/error.h"
@@ -125,6 +138,23 @@ struct Metrics {
   Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
 };
 
+// Memory freed after a burst of requests back to the system: glibc keeps freed heap memory for
+// reuse (tens of MB after a thousand requests at once), so an idle server's resident size would
+// stay at the burst's.
+void release_free_memory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
+// cpp-httplib 0.11 listens with a backlog of 5: a burst of connections past that (a thousand
+// clients at once) waits on SYN retransmits, and some are reset. listen() again on the bound
+// socket deepens it (Linux caps it at net.core.somaxconn).
+class HttpServer : public httplib::Server {
+ public:
+  bool deepen_backlog() { return ::listen(svr_sock_, SOMAXCONN) == 0; }
+};
+
 class Server {
  public:
   Server(const ServeArgs& a, Tokenizer tok, std::optional<ChatTemplate> tmpl,
@@ -197,9 +227,16 @@ class Server {
       std::lock_guard<std::mutex> lk(m_);
       ++metrics_.requests[res.status];
     });
-    fmt::print(stderr, "[llmk serve] listening on http://{}:{} (model {})\n", a_.host, a_.port,
-               model_id_);
-    const bool ok = http_.listen(a_.host, a_.port);
+    bool ok = http_.bind_to_port(a_.host, a_.port);
+    if (ok) {
+      if (!http_.deepen_backlog()) {
+        fmt::print(stderr, "[llmk serve] warning: cannot deepen the listen backlog: {}\n",
+                   std::strerror(errno));
+      }
+      fmt::print(stderr, "[llmk serve] listening on http://{}:{} (model {})\n", a_.host, a_.port,
+                 model_id_);
+      ok = http_.listen_after_bind();
+    }
     {
       std::lock_guard<std::mutex> lk(m_);
       stopping_ = true;
@@ -217,15 +254,92 @@ class Server {
     res.set_content(error_body(e), "application/json");
   }
 
-  // The request's fields into a job (400 for anything unknown, mistyped or out of range).
-  std::shared_ptr<Job> parse(const std::string& body, bool chat, bool& stream,
-                             bool& include_usage) const {
-    json j;
+  // The body as JSON: 400 where it is not, or where an object names a key twice (the parser would
+  // keep the last silently). The parser's callback checks keys as they come, in the one pass.
+  static json parse_json(const std::string& body) {
+    struct Level {  // an object or array the parser is inside
+      bool object;
+      std::set<std::string> keys;  // (objects) keys seen
+      const std::string* key;      // (objects) the last of them
+      size_t index;                // (arrays) the element being parsed
+    };
+    std::vector<Level> levels;
+    const auto path = [&levels] {  // of the innermost level, as "messages[0].content"
+      std::string out;
+      for (size_t i = 0; i + 1 < levels.size(); ++i) {
+        const Level& l = levels[i];
+        out += l.object ? fmt::format("{}{}", out.empty() ? "" : ".", printable(*l.key, 60))
+                        : fmt::format("[{}]", l.index);
+      }
+      return out;
+    };
+    const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+      using E = json::parse_event_t;
+      switch (event) {
+        case E::object_start:
+        case E::array_start:
+          levels.push_back({event == E::object_start, {}, nullptr, 0});
+          break;
+        case E::key: {
+          const auto [it, fresh] = levels.back().keys.insert(parsed.get<std::string>());
+          if (!fresh) {
+            const std::string at = path();
+            const std::string key = printable(*it, 60);
+            bad(fmt::format("duplicate key \"{}\" in {}", key, at.empty() ? "the body" : at),
+                at.empty() ? key : at + "." + key);
+          }
+          levels.back().key = &*it;
+          break;
+        }
+        case E::object_end:
+        case E::array_end:
+          levels.pop_back();
+          [[fallthrough]];
+        case E::value:
+          if (!levels.empty() && !levels.back().object) ++levels.back().index;
+          break;
+      }
+      return true;
+    };
     try {
-      j = json::parse(body);
+      return json::parse(body, check);
     } catch (const std::exception& e) {
       bad(fmt::format("the body is not valid JSON: {}", printable(e.what(), 120)));
     }
+  }
+
+  // A chat message's content: a string, or a list of content parts whose texts are joined in order
+  // (parts of other types, images or audio, are not served). `at`: its path, "messages[0].content".
+  static std::string content_text(const json& content, const std::string& at) {
+    if (content.is_string()) return content.get<std::string>();
+    if (!content.is_array() || content.empty()) {
+      bad(fmt::format("\"{}\" must be a string or a non-empty list of content parts", at), at);
+    }
+    std::string text;
+    for (size_t k = 0; k < content.size(); ++k) {
+      const json& part = content[k];
+      const std::string p = fmt::format("{}[{}]", at, k);
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+        bad(fmt::format("\"{}\" must be an object with a \"type\" (a string)", p), p);
+      }
+      const std::string type = part["type"].get<std::string>();
+      if (type != "text") {
+        bad(fmt::format("content part type \"{}\" is not supported (only \"text\")",
+                        printable(type, 40)),
+            p + ".type");
+      }
+      if (!part.contains("text") || !part["text"].is_string()) {
+        bad("a \"text\" content part needs \"text\" (a string)", p + ".text");
+      }
+      text += part["text"].get<std::string>();
+    }
+    return text;
+  }
+
+  // The request's fields into a job (400 for anything unknown, mistyped or out of range).
+  std::shared_ptr<Job> parse(const std::string& body, bool chat, bool& stream,
+                             bool& include_usage) const {
+    json j = parse_json(body);
     if (!j.is_object()) bad("the body must be a JSON object");
     static const std::set<std::string> common = {"model",
                                                  "max_tokens",
@@ -350,18 +464,20 @@ class Server {
       }
       if (j["messages"].size() > 1024) bad("at most 1024 messages", "messages");
       std::vector<ChatMessage> msgs;
-      for (const json& m : j["messages"]) {
+      for (size_t i = 0; i < j["messages"].size(); ++i) {
+        const json& m = j["messages"][i];
+        const std::string at = fmt::format("messages[{}]", i);
         if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-            !m.contains("content") || !m["content"].is_string()) {
-          bad("each message needs \"role\" and \"content\" (strings)", "messages");
+            !m.contains("content")) {
+          bad("each message needs \"role\" (a string) and \"content\"", at);
         }
         const std::string role = m["role"].get<std::string>();
         if (role != "system" && role != "user" && role != "assistant") {
           bad(fmt::format("message role \"{}\" is not system, user or assistant",
                           printable(role, 40)),
-              "messages");
+              at + ".role");
         }
-        msgs.push_back({role, m["content"].get<std::string>()});
+        msgs.push_back({role, content_text(m["content"], at + ".content")});
       }
       if (!tmpl_) bad("this model has no chat template: use /v1/completions", "messages");
       job->prompt = tok_.encode(tmpl_->apply(msgs, true), tok_.add_bos(), /*parse_special=*/true);
@@ -517,13 +633,22 @@ class Server {
 
   void engine_loop() {
     std::vector<std::shared_ptr<Job>> live;
+    bool stepped = false;  // since memory was last handed back
     for (;;) {
       std::vector<std::shared_ptr<Job>> fresh;
       {
         std::unique_lock<std::mutex> lk(m_);
-        cv_.wait(lk, [&] {
+        const auto ready = [&] {
           return stopping_ || cancel_pending_ || !incoming_.empty() || !engine_.idle();
-        });
+        };
+        if (!stepped) {
+          cv_.wait(lk, ready);
+        } else if (!cv_.wait_for(lk, std::chrono::seconds(1), ready)) {  // idle a second
+          lk.unlock();
+          release_free_memory();
+          stepped = false;
+          continue;
+        }
         if (stopping_ && engine_.idle() && incoming_.empty()) break;
         cancel_pending_ = false;
         fresh.assign(incoming_.begin(), incoming_.end());
@@ -553,6 +678,7 @@ class Server {
         }
       }
       if (!engine_.idle()) {
+        stepped = true;
         try {
           engine_.step();
         } catch (const std::exception& e) {
@@ -638,8 +764,18 @@ class Server {
       return json{{"id", id}, {"object", object}, {"created", created}, {"model", model_id_}};
     };
     if (!stream) {
+      // A client gone before its answer: its job cancelled (its pages freed) as for a stream.
+      const int sock = connection_socket(req);
       std::unique_lock<std::mutex> lk(job->m);
-      job->cv.wait(lk, [&] { return job->running == 0; });
+      while (!job->cv.wait_for(lk, std::chrono::milliseconds(100),
+                               [&] { return job->running == 0; })) {
+        if (peer_closed(sock)) {
+          lk.unlock();
+          cancel(*job);
+          reply_error(res, {499, "the client closed the connection", "client_closed", ""});
+          return;
+        }
+      }
       if (!job->error.empty()) {
         reply_error(res, {500, job->error, "server_error", ""});
         return;
@@ -735,6 +871,52 @@ class Server {
         });
   }
 
+  // The socket of req's connection, or -1. cpp-httplib 0.11 hands a handler no socket (later
+  // versions: Request::is_connection_closed), so it is found among the process's descriptors by
+  // the connection's two ends: a getpeername per descriptor, once per request.
+  static int connection_socket(const httplib::Request& req) {
+    // The address at one end of socket fd, if it is port `port` (the ip as cpp-httplib writes it).
+    const auto end_at = [](int fd, bool peer, int port, std::string& ip) {
+      sockaddr_storage a{};
+      socklen_t n = sizeof(a);
+      auto* sa = reinterpret_cast<sockaddr*>(&a);
+      if ((peer ? getpeername(fd, sa, &n) : getsockname(fd, sa, &n)) != 0) return false;
+      const int at = a.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(sa)->sin_port)
+                     : a.ss_family == AF_INET6
+                         ? ntohs(reinterpret_cast<sockaddr_in6*>(sa)->sin6_port)
+                         : -1;
+      char host[NI_MAXHOST];
+      if (at != port || getnameinfo(sa, n, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) {
+        return false;
+      }
+      ip = host;
+      return true;
+    };
+    DIR* dir = opendir("/proc/self/fd");
+    if (dir == nullptr) return -1;
+    int found = -1;
+    std::string ip;
+    while (const dirent* e = readdir(dir)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      const int fd = std::atoi(e->d_name);
+      if (end_at(fd, true, req.remote_port, ip) && ip == req.remote_addr &&
+          end_at(fd, false, req.local_port, ip) && ip == req.local_addr) {
+        found = fd;
+        break;
+      }
+    }
+    closedir(dir);
+    return found;
+  }
+
+  // Whether the client at the other end of `sock` has closed it (or reset it, or shut its sending
+  // side, which no client still waiting for its answer does).
+  static bool peer_closed(int sock) {
+    if (sock < 0) return false;
+    pollfd p{sock, POLLRDHUP, 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+
   // How much of `text` may go out while the sample runs: not a tail that could still grow into a
   // stop string, nor an unfinished UTF-8 sequence (the replacement character decode gives it).
   static size_t safe_prefix(const std::string& text, const std::vector<std::string>& stops) {
@@ -759,7 +941,7 @@ class Server {
   Engine engine_;
   std::string model_id_;
   std::vector<int32_t> eog_;
-  httplib::Server http_;
+  HttpServer http_;
   std::thread engine_thread_;
   std::mutex m_;
   std::condition_variable cv_;
@@ -780,7 +962,18 @@ extern "C" void on_signal(int) {
   if (g_server != nullptr) g_server->stop();
 }
 
+// Each connection holds a descriptor: a soft limit of 1024 (a common default) would refuse
+// clients past a thousand or so. Raised to the hard limit, as the Go runtime does.
+void raise_descriptor_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
 int run_serve(const ServeArgs& a) {
+  raise_descriptor_limit();
   const Device device = resolve_device(a.device);
   const Tokenizer tok = load_tokenizer(a.model);
   std::optional<ChatTemplate> tmpl;

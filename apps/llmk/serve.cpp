@@ -743,8 +743,12 @@ class Server {
   void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
     bool stream = false, include_usage = false;
     std::shared_ptr<Job> job;
+    // The connection's socket, to watch for its client leaving; looked up before the job is
+    // submitted, while the client surely waits (once it has gone its peer cannot be read).
+    int sock = -1;
     try {
       job = parse(req.body, chat, stream, include_usage);
+      sock = connection_socket(req);
       submit(job);
     } catch (const ApiError& e) {
       reply_error(res, e);
@@ -765,7 +769,6 @@ class Server {
     };
     if (!stream) {
       // A client gone before its answer: its job cancelled (its pages freed) as for a stream.
-      const int sock = connection_socket(req);
       std::unique_lock<std::mutex> lk(job->m);
       while (!job->cv.wait_for(lk, std::chrono::milliseconds(100),
                                [&] { return job->running == 0; })) {
@@ -795,7 +798,7 @@ class Server {
     auto first = std::make_shared<bool>(true);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, head, first, include_usage](size_t, httplib::DataSink& sink) {
+        [this, job, head, first, include_usage, sock](size_t, httplib::DataSink& sink) {
           const auto send = [&](const json& j) {
             const std::string s =
                 "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
@@ -852,6 +855,12 @@ class Server {
               j["usage"] = usage(*job);
               chunks.push_back(j);
             }
+          }
+          // A stream with nothing to send (queued behind others) looks at its client between
+          // waits: one gone cancels the job, as a failed write does once tokens flow.
+          if (chunks.empty() && !done && peer_closed(sock)) {
+            cancel(*job);
+            return false;
           }
           for (const json& j : chunks) {
             if (!send(j)) {

@@ -411,6 +411,42 @@ def test_a_client_that_disconnects_before_a_non_streamed_answer_frees_its_pages(
     assert metrics(server)[tokens] == m[tokens]  # nothing more generated for it
 
 
+def test_a_queued_stream_whose_client_leaves_is_cancelled_before_its_turn():
+    """One running request holds the only slot; a stream queued behind it, whose client hangs up
+    before any token, is cancelled within a couple of seconds, not when the slot frees."""
+    proc, base = start(max_running=1)
+    port = int(base.rsplit(":", 1)[1])
+
+    def post(body):
+        data = json.dumps(body).encode()
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(data)
+                     + data)
+        return sock
+
+    try:
+        busy = post({"model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 900,
+                     "ignore_eos": True, "stream": True})
+        deadline = time.monotonic() + 30
+        while metrics(base)["llmk_generation_tokens_total"] < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        queued = post({"model": MODEL_ID, "prompt": "Item 1:", "max_tokens": 8, "stream": True})
+        while metrics(base)["llmk_requests_running"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        queued.close()
+        closed = time.monotonic()
+        while (m := metrics(base))["llmk_requests_running"] != 1:
+            assert time.monotonic() - closed < 5, f"the queued stream still runs: {m}"
+            time.sleep(0.05)
+        busy.close()
+        wait_idle(base)
+    finally:
+        stop(proc)
+
+
 def rss_mib(pid, field="VmRSS") -> float:
     """The process's resident memory (VmRSS) or its peak (VmHWM), in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

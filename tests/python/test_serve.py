@@ -385,15 +385,24 @@ def test_a_client_that_disconnects_frees_its_pages(server):
     assert m["llmk_generation_tokens_total"] > 0
 
 
+def post_raw(base, path, body, key=KEY) -> socket.socket:
+    """Sends a POST of `body` (JSON) on a socket of its own and returns the socket, unread: the
+    test decides when its client hangs up."""
+    data = json.dumps(body).encode()
+    auth = b"Authorization: Bearer " + key.encode() + b"\r\n" if key else b""
+    sock = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])))
+    sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\n" + auth +
+                 b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return sock
+
+
 def test_a_client_that_disconnects_before_a_non_streamed_answer_frees_its_pages(server):
     tokens = "llmk_generation_tokens_total"
     before = wait_idle(server)
-    body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}],
-                       "max_tokens": 900, "ignore_eos": True, "temperature": 0.8}).encode()
-    sock = socket.create_connection(("127.0.0.1", int(server.rsplit(":", 1)[1])))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                 b"Content-Type: application/json\r\nAuthorization: Bearer " + KEY.encode() +
-                 b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    sock = post_raw(server, "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "Tell me a long story."}],
+                     "max_tokens": 900, "ignore_eos": True, "temperature": 0.8})
     deadline = time.monotonic() + 30
     while (m := metrics(server))[tokens] - before[tokens] < 5:  # under way
         assert time.monotonic() < deadline, m
@@ -415,16 +424,7 @@ def test_a_queued_stream_whose_client_leaves_is_cancelled_before_its_turn():
     """One running request holds the only slot; a stream queued behind it, whose client hangs up
     before any token, is cancelled within a couple of seconds, not when the slot frees."""
     proc, base = start(max_running=1)
-    port = int(base.rsplit(":", 1)[1])
-
-    def post(body):
-        data = json.dumps(body).encode()
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(data)
-                     + data)
-        return sock
-
+    post = lambda body: post_raw(base, "/v1/completions", body, key=None)  # noqa: E731
     try:
         busy = post({"model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 900,
                      "ignore_eos": True, "stream": True})

@@ -32,7 +32,7 @@ double median(std::vector<double> v);
 // generating --gen-tokens tokens greedily (end of sequence ignored), --reps times; output
 // tokens/s over the whole run and the median step latency.
 int bench_concurrency(const std::string& path, const std::string& device, int concurrency,
-                      int prompt_tokens, int gen_tokens, int reps, uint64_t seed,
+                      int prompt_tokens, int gen_tokens, int reps, uint64_t seed, bool graphs,
                       const std::string& json) {
   const int64_t ctx = int64_t{prompt_tokens} + gen_tokens + 1;
   auto model = Engine::load(path, ctx, concurrency, 16, resolve_device(device));
@@ -43,10 +43,11 @@ int bench_concurrency(const std::string& path, const std::string& device, int co
   o.sampler.temperature = 0;
   o.max_tokens = gen_tokens;
   std::vector<double> run_s, step_ms;
-  int64_t tokens = 0;
+  int64_t tokens = 0, graph_steps = 0, steps = 0;
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
     Engine engine(*model, {.max_running = concurrency,
-                           .max_step_tokens = std::max<int64_t>(512, concurrency)});
+                           .max_step_tokens = std::max<int64_t>(512, concurrency),
+                           .cuda_graphs = graphs});
     int64_t generated = 0;
     for (int r = 0; r < concurrency; ++r) {
       std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
@@ -65,9 +66,11 @@ int bench_concurrency(const std::string& path, const std::string& device, int co
     if (rep > 0) {
       run_s.push_back(ms_since(t0) / 1000);
       tokens = generated;
+      graph_steps += engine.graph_steps();
     }
   }
   const double s = median(run_s), step = median(step_ms);
+  steps = static_cast<int64_t>(step_ms.size());
   const double tps = static_cast<double>(tokens) / s;
   if (!json.empty()) {
     const nlohmann::json out = {{"model", path},
@@ -81,6 +84,8 @@ int bench_concurrency(const std::string& path, const std::string& device, int co
                                 {"seconds_median", s},
                                 {"output_tokens_per_s", tps},
                                 {"step_ms_median", step},
+                                {"steps", steps},
+                                {"graph_steps", graph_steps},
                                 {"threads", cpu_pool().num_threads()}};
     write_file(json, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
@@ -88,7 +93,7 @@ int bench_concurrency(const std::string& path, const std::string& device, int co
   if (model->device() == Device::CPU) {
     fmt::print("cpu, {} threads\n", cpu_pool().num_threads());
   } else {
-    fmt::print("cuda\n");
+    fmt::print("cuda, {} of {} steps replayed from CUDA graphs\n", graph_steps, steps);
   }
   fmt::print(
       "concurrency {}: {} requests of {} + {} tokens: {} output tokens in {:.2f} s = {:.1f} "
@@ -138,7 +143,9 @@ Command add_bench(CLI::App& cmd) {
   cmd.add_option("--seed", a->seed, "Seed of the random token ids")
       ->default_val(1)
       ->check(at_least<int64_t>(0));
-  cmd.add_flag("--no-graph", a->no_graph, "On CUDA, launch each decode step without a graph");
+  cmd.add_flag("--no-graph", a->no_graph,
+               "On CUDA, launch each decode step without a graph (with --concurrency: every "
+               "engine step eager)");
   cmd.add_flag("--no-lookahead", a->no_lookahead,
                "On CUDA, read each step's token back before enqueueing the next step (by "
                "default the next step is enqueued first, fed with the argmax on the device)");
@@ -149,7 +156,7 @@ Command add_bench(CLI::App& cmd) {
     if (a->concurrency > 0) {
       LLMK_CHECK(a->batch == 1, "give --batch or --concurrency, not both");
       return bench_concurrency(a->model, a->device, a->concurrency, a->prompt_tokens, a->gen_tokens,
-                               a->reps, a->seed, a->json);
+                               a->reps, a->seed, !a->no_graph, a->json);
     }
     const Device device = resolve_device(a->device);
     // int64: --prompt-tokens and --gen-tokens may each be up to INT_MAX; the model's context

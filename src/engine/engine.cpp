@@ -26,7 +26,22 @@ Engine::Engine(Model& model, const EngineOptions& opts)
       kv_(pool_pages(model), model.kv_page_size()),
       sched_(kv_, SchedulerConfig{.max_running = opts.max_running,
                                   .max_step_tokens = opts.max_step_tokens}),
-      opts_(opts) {}
+      opts_(opts) {
+  if (opts.cuda_graphs && model.device() == Device::CUDA && model.kv_scratch_page() >= 0) {
+    const int64_t ps = model.kv_page_size();
+    graph_width_ = (model.context() + ps - 1) / ps;
+    // Everything a step reads sized once, so that no later step moves what a graph holds.
+    model.reserve_runs(opts.max_running, std::max(opts.max_step_tokens, opts.max_running),
+                       graph_width_);
+    graphs_ = std::make_unique<StepGraphs>(model);
+  }
+}
+
+int64_t Engine::bucket(int64_t b) const {
+  int64_t rows = 1;
+  while (rows < b) rows *= 2;
+  return std::min(rows, std::max(b, opts_.max_running));
+}
 
 std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, int64_t sequences,
                                     int64_t page_size, Device device, int64_t kv_memory) {
@@ -37,7 +52,8 @@ std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, in
                                        .sequences = sequences,
                                        .device = device,
                                        .page_size = page_size,
-                                       .kv_memory = kv_memory});
+                                       .kv_memory = kv_memory,
+                                       .scratch_page = true});
 }
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const RequestOptions& opts,
@@ -304,8 +320,21 @@ void Engine::step() {
                     .pages = kv_.page_table(w.id),
                     .logits = w.samples});
   }
-  model_.stage_runs(runs);
-  const Tensor logits = model_.compute(st.tokens, false);
+  // One token per sequence, each with logits (decode steps): a graph of the step's bucket.
+  const bool graphed =
+      graphs_ != nullptr && std::all_of(st.work.begin(), st.work.end(), [&](const auto& w) {
+        return w.count == 1 && w.samples &&
+               static_cast<int64_t>(kv_.page_table(w.id).size()) <= graph_width_;
+      });
+  Tensor logits;
+  if (graphed) {
+    const auto b = static_cast<int64_t>(runs.size()), rows = bucket(b);
+    model_.stage_runs(runs, {.rows = rows, .width = graph_width_});
+    logits = graphs_->run(rows).slice(0, 0, b);
+  } else {
+    model_.stage_runs(runs);
+    logits = model_.compute(st.tokens, false);
+  }
   const int64_t vocab = model_.config().vocab_size;
   read_rows(st, logits);
   struct Event {

@@ -25,6 +25,7 @@
 #include "engine/kv_pages.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/step_graph.h"
 
 namespace llmk {
 
@@ -61,6 +62,10 @@ using TokenFn = std::function<bool(const TokenEvent&)>;
 struct EngineOptions {
   int64_t max_running = 64;       // sequences in flight
   int64_t max_step_tokens = 512;  // tokens per forward (decode tokens plus prompt chunks)
+  // On CUDA, a step of one token per sequence replays a CUDA graph captured for its batch size
+  // (1, 2, 4, ... max_running: the step is padded to the next), once the model has a scratch
+  // page for the padding (Engine::load gives it one).
+  bool cuda_graphs = true;
 };
 
 class Engine {
@@ -83,6 +88,9 @@ class Engine {
   // One forward of every running sequence's next run; calls the callbacks of those sampled.
   void step();
   bool idle() const { return sched_.idle(); }
+  // Steps replayed from a CUDA graph, and graphs captured (EngineOptions::cuda_graphs).
+  int64_t graph_steps() const { return graphs_ ? graphs_->replayed() : 0; }
+  int64_t graphs_captured() const { return graphs_ ? graphs_->captured() : 0; }
   Scheduler::Stats scheduler_stats() const { return sched_.stats(); }
   KvPages::Stats kv_stats() const { return kv_.stats(); }
 
@@ -120,6 +128,10 @@ class Engine {
   // Classifies the step's rows and brings what the sampler needs of each to the host buffers.
   void read_rows(const Scheduler::Step& st, const Tensor& logits);
 
+  // The rows a decode-only step of b sequences is padded to (a power of two, at most
+  // max_running).
+  int64_t bucket(int64_t b) const;
+
   Model& model_;
   KvPages kv_;
   Scheduler sched_;
@@ -143,6 +155,8 @@ class Engine {
   std::vector<float> gumbel_temperature_, gumbel_min_p_;  // per row of a step, for sample_gumbel
   std::vector<int64_t> gumbel_seed_;
   std::vector<int64_t> aborted_;  // requests aborted by the callbacks of the step running them
+  std::unique_ptr<StepGraphs> graphs_;  // null: every step eager
+  int64_t graph_width_ = 0;             // the padded steps' page-table width: a context's pages
 };
 
 }  // namespace llmk

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "engine/step_graph.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "tokenizer/tokenizer.h"
@@ -59,56 +60,6 @@ struct Decoder::GraphState {
 #endif
   Tensor logits;  // the captured step's output (fixed address)
 };
-
-#ifdef LLMK_HAS_CUDA
-namespace {
-// Captures a decode step of `batch` sequences into `graph` (fn enqueues it). The first time for
-// a model and batch size, twice: with its kernels releasing the next one after their wait and
-// before it (cuda::release_dependents_first); both are replayed in turn and the faster kept.
-// Which wins depends on the model (on an H100, Phi-3-mini and Qwen2.5-0.5B shapes decode faster
-// released first, Llama-3-8B slower: docs/perf.md). A replay recomputes the same step, rewriting
-// its KV rows with equal values.
-void capture_step(Model& model, int64_t batch, cuda::Graph& graph,
-                  const std::function<void()>& fn) {
-  if (const std::optional<bool> known = model.release_first(batch)) {
-    cuda::ReleaseFirstGuard guard(*known);
-    graph.capture(fn);
-    return;
-  }
-  cuda::Graph first;
-  {
-    cuda::ReleaseFirstGuard guard(false);
-    graph.capture(fn);
-  }
-  {
-    cuda::ReleaseFirstGuard guard(true);
-    first.capture(fn);
-  }
-  auto time = [](cuda::Graph& g) {
-    const auto t0 = Clock::now();
-    g.replay();
-    cuda::synchronize();
-    return seconds_since(t0);
-  };
-  constexpr int kWarmup = 2, kRounds = 7;
-  std::vector<double> after, before;
-  for (int i = 0; i < kWarmup + kRounds; ++i) {
-    const double a = time(graph), b = time(first);
-    if (i >= kWarmup) {
-      after.push_back(a);
-      before.push_back(b);
-    }
-  }
-  auto median = [](std::vector<double>& v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
-  const bool release_first = median(before) < median(after);
-  if (release_first) graph.swap(first);
-  model.set_release_first(batch, release_first);
-}
-}  // namespace
-#endif
 
 Decoder::Decoder(Model& model, const SamplerConfig& sampler, bool cuda_graph, bool lookahead)
     : model_(model),

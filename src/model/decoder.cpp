@@ -45,12 +45,13 @@ class DecoderModel final : public Model {
                const LoadOptions& opts, const WeightSource& src)
       : Model(path, std::move(config), context, opts.sequences, opts.device),
         act_(opts.device == Device::CPU ? DType::F32 : DType::BF16),
-        page_size_(opts.page_size) {
+        page_size_(opts.page_size),
+        scratch_(opts.scratch_page ? 1 : 0) {
     LLMK_CHECK(opts.page_size >= 0, "page size {} must be >= 0", opts.page_size);
     check_layer_count(src, this->config().n_layers);
     WeightLoader loader(src, opts.device, opts.progress);
     load_weights(loader);  // planning pass: shapes checked, bytes counted, nothing copied
-    pool_pages_ = sequences() * pages_per_sequence();
+    pool_pages_ = sequences() * pages_per_sequence() + scratch_;
     if (opts.kv_memory != 0) size_pool(path, opts.kv_memory, loader.planned_bytes());
     check_device_memory(path, opts.device, loader.planned_bytes(), kv_cache_bytes(),
                         activation_bytes(kPlannedTokens));
@@ -84,7 +85,10 @@ class DecoderModel final : public Model {
     return device() == Device::CUDA ? kPageSizeCuda : context();
   }
   int64_t kv_page_size() const override { return page_size(); }
-  int64_t kv_pages() const override { return pool_pages_; }
+  int64_t kv_pages() const override { return pool_pages_ - scratch_; }
+  int32_t kv_scratch_page() const override {
+    return scratch_ > 0 ? static_cast<int32_t>(pool_pages_ - 1) : -1;
+  }
   void copy_kv_page(int32_t src, int32_t dst, int64_t rows) override;
   int64_t pages_per_sequence() const { return (context() + page_size() - 1) / page_size(); }
   int64_t pool_rows() const { return pool_pages_ * page_size(); }
@@ -99,7 +103,8 @@ class DecoderModel final : public Model {
 
   DType act_;
   int64_t page_size_;       // LoadOptions::page_size (0: page_size()'s default)
-  int64_t pool_pages_ = 0;  // pages in the KV pool
+  int64_t scratch_;         // 1: the pool's last page is kv_scratch_page()
+  int64_t pool_pages_ = 0;  // pages in the KV pool, the scratch page's included
   Tensor tok_embd_, output_norm_, output_;
   Tensor rope_freqs_;  // [rope_dim/2] f32 divisors of the global layers' frequencies, or undefined
   std::vector<LayerWeights> layers_;
@@ -211,11 +216,12 @@ void DecoderModel::size_pool(const std::string& path, int64_t kv_memory, uint64_
   constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();  // the kernels' row index
   const int64_t pages =
       std::min<int64_t>(static_cast<int64_t>(budget / page_bytes), kMaxRows / page_size());
-  LLMK_CHECK(pages >= pages_per_sequence(),
+  LLMK_CHECK(pages >= pages_per_sequence() + scratch_,
              "{}: a KV pool of {:.2f} GiB holds {} pages of {} tokens ({:.2f} MiB each), fewer "
              "than one context of {} tokens needs ({}); grant more memory or a shorter context",
              path, static_cast<double>(budget) / (1ull << 30), pages, page_size(),
-             static_cast<double>(page_bytes) / (1ull << 20), context(), pages_per_sequence());
+             static_cast<double>(page_bytes) / (1ull << 20), context(),
+             pages_per_sequence() + scratch_);
   pool_pages_ = pages;
 }
 
@@ -400,6 +406,7 @@ void DecoderModel::reserve(int64_t t, bool all_logits) {
   const Device dev = device();
   if (t > s_.capacity) {
     s_.capacity = t;
+    moved_buffers();
     const int64_t qkv = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
     s_.x = Tensor::empty({t, c.d_model}, act_, dev);
     s_.h = Tensor::empty({t, c.d_model}, act_, dev);
@@ -412,6 +419,7 @@ void DecoderModel::reserve(int64_t t, bool all_logits) {
   const int64_t rows = all_logits ? t : 1;
   if (!s_.logits.defined() || s_.logits.dim(0) < rows) {
     s_.logits = Tensor::empty({rows, c.vocab_size}, DType::F32, dev);
+    moved_buffers();
   }
 }
 

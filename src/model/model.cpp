@@ -18,6 +18,7 @@ namespace llmk {
 void Model::allocate_staging(int64_t tokens) {
   staging_ = Tensor::empty({3 * part_stride(tokens)}, DType::I32, device_);
   staging_capacity_ = tokens;
+  moved_buffers();
 }
 
 template <class PosOf, class RowOf>
@@ -84,12 +85,12 @@ void Model::stage_step(std::span<const int32_t> tokens, std::span<const int64_t>
   on_staged();
 }
 
-void Model::stage_runs(std::span<const Run> runs) {
+void Model::stage_runs(std::span<const Run> runs, const Padding& pad) {
   const int64_t ps = kv_page_size(), pages = kv_pages();
   LLMK_CHECK(ps > 0, "forward: this model has no paged KV pool");
   LLMK_CHECK(!runs.empty(), "forward: no runs");
   int64_t t = 0, longest_table = 1, max_run = 0;
-  std::vector<int64_t> run_of, pos_of;  // per token
+  std::vector<int64_t> run_of, pos_of;  // per token (run -1: a padding run)
   std::vector<int32_t> ids, cu{0}, logit_rows;
   for (size_t r = 0; r < runs.size(); ++r) {
     const Run& run = runs[r];
@@ -112,35 +113,77 @@ void Model::stage_runs(std::span<const Run> runs) {
     longest_table = std::max<int64_t>(longest_table, static_cast<int64_t>(run.pages.size()));
     max_run = std::max(max_run, n);
   }
+  auto b = static_cast<int64_t>(runs.size());
+  const int32_t scratch = kv_scratch_page();
+  if (pad.rows > 0) {
+    LLMK_CHECK(scratch >= 0, "forward: a padded step needs the pool's scratch page (LoadOptions)");
+    LLMK_CHECK(max_run == 1 && static_cast<int64_t>(logit_rows.size()) == b && pad.rows >= b &&
+                   pad.width >= longest_table,
+               "forward: a padded step takes runs of one token with logits, at most {} of them "
+               "with at most {} pages each ({} runs, the longest {} tokens, {} pages)",
+               pad.rows, pad.width, b, max_run, longest_table);
+    for (; b < pad.rows; ++b) {
+      run_of.push_back(-1);
+      pos_of.push_back(0);
+      ids.push_back(0);
+      cu.push_back(static_cast<int32_t>(++t));
+      logit_rows.push_back(static_cast<int32_t>(t - 1));
+    }
+    longest_table = pad.width;
+  }
   if (t > staging_capacity_) allocate_staging(t);
   upload(
       t, ids.data(), [&](int64_t i) { return pos_of[static_cast<size_t>(i)]; },
       [&](int64_t i, int64_t p) {
-        const Run& run = runs[static_cast<size_t>(run_of[static_cast<size_t>(i)])];
-        return static_cast<int32_t>(run.pages[static_cast<size_t>(p / ps)] * ps + p % ps);
+        const int64_t r = run_of[static_cast<size_t>(i)];
+        const int32_t page =
+            r < 0 ? scratch : runs[static_cast<size_t>(r)].pages[static_cast<size_t>(p / ps)];
+        return static_cast<int32_t>(page * ps + p % ps);
       });
-  const auto b = static_cast<int64_t>(runs.size());
-  std::vector<int32_t> table(static_cast<size_t>(b * longest_table), 0);
-  for (int64_t r = 0; r < b; ++r) {
-    const auto& pg = runs[static_cast<size_t>(r)].pages;
-    std::copy(pg.begin(), pg.end(), table.begin() + r * longest_table);
+  std::vector<int32_t> table(static_cast<size_t>(b * longest_table), scratch < 0 ? 0 : scratch);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto& pg = runs[r].pages;
+    std::copy(pg.begin(), pg.end(), table.begin() + static_cast<int64_t>(r) * longest_table);
   }
-  const auto to_device = [&](std::vector<int32_t>& host, const Shape& shape) {
-    Tensor d = Tensor::empty(shape, DType::I32, device_);
-    if (!host.empty()) ops::transfer(d, Tensor::borrow(host.data(), shape, DType::I32));
-    return d;
-  };
-  runs_.table = to_device(table, {b, longest_table});
-  runs_.cu = to_device(cu, {b + 1});
-  runs_.logit_rows = to_device(logit_rows, {static_cast<int64_t>(logit_rows.size())});
+  // One upload: the table, the offsets and the logit rows, each part at a multiple of 16.
+  const auto up16 = [](int64_t n) { return (n + 15) / 16 * 16; };
+  const int64_t n_table = b * longest_table, cu_at = up16(n_table), rows_at = cu_at + up16(b + 1);
+  const auto n_rows = static_cast<int64_t>(logit_rows.size());
+  const int64_t total = rows_at + n_rows;
+  if (!runs_buf_.defined() || runs_buf_.numel() < total) {
+    runs_buf_ = Tensor::empty({total}, DType::I32, device_);
+    moved_buffers();
+  }
+  host_runs_.assign(static_cast<size_t>(total), 0);
+  std::copy(table.begin(), table.end(), host_runs_.begin());
+  std::copy(cu.begin(), cu.end(), host_runs_.begin() + cu_at);
+  std::copy(logit_rows.begin(), logit_rows.end(), host_runs_.begin() + rows_at);
+  Tensor dst = runs_buf_.slice(0, 0, total);
+  ops::transfer(dst, Tensor::borrow(host_runs_.data(), {total}, DType::I32));
+  runs_.table = runs_buf_.slice(0, 0, n_table).view({b, longest_table});
+  runs_.cu = runs_buf_.slice(0, cu_at, cu_at + b + 1);
+  runs_.logit_rows = runs_buf_.slice(0, rows_at, rows_at + n_rows);
   runs_.max_run = max_run;
   runs_.host_table = std::move(table);
   runs_.host_cu = std::move(cu);
   runs_.width = longest_table;
   runs_.pos.clear();
   for (const Run& run : runs) runs_.pos.push_back(run.pos);
+  for (int64_t r = static_cast<int64_t>(runs.size()); r < b; ++r) runs_.pos.push_back(0);
   staged_ = {.tokens = t, .seq = 0, .one_per_sequence = false, .pos = 0, .runs = true};
   on_staged();
+}
+
+void Model::reserve_runs(int64_t runs, int64_t tokens, int64_t width) {
+  LLMK_CHECK(runs >= 1 && tokens >= runs && width >= 1,
+             "reserve_runs: {} runs of {} tokens with {} pages each", runs, tokens, width);
+  if (tokens > staging_capacity_) allocate_staging(tokens);
+  const int64_t total = (runs * width + 15) / 16 * 16 + (runs + 1 + 15) / 16 * 16 + runs;
+  if (!runs_buf_.defined() || runs_buf_.numel() < total) {
+    runs_buf_ = Tensor::empty({total}, DType::I32, device_);
+    moved_buffers();
+  }
+  reserve(tokens, true);
 }
 
 std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts) {

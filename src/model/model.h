@@ -41,6 +41,9 @@ struct LoadOptions {
   // and a margin, less a tenth (on the CPU: sequences x context). At least one context's worth.
   int64_t kv_memory = 0;
   static constexpr int64_t kKvMemoryFree = -1;
+  // One pool page more than the above, kept out of kv_pages() (Model::kv_scratch_page): where the
+  // padding rows of a padded step (Model::Padding) write their keys.
+  bool scratch_page = false;
 };
 
 class Model {
@@ -77,6 +80,8 @@ class Model {
   // (stage, stage_step) must not be used on the same model.
   virtual int64_t kv_page_size() const { return 0; }
   virtual int64_t kv_pages() const { return 0; }
+  // The pool page past kv_pages() that LoadOptions::scratch_page kept aside; -1 without one.
+  virtual int32_t kv_scratch_page() const { return -1; }
   // Copies the first `rows` rows of pool page src into page dst, K and V of every layer (a
   // shared page's copy before a write).
   virtual void copy_kv_page(int32_t src, int32_t dst, int64_t rows) = 0;
@@ -90,7 +95,23 @@ class Model {
     std::span<const int32_t> pages;
     bool logits = false;
   };
-  void stage_runs(std::span<const Run> runs);
+  // A step whose shapes do not depend on the runs (one captured graph replays it for any runs
+  // of one token each, up to `rows` of them): the runs are padded to `rows` runs, each padding run
+  // token 0 at position 0 in kv_scratch_page() (its logits computed and not meant to be read),
+  // and the page table is `width` pages wide. rows = 0: no padding.
+  struct Padding {
+    int64_t rows = 0;
+    int64_t width = 0;
+  };
+  void stage_runs(std::span<const Run> runs, const Padding& pad);
+  void stage_runs(std::span<const Run> runs) { stage_runs(runs, Padding{}); }
+  // Sizes what stage_runs and compute use for steps of up to `runs` runs, `tokens` tokens and page
+  // tables `width` pages wide, so that such steps allocate nothing (a captured graph keeps the
+  // addresses it saw).
+  void reserve_runs(int64_t runs, int64_t tokens, int64_t width);
+  // Changes whenever a buffer that compute() reads or writes is allocated anew (graphs captured
+  // before then are stale).
+  int64_t buffers_generation() const { return generation_; }
   // Stages one token of sequence `seq` at position `pos` whose id is on the device ([1] I32, on
   // the model's device): copied there in stream order, so it may be the output of work still
   // queued (the decoder's next step, enqueued before the host has read the id).
@@ -123,6 +144,8 @@ class Model {
   Tensor staged_rows() const { return staged_part(2); }
   // Sizes the staging buffer for up to `tokens` tokens a call.
   void allocate_staging(int64_t tokens);
+  // A buffer compute() uses was allocated anew (buffers_generation()).
+  void moved_buffers() { ++generation_; }
   // What is staged: `tokens` of sequence `seq`, or (one_per_sequence) one token of each of the
   // first `tokens` sequences.
   struct Staged {
@@ -134,6 +157,7 @@ class Model {
   } staged_;
   // For stage_runs, on the model's device: the page table [runs, longest table] I32, the runs'
   // query offsets [runs + 1] I32, the rows whose logits are wanted [n] I32; the longest run.
+  // (All three are views of one buffer, uploaded with one copy.)
   struct StagedRuns {
     Tensor table, cu, logit_rows;
     int64_t max_run = 0;
@@ -173,6 +197,9 @@ class Model {
   template <class PosOf, class RowOf>
   void upload(int64_t t, const int32_t* tokens, PosOf position_of, RowOf row_of);
   int64_t staging_capacity_ = 0;
+  int64_t generation_ = 0;
+  Tensor runs_buf_;  // stage_runs' table | cu | logit rows (I32, each part at a multiple of 16)
+  std::vector<int32_t> host_runs_;
   // stage()'s body; tokens null: the ids are put on the device by the caller.
   void stage_sequence(int64_t t, const int32_t* tokens, int64_t pos, int64_t seq);
   std::map<int64_t, bool> release_first_;

@@ -291,5 +291,61 @@ TEST(Engine, StopsAbortsAndRefuses) {
   EXPECT_THROW(engine.add_request(std::vector<int32_t>(65, 1), longer, nullptr), Error);
 }
 
+// A decode step padded for a captured graph (Model::Padding): the real rows' logits are those of
+// the step unpadded; the padding writes only the scratch page, which the engine's pages never are.
+TEST(Engine, PaddedStepGivesTheUnpaddedRows) {
+  for (const std::string family : {"llama3", "gemma3"}) {
+    SCOPED_TRACE(family);
+    auto model = Engine::load(fixture(family), 64, 3, 4);
+    ASSERT_EQ(model->kv_scratch_page(), model->kv_pages());  // the page past the engine's
+    const std::vector<std::vector<int32_t>> pages = {{0, 1, 2}, {5, 3}, {4}};
+    const std::vector<std::vector<int32_t>> ps = {{3, 9, 27, 81, 243, 1, 2, 4, 8}, {7, 7, 1}, {2}};
+    std::vector<Model::Run> prompts;
+    for (size_t r = 0; r < ps.size(); ++r) {
+      prompts.push_back({.tokens = ps[r], .pos = 0, .pages = pages[r], .logits = true});
+    }
+    model->stage_runs(prompts);
+    model->compute(13, false);
+    const std::vector<int32_t> next = {11, 12, 13};
+    std::vector<Model::Run> step;
+    for (size_t r = 0; r < ps.size(); ++r) {
+      step.push_back({.tokens = std::span<const int32_t>(next).subspan(r, 1),
+                      .pos = static_cast<int64_t>(ps[r].size()),
+                      .pages = pages[r],
+                      .logits = true});
+    }
+    model->stage_runs(step);
+    const Tensor plain = model->compute(3, false);
+    const std::vector<float> want(plain.data<float>(), plain.data<float>() + plain.numel());
+    model->stage_runs(step, {.rows = 8, .width = 16});
+    const Tensor padded = model->compute(8, false);
+    ASSERT_EQ(padded.dim(0), 8);
+    ASSERT_EQ(padded.dim(1), plain.dim(1));
+    // Within f32 rounding (the CPU's GEMM splits 8 rows differently from 3: measured 1.7e-6 at
+    // most, of logits up to 3.4); a padding row read as a key, or a key row it overwrote, moves a
+    // logit by far more.
+    double worst = 0, big = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(padded.data<float>()[i]) - want[i]));
+      big = std::max(big, std::abs(static_cast<double>(want[i])));
+    }
+    EXPECT_LE(worst, 1e-5 * big);
+    // The unpadded step again: the padded one changed nothing the sequences read.
+    model->stage_runs(step);
+    const Tensor again = model->compute(3, false);
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(again.data<float>()[i], want[i]);
+    // Only one-token runs with logits, within the rows and the width.
+    EXPECT_THROW(model->stage_runs(prompts, {.rows = 8, .width = 16}), Error);
+    EXPECT_THROW(model->stage_runs(step, {.rows = 2, .width = 16}), Error);
+    EXPECT_THROW(model->stage_runs(step, {.rows = 8, .width = 2}), Error);
+  }
+  auto bare = Model::load(fixture("llama3"), {.context = 64, .sequences = 2, .page_size = 4});
+  EXPECT_EQ(bare->kv_scratch_page(), -1);
+  const std::vector<int32_t> one = {1}, page = {0};
+  const Model::Run run{.tokens = one, .pos = 0, .pages = page, .logits = true};
+  EXPECT_THROW(bare->stage_runs(std::span<const Model::Run>(&run, 1), {.rows = 2, .width = 1}),
+               Error);
+}
+
 }  // namespace
 }  // namespace llmk

@@ -207,6 +207,92 @@ TEST_P(EngineGpu, TokensAndLogprobsMatchTheCpuModel) {
   }
 }
 
+// Decode-only steps replay a graph per batch-size bucket (EngineOptions::cuda_graphs) while
+// requests of different lengths arrive and finish, so the batch crosses buckets both ways: every
+// token's log-probability against the CPU model's (teacher-forced, as above), and against the
+// same requests run with every step eager wherever both chose the same tokens so far.
+TEST_P(EngineGpu, GraphBucketsReplayAsSequencesComeAndGo) {
+  cuda::init();
+  const std::string path = test::family_dir(GetParam());
+  auto cpu = Model::load(path, {.context = 128});
+  const auto ps = prompts(11, 12, 30);
+  const int lengths[] = {3, 17, 9, 30, 5, 24, 2, 12, 20, 7, 14, 4};
+  using Tokens = std::map<int64_t, std::vector<TokenEvent>>;
+  const auto run = [&](bool graphs, int64_t* graph_steps, int64_t* captured) {
+    auto model = Engine::load(path, 128, 6, 16, Device::CUDA);
+    Engine engine(*model, {.max_running = 6, .max_step_tokens = 64, .cuda_graphs = graphs});
+    Tokens got;
+    const auto add = [&](size_t i) {
+      RequestOptions o;
+      o.max_tokens = lengths[i];
+      o.logprobs = true;
+      o.sampler.temperature = 0;
+      engine.add_request(ps[i], o, [&got, i](const TokenEvent& e) {
+        got[static_cast<int64_t>(i)].push_back(e);
+        return true;
+      });
+    };
+    size_t next = 0;
+    for (; next < 5; ++next) add(next);
+    for (int n = 0; !engine.idle() || next < ps.size(); ++n) {
+      if (n % 4 == 3 && next < ps.size()) add(next++);  // arrivals while others decode
+      engine.step();
+      EXPECT_LT(n, 10000) << "no progress";
+      if (n >= 10000) break;
+    }
+    *graph_steps = engine.graph_steps();
+    *captured = engine.graphs_captured();
+    return got;
+  };
+  int64_t steps = 0, captured = 0, eager_steps = 0, eager_captured = 0;
+  const Tokens graphed = run(true, &steps, &captured);
+  const Tokens eager = run(false, &eager_steps, &eager_captured);
+  EXPECT_EQ(eager_steps, 0);
+  EXPECT_EQ(eager_captured, 0);
+  EXPECT_GE(captured, 3) << "the batch should cross at least three buckets";
+  EXPECT_GT(steps, 20) << "decode steps should replay graphs";
+  ASSERT_EQ(graphed.size(), ps.size());
+  double worst_cpu = 0, worst_eager = 0;
+  int same = 0;
+  for (const auto& [i, events] : graphed) {
+    ASSERT_EQ(events.size(), static_cast<size_t>(lengths[i])) << "request " << i;
+    std::vector<int32_t> seq = ps[static_cast<size_t>(i)];
+    const auto p = static_cast<int64_t>(seq.size());
+    for (const TokenEvent& e : events) seq.push_back(e.token);
+    seq.pop_back();
+    const Tensor logits = cpu->forward(seq, 0, true);
+    const int64_t V = logits.dim(1);
+    const std::vector<TokenEvent>& other = eager.at(i);
+    bool agree = true;
+    for (size_t k = 0; k < events.size(); ++k) {
+      const float* row = logits.data<float>() + (p - 1 + static_cast<int64_t>(k)) * V;
+      double m = row[0], big = 0, sum = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        m = std::max(m, static_cast<double>(row[j]));
+        big = std::max(big, std::abs(static_cast<double>(row[j])));
+      }
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - m);
+      const double want = row[events[k].token] - (m + std::log(sum));
+      const double err = std::abs(events[k].logprob - want);
+      worst_cpu = std::max(worst_cpu, err / big);
+      EXPECT_LE(err, 4 * kBf16Worst * big) << "request " << i << " token " << k;
+      agree = agree && k < other.size() && other[k].token == events[k].token;
+      if (agree) {  // the same context in both runs: the same distribution up to rounding
+        const double d = std::abs(events[k].logprob - other[k].logprob);
+        worst_eager = std::max(worst_eager, d / big);
+        EXPECT_LE(d, 4 * kBf16Worst * big) << "request " << i << " token " << k;
+        ++same;
+      }
+    }
+  }
+  EXPECT_GT(same, 50) << "too few tokens in common with the eager run to compare";
+  std::printf(
+      "  %s: %lld graph steps, %lld graphs; worst logprob error %.4f (CPU), %.4f (eager, %d "
+      "tokens) of max |logit|\n",
+      GetParam().c_str(), static_cast<long long>(steps), static_cast<long long>(captured),
+      worst_cpu, worst_eager, same);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, EngineGpu, ::testing::ValuesIn(test::family_names()),
                          [](const auto& p) { return std::string(p.param); });
 

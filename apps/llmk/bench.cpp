@@ -33,9 +33,11 @@ double median(std::vector<double> v);
 // tokens/s over the whole run and the median step latency.
 int bench_concurrency(const std::string& path, const std::string& device, int concurrency,
                       int prompt_tokens, int gen_tokens, int reps, uint64_t seed, bool graphs,
-                      const std::string& json) {
+                      const std::string& kv_dtype, int64_t kv_memory, const std::string& json) {
   const int64_t ctx = int64_t{prompt_tokens} + gen_tokens + 1;
-  auto model = Engine::load(path, ctx, concurrency, 16, resolve_device(device));
+  const Device dev = resolve_device(device);
+  auto model =
+      Engine::load(path, ctx, concurrency, 16, dev, kv_memory, parse_kv_type(kv_dtype, dev));
   const ModelConfig& c = model->config();
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -77,6 +79,8 @@ int bench_concurrency(const std::string& path, const std::string& device, int co
                                 {"config", c.summary()},
                                 {"device", model->device() == Device::CPU ? "cpu" : "cuda"},
                                 {"concurrency", concurrency},
+                                {"kv_dtype", dtype_name(model->kv_dtype())},
+                                {"kv_pages", model->kv_pages()},
                                 {"prompt_tokens", prompt_tokens},
                                 {"gen_tokens", gen_tokens},
                                 {"reps", reps},
@@ -90,6 +94,8 @@ int bench_concurrency(const std::string& path, const std::string& device, int co
     write_file(json, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
   fmt::print("model: {}\n", c.summary());
+  fmt::print("kv cache: {}, {} pages of {} tokens\n", dtype_name(model->kv_dtype()),
+             model->kv_pages(), model->kv_page_size());
   if (model->device() == Device::CPU) {
     fmt::print("cpu, {} threads\n", cpu_pool().num_threads());
   } else {
@@ -111,7 +117,7 @@ double median(std::vector<double> v) {
 
 Command add_bench(CLI::App& cmd) {
   struct Args {
-    std::string model, device, json;
+    std::string model, device, json, kv_dtype, kv_memory;
     int prompt_tokens = 512, gen_tokens = 128, batch = 1, reps = 3, threads = 0, concurrency = 0;
     bool no_graph = false;
     bool no_lookahead = false;
@@ -149,23 +155,33 @@ Command add_bench(CLI::App& cmd) {
   cmd.add_flag("--no-lookahead", a->no_lookahead,
                "On CUDA, read each step's token back before enqueueing the next step (by "
                "default the next step is enqueued first, fed with the argmax on the device)");
+  add_kv_dtype_option(cmd, a->kv_dtype);
+  cmd.add_option("--kv-memory", a->kv_memory,
+                 "With --concurrency: GiB for the KV cache's pages, or 'free' (default: "
+                 "--concurrency contexts)");
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   return [a] {
     prepare(a->model, a->threads);
     if (a->concurrency > 0) {
       LLMK_CHECK(a->batch == 1, "give --batch or --concurrency, not both");
+    } else {
+      LLMK_CHECK(a->kv_memory.empty(), "--kv-memory needs --concurrency");
+    }
+    if (a->concurrency > 0) {
       return bench_concurrency(a->model, a->device, a->concurrency, a->prompt_tokens, a->gen_tokens,
-                               a->reps, a->seed, !a->no_graph, a->json);
+                               a->reps, a->seed, !a->no_graph, a->kv_dtype,
+                               parse_kv_memory(a->kv_memory), a->json);
     }
     const Device device = resolve_device(a->device);
     // int64: --prompt-tokens and --gen-tokens may each be up to INT_MAX; the model's context
     // check rejects a sum it cannot hold.
     const int64_t ctx = int64_t{a->prompt_tokens} + a->gen_tokens + 1;
-    auto model = Model::load(
-        a->model,
-        LoadOptions{
-            .context = ctx, .sequences = a->batch, .device = device, .progress = load_progress()});
+    auto model = Model::load(a->model, LoadOptions{.context = ctx,
+                                                   .sequences = a->batch,
+                                                   .device = device,
+                                                   .progress = load_progress(),
+                                                   .kv_type = parse_kv_type(a->kv_dtype, device)});
     const ModelConfig& c = model->config();
     std::mt19937_64 rng(a->seed);
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.vocab_size - 1));

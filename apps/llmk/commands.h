@@ -36,7 +36,8 @@ Command add_serve(CLI::App& app);
 struct BatchArgs {
   std::string model, prompts_file, device;
   int64_t ctx = 0, max_tokens = 128, max_running = 64, step_tokens = 512;
-  int64_t kv_memory = 0;  // LoadOptions::kv_memory; 0: sized from the batch
+  int64_t kv_memory = 0;          // LoadOptions::kv_memory; 0: sized from the batch
+  std::string kv_dtype = "auto";  // LoadOptions::kv_type (parse_kv_type)
   int n = 1;
   bool chat = false;   // each prompt as the user's message in the model's chat template
   std::string system;  // with chat: the system message
@@ -46,6 +47,8 @@ struct BatchArgs {
 int run_batch(const BatchArgs& a);
 // --kv-memory: "" -> 0, "free" -> LoadOptions::kKvMemoryFree, "G" (GiB, > 0) -> bytes.
 int64_t parse_kv_memory(const std::string& text);
+// --kv-dtype's option text: auto, bf16 (CUDA), f32 (CPU), fp8 or int8.
+void add_kv_dtype_option(CLI::App& cmd, std::string& kv_dtype);
 
 // The default model: $LLMK_MODELS_DIR (or ./models) /SmolLM2-135M-Instruct.Q4_1.gguf.
 std::string default_model_path();

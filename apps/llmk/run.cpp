@@ -19,7 +19,7 @@ namespace llmk::cli {
 
 Command add_run(CLI::App& cmd) {
   struct Args {
-    std::string model, prompt, prompt_file, system, device, prompts, kv_memory;
+    std::string model, prompt, prompt_file, system, device, prompts, kv_memory, kv_dtype;
     int n_predict = 128, n = 1;
     int64_t ctx = 0, max_running = 64, step_tokens = 512;
     int threads = 0;
@@ -64,6 +64,7 @@ Command add_run(CLI::App& cmd) {
                  "With --prompts: GiB for the KV cache's pages, or 'free' for what the GPU has "
                  "free after the weights (default: what the batch's samples can take, at most "
                  "--max-running contexts)");
+  add_kv_dtype_option(cmd, a->kv_dtype);
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   cmd.footer(
@@ -89,6 +90,7 @@ Command add_run(CLI::App& cmd) {
                         .max_running = a->max_running,
                         .step_tokens = a->step_tokens,
                         .kv_memory = parse_kv_memory(a->kv_memory),
+                        .kv_dtype = a->kv_dtype,
                         .n = a->n,
                         .chat = a->chat,
                         .system = a->system,
@@ -97,6 +99,7 @@ Command add_run(CLI::App& cmd) {
     }
     LLMK_CHECK(a->n == 1, "--n needs --prompts");
     LLMK_CHECK(a->kv_memory.empty(), "--kv-memory needs --prompts");
+    LLMK_CHECK(a->kv_dtype == "auto", "--kv-dtype needs --prompts");
     LLMK_CHECK(a->prompt.empty() || a->prompt_file.empty(), "give -p or -f, not both");
     LLMK_CHECK(a->system.empty() || a->chat,
                "--system needs --chat (it goes into the chat template)");

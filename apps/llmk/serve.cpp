@@ -70,7 +70,7 @@ std::string error_body(const ApiError& e) {
 }
 
 struct ServeArgs {
-  std::string model, device, host = "127.0.0.1", api_key, kv_memory;
+  std::string model, device, host = "127.0.0.1", api_key, kv_memory, kv_dtype;
   int port = 8080;
   int64_t ctx = 0, max_running = 64, max_queue = 256, step_tokens = 512, max_n = 16;
   int64_t max_body = 8 << 20, threads = 64;
@@ -992,8 +992,8 @@ int run_serve(const ServeArgs& a) {
   }
   fmt::print(stderr, "[llmk serve] loading {} ...\n", a.model);
   // (ctx 0: the model's context, at most 4096.)
-  auto model =
-      Engine::load(a.model, a.ctx, a.max_running, 16, device, parse_kv_memory(a.kv_memory));
+  auto model = Engine::load(a.model, a.ctx, a.max_running, 16, device, parse_kv_memory(a.kv_memory),
+                            parse_kv_type(a.kv_dtype, device));
   std::string id = a.model;
   while (!id.empty() && id.back() == '/') id.pop_back();
   id = id.substr(id.find_last_of('/') + 1);
@@ -1034,6 +1034,7 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--kv-memory", a->kv_memory,
                   "KV cache size in GiB, or 'free' (the GPU's free memory); default: "
                   "--max-running contexts");
+  add_kv_dtype_option(*cmd, a->kv_dtype);
   cmd->add_option("--threads", a->threads, "HTTP threads (each streaming request holds one)")
       ->check(in_range(1, 4096))
       ->default_val(64);

@@ -8,7 +8,7 @@ namespace llmk {
 
 namespace {
 // Block layouts follow ggml: QK_K = 256 for the k-quants.
-constexpr std::array<DTypeInfo, 18> kInfo = {{
+constexpr std::array<DTypeInfo, 19> kInfo = {{
     {"f32", 1, 4, false},
     {"f16", 1, 2, false},
     {"bf16", 1, 2, false},
@@ -27,6 +27,7 @@ constexpr std::array<DTypeInfo, 18> kInfo = {{
     {"q8_k", 256, 292, true},
     {"f64", 1, 8, false},
     {"i64", 1, 8, false},
+    {"f8e4m3", 1, 1, false},
 }};
 }  // namespace
 

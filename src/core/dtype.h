@@ -30,7 +30,14 @@ enum class DType : uint8_t {
   // CPU, and torch's default integer type.
   F64,
   I64,
+  // An 8-bit float (OCP FP8 E4M3: 4 exponent bits, 3 mantissa bits, largest 448): compressed KV
+  // caches (kernels/kv_quant.h).
+  F8E4M3,
 };
+
+// A model's KV cache elements (LoadOptions::kv_type): its activations' type, or 8-bit (FP8 E4M3,
+// INT8) with a scale per row and head.
+enum class KvType : uint8_t { Auto, FP8, INT8 };
 
 struct DTypeInfo {
   std::string_view name;

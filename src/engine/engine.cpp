@@ -44,7 +44,8 @@ int64_t Engine::bucket(int64_t b) const {
 }
 
 std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, int64_t sequences,
-                                    int64_t page_size, Device device, int64_t kv_memory) {
+                                    int64_t page_size, Device device, int64_t kv_memory,
+                                    KvType kv_type) {
   LLMK_CHECK(sequences >= 1 && page_size >= 1,
              "engine: {} sequences of pages of {} tokens: both must be at least 1", sequences,
              page_size);
@@ -53,7 +54,8 @@ std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, in
                                        .device = device,
                                        .page_size = page_size,
                                        .kv_memory = kv_memory,
-                                       .scratch_page = true});
+                                       .scratch_page = true,
+                                       .kv_type = kv_type});
 }
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const RequestOptions& opts,

@@ -45,6 +45,10 @@ class DecoderModel final : public Model {
                const LoadOptions& opts, const WeightSource& src)
       : Model(path, std::move(config), context, opts.sequences, opts.device),
         act_(opts.device == Device::CPU ? DType::F32 : DType::BF16),
+        kv_(opts.kv_type == KvType::FP8    ? DType::F8E4M3
+            : opts.kv_type == KvType::INT8 ? DType::I8
+                                           : act_),
+        kv8_(opts.kv_type != KvType::Auto),
         page_size_(opts.page_size),
         scratch_(opts.scratch_page ? 1 : 0) {
     LLMK_CHECK(opts.page_size >= 0, "page size {} must be >= 0", opts.page_size);
@@ -68,6 +72,7 @@ class DecoderModel final : public Model {
 
   Tensor compute(int64_t t, bool all_logits) override;
   void reserve(int64_t t, bool all_logits) override;
+  DType kv_dtype() const override { return kv_; }
 
  private:
   // Activation memory is checked up front for a prompt of this many tokens.
@@ -102,6 +107,16 @@ class DecoderModel final : public Model {
   static constexpr int64_t kMaxPagedQueries = 8;
 
   DType act_;
+  DType kv_;  // the KV pool's elements: act_, or 8-bit (kv8_) with kv_scales_
+  bool kv8_;
+  // Bytes of one pool row's K or V: its heads' elements and, 8-bit, their float scales.
+  int64_t kv_row_bytes() const {
+    const ModelConfig& c = config();
+    return bytes_for(kv_, c.n_kv_heads * c.head_dim) + (kv8_ ? 4 * c.n_kv_heads : 0);
+  }
+  // The 8-bit pools' scales per layer ([pool rows, Hkv] f32 each for K and V); empty otherwise.
+  std::vector<ops::KvScales> kv_scales_;
+  ops::KvScales* scales(size_t layer) { return kv8_ ? &kv_scales_[layer] : nullptr; }
   int64_t page_size_;       // LoadOptions::page_size (0: page_size()'s default)
   int64_t scratch_;         // 1: the pool's last page is kv_scratch_page()
   int64_t pool_pages_ = 0;  // pages in the KV pool, the scratch page's included
@@ -196,8 +211,7 @@ void DecoderModel::load_weights(WeightLoader& w) {
 
 void DecoderModel::size_pool(const std::string& path, int64_t kv_memory, uint64_t weight_bytes) {
   const ModelConfig& c = config();
-  const auto page_bytes = static_cast<uint64_t>(
-      2 * bytes_for(act_, c.n_layers * page_size() * c.n_kv_heads * c.head_dim));
+  const auto page_bytes = static_cast<uint64_t>(2 * c.n_layers * page_size() * kv_row_bytes());
   (void)weight_bytes;  // read where CUDA is built
   uint64_t budget = 0;
   if (kv_memory > 0) {
@@ -216,12 +230,13 @@ void DecoderModel::size_pool(const std::string& path, int64_t kv_memory, uint64_
   constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();  // the kernels' row index
   const int64_t pages =
       std::min<int64_t>(static_cast<int64_t>(budget / page_bytes), kMaxRows / page_size());
-  LLMK_CHECK(pages >= pages_per_sequence() + scratch_,
+  // (The scratch page, an engine's, is not counted as the sequences'.)
+  LLMK_CHECK(pages - scratch_ >= pages_per_sequence(),
              "{}: a KV pool of {:.2f} GiB holds {} pages of {} tokens ({:.2f} MiB each), fewer "
              "than one context of {} tokens needs ({}); grant more memory or a shorter context",
-             path, static_cast<double>(budget) / (1ull << 30), pages, page_size(),
-             static_cast<double>(page_bytes) / (1ull << 20), context(),
-             pages_per_sequence() + scratch_);
+             path, static_cast<double>(budget) / (1ull << 30),
+             std::max<int64_t>(0, pages - scratch_), page_size(),
+             static_cast<double>(page_bytes) / (1ull << 20), context(), pages_per_sequence());
   pool_pages_ = pages;
 }
 
@@ -233,9 +248,7 @@ uint64_t DecoderModel::gather_bytes() const {
 
 uint64_t DecoderModel::kv_cache_bytes() const {
   const ModelConfig& c = config();
-  return 2ull * static_cast<uint64_t>(
-                    bytes_for(act_, c.n_layers * pool_rows() * c.n_kv_heads * c.head_dim)) +
-         gather_bytes();
+  return 2ull * static_cast<uint64_t>(c.n_layers * pool_rows() * kv_row_bytes()) + gather_bytes();
 }
 
 uint64_t DecoderModel::activation_bytes(int64_t t) const {
@@ -248,8 +261,14 @@ uint64_t DecoderModel::activation_bytes(int64_t t) const {
 void DecoderModel::allocate_cache() {
   const ModelConfig& c = config();
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    k_cache_.push_back(Tensor::empty({pool_rows(), c.n_kv_heads, c.head_dim}, act_, device()));
-    v_cache_.push_back(Tensor::empty({pool_rows(), c.n_kv_heads, c.head_dim}, act_, device()));
+    k_cache_.push_back(Tensor::empty({pool_rows(), c.n_kv_heads, c.head_dim}, kv_, device()));
+    v_cache_.push_back(Tensor::empty({pool_rows(), c.n_kv_heads, c.head_dim}, kv_, device()));
+    if (kv8_) {                 // zeros: a row read before it is written (never, but) decodes to 0
+      const auto zeros = [&] {  // on the CPU to(CPU) is the host tensor itself: one each
+        return Tensor::zeros({pool_rows(), c.n_kv_heads}, DType::F32).to(device());
+      };
+      kv_scales_.push_back({zeros(), zeros()});
+    }
   }
   const int64_t S = sequences(), P = pages_per_sequence();
   host_pages_.assign(static_cast<size_t>(S * P), -1);
@@ -286,7 +305,9 @@ void DecoderModel::copy_kv_page(int32_t src, int32_t dst, int64_t rows) {
              "copy_kv_page: {} rows of page {} to page {} (pool of {} pages of {})", rows, src, dst,
              kv_pages(), ps);
   for (size_t i = 0; i < k_cache_.size(); ++i) {
-    for (Tensor* pool : {&k_cache_[i], &v_cache_[i]}) {
+    std::vector<Tensor*> pools = {&k_cache_[i], &v_cache_[i]};
+    if (kv8_) pools.insert(pools.end(), {&kv_scales_[i].k, &kv_scales_[i].v});
+    for (Tensor* pool : pools) {
       Tensor to = pool->slice(0, dst * ps, dst * ps + rows);
       ops::copy(to, pool->slice(0, src * ps, src * ps + rows));
     }
@@ -324,7 +345,7 @@ void DecoderModel::plan_run_attention() {
   for (int64_t r = lead; r < b; ++r) {
     const int64_t q0 = cu(r), n = cu(r + 1) - q0, pos = runs_.pos[static_cast<size_t>(r)];
     int64_t at = -1;
-    if (n > kMaxPagedQueries && pos > 0) {
+    if (n > kMaxPagedQueries && (pos > 0 || kv8_)) {  // 8-bit: its keys as the cache holds them
       at = static_cast<int64_t>(host_gather_.size());
       const int32_t* table = runs_.host_table.data() + r * runs_.width;
       for (int64_t j = 0; j < pos + n; ++j)
@@ -349,8 +370,13 @@ void DecoderModel::attend_gathered(Tensor& out, const Tensor& q, const Tensor& p
   const int64_t hkv = config().n_kv_heads, d = config().head_dim;
   Tensor kg = k_gather_.slice(0, 0, n), vg = v_gather_.slice(0, 0, n);
   const Tensor rows = gather_rows_.slice(0, at, at + n);
-  ops::embedding(kg, k_cache_[layer].view({pool_rows(), hkv * d}), rows);
-  ops::embedding(vg, v_cache_[layer].view({pool_rows(), hkv * d}), rows);
+  if (kv8_) {  // decoded
+    Tensor kg3 = kg.view({n, hkv, d}), vg3 = vg.view({n, hkv, d});
+    ops::kv_gather(kg3, vg3, k_cache_[layer], v_cache_[layer], rows, scales(layer));
+  } else {
+    ops::embedding(kg, k_cache_[layer].view({pool_rows(), hkv * d}), rows);
+    ops::embedding(vg, v_cache_[layer].view({pool_rows(), hkv * d}), rows);
+  }
   ops::attention(out, q, kg.view({n, hkv, d}), vg.view({n, hkv, d}), positions, ap);
 }
 
@@ -373,7 +399,7 @@ void DecoderModel::attention_by_run(Tensor& attn, const Tensor& q, const Tensor&
       ops::attention_paged(out, qr, k_cache_[layer], v_cache_[layer],
                            runs_.table.slice(0, ra.run, ra.run + 1), page_size(), Tensor{}, pr,
                            ra.n, paged_params(ap));
-    } else if (ra.pos == 0) {  // its keys are exactly the projection's (rotated) K and V
+    } else if (ra.rows_at < 0) {  // its keys are exactly the projection's (rotated) K and V
       ops::attention(out, qr, k.slice(0, ra.q0, ra.q0 + ra.n), v.slice(0, ra.q0, ra.q0 + ra.n), pr,
                      ap);
     } else {
@@ -386,7 +412,7 @@ void DecoderModel::on_staged() {
   if (staged_.runs) plan_run_attention();
   // The prompt's sequence, keys 0 .. pos + T - 1 (none to gather from position 0: compute()
   // reads the new keys from the projection).
-  if (!staged_.runs && gathers(staged_.tokens) && staged_.pos > 0) {
+  if (!staged_.runs && gathers(staged_.tokens) && (staged_.pos > 0 || kv8_)) {
     const int64_t n = staged_.pos + staged_.tokens;
     host_gather_.resize(static_cast<size_t>(n));
     for (int64_t j = 0; j < n; ++j)
@@ -487,27 +513,28 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
     const ops::RopeParams& rp = local ? rope_local : rope_global;
     if (!c.qk_norm && l.qkv.ws.empty()) {  // one launch for a decode step on CUDA
       ops::linear_rope_kv_append(qkv, h, l.qkv.w, l.qkv.bias(), H, positions, rp, k_cache_[i],
-                                 v_cache_[i], cache_rows);
+                                 v_cache_[i], cache_rows, scales(i));
     } else {
       l.qkv.apply(qkv, h);
       if (c.qk_norm) {
         ops::rms_norm(q, q, l.q_norm, c.rms_eps, one);
         ops::rms_norm(k, k, l.k_norm, c.rms_eps, one);
       }
-      ops::rope_kv_append(qk, positions, rp, k_cache_[i], v_cache_[i], v, cache_rows);
+      ops::rope_kv_append(qk, positions, rp, k_cache_[i], v_cache_[i], v, cache_rows, scales(i));
     }
-    const ops::AttentionParams& ap = local ? attn_local : attn_global;
+    ops::AttentionParams ap = local ? attn_local : attn_global;
+    ap.kv_scales = scales(i);
     if (staged_.runs && lead_runs_ >= 0) {  // CUDA, some run too long for the paged kernel
       attention_by_run(attn, q, k, v, i, ap);
     } else if (staged_.runs) {  // several sequences, each a run of tokens, keys in their pages
       ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], runs_.table, page_size(), runs_.cu,
                            positions, runs_.max_run, paged_params(ap));
-    } else if (gathers(t) && staged_.pos == 0) {
+    } else if (gathers(t) && staged_.pos == 0 && !kv8_) {
       // A prompt from position 0: its keys are exactly the projection's (rotated) K and V.
       ops::attention(attn, q, k, v, positions, ap);
     } else if (gathers(t)) {
-      // A prompt after earlier keys: its sequence's keys gathered from the pages into one
-      // contiguous block for the prefill kernel.
+      // A prompt after earlier keys (or any, 8-bit: its keys as the cache holds them): its
+      // sequence's keys gathered from the pages into one contiguous block for the prefill kernel.
       attend_gathered(attn, q, positions, 0, staged_.pos + t, i, ap);
     } else if (staged_.one_per_sequence) {  // token b belongs to sequence b: one launch for all
       ops::attention_paged(attn, q, k_cache_[i], v_cache_[i], page_table_.slice(0, 0, t),

@@ -244,6 +244,30 @@ Tokenizer load_tokenizer(const Model& model, const std::string& path) {
   return load_tokenizer(path);
 }
 
+KvType parse_kv_type(const std::string& name, Device device) {
+  if (name == "auto") return KvType::Auto;
+  if (name == "fp8") return KvType::FP8;
+  if (name == "int8") return KvType::INT8;
+  const char* act = device == Device::CPU ? "f32" : "bf16";
+  LLMK_CHECK(name == "bf16" || name == "f32", "kv dtype '{}': expected auto, {}, fp8 or int8", name,
+             act);
+  LLMK_CHECK(name == act,
+             "kv dtype '{}': the {} computes in {}; its cache is {} (or fp8, int8), not {}", name,
+             device == Device::CPU ? "CPU" : "GPU", act, act, name);
+  return KvType::Auto;
+}
+
+const char* kv_type_name(KvType t) {
+  switch (t) {
+    case KvType::FP8:
+      return "fp8";
+    case KvType::INT8:
+      return "int8";
+    default:
+      return "auto";
+  }
+}
+
 Device resolve_device(const std::string& name) {
   LLMK_CHECK(name == "auto" || name == "cpu" || name == "cuda",
              "device '{}': expected auto, cpu or cuda", name);

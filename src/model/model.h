@@ -29,6 +29,11 @@ namespace llmk {
 
 class Tokenizer;
 
+// "auto", "fp8" or "int8" as a KvType; "bf16" and "f32" name Auto on the device whose activations
+// they are (cuda, cpu). Throws llmk::Error for anything else.
+KvType parse_kv_type(const std::string& name, Device device);
+const char* kv_type_name(KvType t);
+
 struct LoadOptions {
   int64_t context = 0;    // KV cache length in tokens; 0 = min(model's context, 4096)
   int64_t sequences = 1;  // sequences decoded together, each with its own KV cache
@@ -44,6 +49,9 @@ struct LoadOptions {
   // One pool page more than the above, kept out of kv_pages() (Model::kv_scratch_page): where the
   // padding rows of a padded step (Model::Padding) write their keys.
   bool scratch_page = false;
+  // The KV cache's element type: Auto (the activations': f32 on the CPU, bf16 on CUDA), or 8-bit
+  // with a float scale per row and head (kernels/kv_quant.h), about half the memory of bf16.
+  KvType kv_type = KvType::Auto;
 };
 
 class Model {
@@ -60,6 +68,8 @@ class Model {
   const std::optional<gguf::File>& gguf() const { return gguf_; }
   const std::string& path() const { return path_; }
   int64_t context() const { return context_; }  // per sequence
+  // The KV cache's element type (LoadOptions::kv_type resolved: f32, bf16, f8e4m3 or i8).
+  virtual DType kv_dtype() const = 0;
   int64_t sequences() const { return sequences_; }
   Device device() const { return device_; }
 

@@ -6,8 +6,10 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/kv_cache.h"
 #include "ops/attention_common.h"
 #include "ops/check.h"
+#include "ops/kv_append.h"
 #include "ops/ops.h"
 
 #ifdef LLMK_HAS_CUDA
@@ -270,9 +272,12 @@ void attention_paged_cpu(Tensor& out, const Tensor& q, const Tensor& k_pool, con
                          const Tensor& page_table, int64_t page_size, const Tensor& cu_q,
                          const Tensor& positions, int64_t max_q, const AttentionParams& p,
                          const PagedDims& d) {
+  const KvScales* scales = p.kv_scales;
   for (const auto& [name, t] : {NamedTensor{"out", &out}, NamedTensor{"q", &q},
                                 NamedTensor{"k_pool", &k_pool}, NamedTensor{"v_pool", &v_pool}}) {
-    require_dtype(kPagedOp, name, *t, DType::F32);
+    if (scales == nullptr || (t != &k_pool && t != &v_pool)) {
+      require_dtype(kPagedOp, name, *t, DType::F32);
+    }
   }
   const Tensor pt = page_table.contiguous();
   const int32_t* table = pt.data<const int32_t>();
@@ -297,6 +302,7 @@ void attention_paged_cpu(Tensor& out, const Tensor& q, const Tensor& k_pool, con
                  i, pg, pool_pages);
       adjacent = adjacent && pg == table[b * d.P] + i;
     }
+    adjacent = adjacent && scales == nullptr;  // 8-bit rows are decoded into the buffers
     const int64_t row_elems = d.Hkv * d.D;
     cpu::AttentionArgs a;
     if (adjacent) {
@@ -314,12 +320,24 @@ void attention_paged_cpu(Tensor& out, const Tensor& q, const Tensor& k_pool, con
         const int64_t row =
             static_cast<int64_t>(table[b * d.P + j / page_size]) * page_size + j % page_size;
         for (int64_t h = 0; h < d.Hkv; ++h) {
+          float* kd = kbuf.data() + (j * d.Hkv + h) * d.D;
+          float* vd = vbuf.data() + (j * d.Hkv + h) * d.D;
+          if (scales != nullptr) {
+            const auto* kb = static_cast<const uint8_t*>(k_pool.data()) + row * k_pool.stride(0) +
+                             h * k_pool.stride(1);
+            const auto* vb = static_cast<const uint8_t*>(v_pool.data()) + row * v_pool.stride(0) +
+                             h * v_pool.stride(1);
+            const kvq::Format f = detail::kv_format(k_pool);
+            cpu::kv_decode(kd, kb, scales->k.data<const float>()[row * d.Hkv + h], d.D, f);
+            cpu::kv_decode(vd, vb, scales->v.data<const float>()[row * d.Hkv + h], d.D, f);
+            continue;
+          }
           const float* ks =
               k_pool.data<const float>() + row * k_pool.stride(0) + h * k_pool.stride(1);
           const float* vs =
               v_pool.data<const float>() + row * v_pool.stride(0) + h * v_pool.stride(1);
-          std::copy(ks, ks + d.D, kbuf.data() + (j * d.Hkv + h) * d.D);
-          std::copy(vs, vs + d.D, vbuf.data() + (j * d.Hkv + h) * d.D);
+          std::copy(ks, ks + d.D, kd);
+          std::copy(vs, vs + d.D, vd);
         }
       }
       a.k = kbuf.data();
@@ -351,8 +369,10 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
                           const Tensor& page_table, int64_t page_size, const Tensor& cu_q,
                           const Tensor& positions, int64_t max_q, const AttentionParams& p,
                           const PagedDims& d) {
+  const KvScales* scales = p.kv_scales;
   for (const auto& [name, t] : {NamedTensor{"out", &out}, NamedTensor{"q", &q},
                                 NamedTensor{"k_pool", &k_pool}, NamedTensor{"v_pool", &v_pool}}) {
+    if (scales != nullptr && (t == &k_pool || t == &v_pool)) continue;  // 8-bit pools
     require_dtype(kPagedOp, name, *t, DType::BF16);
     require_16_byte_rows(kPagedOp, name, *t);
   }
@@ -378,7 +398,12 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
   a.page_table = page_table.data<const int32_t>();
   a.page_size = static_cast<int>(page_size);
   a.pages_per_seq = static_cast<int>(d.P);
-  if (!fast) {
+  if (scales != nullptr) {  // 8-bit pools: the fallback kernel decodes their rows
+    a.kv_format = detail::kv_format(k_pool) == kvq::Format::E4M3 ? 1 : 2;
+    a.k_scale = scales->k.data<const float>();
+    a.v_scale = scales->v.data<const float>();
+  }
+  if (!fast || scales != nullptr) {
     // One launch for the batch: the fallback kernel finds each row's sequence in cu_q and its
     // keys through the page table, up to the sequence's last position.
     a.positions = positions.data<const int32_t>();
@@ -436,6 +461,7 @@ void attention_paged(Tensor& out, const Tensor& q, const Tensor& k_pool, const T
                                        {"positions", &positions}});
   const PagedDims d = check_paged_shapes(out, q, k_pool, v_pool, page_table, page_size, cu_q,
                                          positions, max_q_per_seq, p);
+  detail::check_kv_scales(kPagedOp, k_pool, v_pool, p.kv_scales);
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
     attention_paged_cuda(out, q, k_pool, v_pool, page_table, page_size, cu_q, positions,

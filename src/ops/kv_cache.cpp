@@ -1,5 +1,7 @@
 #include "kernels/cpu/kv_cache.h"
 
+#include <algorithm>
+
 #include "ops/check.h"
 #include "ops/kv_append.h"
 #include "ops/ops.h"
@@ -10,21 +12,55 @@ using namespace detail;
 
 namespace detail {
 
+kvq::Format kv_format(const Tensor& cache) {
+  return cache.dtype() == DType::F8E4M3 ? kvq::Format::E4M3 : kvq::Format::I8;
+}
+
+void check_kv_scales(std::string_view op, const Tensor& k_cache, const Tensor& v_cache,
+                     const KvScales* scales) {
+  const auto eight_bit = [](const Tensor& t) {
+    return t.dtype() == DType::F8E4M3 || t.dtype() == DType::I8;
+  };
+  if (scales == nullptr) {
+    LLMK_CHECK(!eight_bit(k_cache) && !eight_bit(v_cache),
+               "ops::{}: the caches are {} and {}: 8-bit caches need their scales", op,
+               k_cache.str(), v_cache.str());
+    return;
+  }
+  LLMK_CHECK(eight_bit(k_cache) && k_cache.dtype() == v_cache.dtype(),
+             "ops::{}: with scales the caches must both be f8e4m3 or both i8, not {} and {}", op,
+             k_cache.str(), v_cache.str());
+  LLMK_CHECK(k_cache.ndim() == 3 && k_cache.dim(2) <= 256,
+             "ops::{}: an 8-bit cache ({}) holds head dims up to 256", op, k_cache.str());
+  for (const auto& [name, t] :
+       {NamedTensor{"scales.k", &scales->k}, NamedTensor{"scales.v", &scales->v}}) {
+    LLMK_CHECK(t->defined(), "ops::{}: {} is missing", op, name);
+    require_dtype(op, name, *t, DType::F32);
+    require_shape(op, name, *t, {k_cache.dim(0), k_cache.dim(1)});
+    LLMK_CHECK(t->is_contiguous() && t->device() == k_cache.device(),
+               "ops::{}: {} ({}) must be contiguous, on the caches' device", op, name, t->str());
+  }
+}
+
 bool check_kv_append(std::string_view op, const Tensor& k_cache, const Tensor& v_cache,
-                     const Tensor& k, const Tensor& v, const Tensor& positions) {
+                     const Tensor& k, const Tensor& v, const Tensor& positions,
+                     const KvScales* scales) {
   const bool cuda = on_cuda(op, {{"k_cache", &k_cache},
                                  {"v_cache", &v_cache},
                                  {"k", &k},
                                  {"v", &v},
                                  {"positions", &positions}});
-  const DType cache_type = cuda ? DType::BF16 : DType::F32;
   for (const auto& [name, t] : {NamedTensor{"k_cache", &k_cache}, NamedTensor{"v_cache", &v_cache},
                                 NamedTensor{"k", &k}, NamedTensor{"v", &v}}) {
     require_ndim(op, name, *t, 3);
     require_last_dim_contiguous(op, name, *t);
   }
-  require_dtype(op, "k_cache", k_cache, cache_type);
-  require_dtype(op, "v_cache", v_cache, cache_type);
+  check_kv_scales(op, k_cache, v_cache, scales);
+  if (scales == nullptr) {
+    const DType cache_type = cuda ? DType::BF16 : DType::F32;
+    require_dtype(op, "k_cache", k_cache, cache_type);
+    require_dtype(op, "v_cache", v_cache, cache_type);
+  }
   if (cuda) {
     LLMK_CHECK(k.dtype() == DType::BF16 || k.dtype() == DType::F32,
                "ops::{}: k is {} but must be bf16 or f32", op, k.str());
@@ -62,9 +98,19 @@ bool check_kv_append(std::string_view op, const Tensor& k_cache, const Tensor& v
 }
 
 void cpu_kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-                   const Tensor& positions) {
+                   const Tensor& positions, KvScales* scales) {
   const int64_t T = k.dim(0), H = k_cache.dim(1), D = k_cache.dim(2);
   const auto* pos = positions.data<const int32_t>();
+  if (scales != nullptr) {
+    const kvq::Format f = kv_format(k_cache);
+    cpu::kv_append_8bit(static_cast<uint8_t*>(k_cache.data()), k_cache.stride(0), k_cache.stride(1),
+                        scales->k.data<float>(), H, k.data<const float>(), k.stride(0), k.stride(1),
+                        pos, positions.stride(0), T, H, D, f);
+    cpu::kv_append_8bit(static_cast<uint8_t*>(v_cache.data()), v_cache.stride(0), v_cache.stride(1),
+                        scales->v.data<float>(), H, v.data<const float>(), v.stride(0), v.stride(1),
+                        pos, positions.stride(0), T, H, D, f);
+    return;
+  }
   cpu::kv_append(k_cache.data<float>(), k_cache.stride(0), k_cache.stride(1), k.data<const float>(),
                  k.stride(0), k.stride(1), pos, positions.stride(0), T, H, D);
   cpu::kv_append(v_cache.data<float>(), v_cache.stride(0), v_cache.stride(1), v.data<const float>(),
@@ -75,8 +121,13 @@ void cpu_kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tens
 // Positions stay on the device: rows outside the cache are skipped there (the caller's error,
 // unchecked so that a captured step replays at any position).
 cuda::KvAppendArgs cuda_kv_append_args(Tensor& k_cache, Tensor& v_cache, const Tensor& k,
-                                       const Tensor& v, const Tensor& positions) {
+                                       const Tensor& v, const Tensor& positions, KvScales* scales) {
   cuda::KvAppendArgs a;
+  if (scales != nullptr) {
+    a.format = kv_format(k_cache) == kvq::Format::E4M3 ? cuda::KvFormat::E4M3 : cuda::KvFormat::I8;
+    a.k_scale = scales->k.data<float>();
+    a.v_scale = scales->v.data<float>();
+  }
   a.k_cache = k_cache.data();
   a.v_cache = v_cache.data();
   a.k_cache_ld_l = k_cache.stride(0);
@@ -103,16 +154,86 @@ cuda::KvAppendArgs cuda_kv_append_args(Tensor& k_cache, Tensor& v_cache, const T
 }  // namespace detail
 
 void kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-               const Tensor& positions) {
-  const bool cuda = check_kv_append("kv_append", k_cache, v_cache, k, v, positions);
+               const Tensor& positions, KvScales* scales) {
+  const bool cuda = check_kv_append("kv_append", k_cache, v_cache, k, v, positions, scales);
   if (k.dim(0) == 0) return;
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
-    cuda::kv_append(cuda_kv_append_args(k_cache, v_cache, k, v, positions));
+    cuda::kv_append(cuda_kv_append_args(k_cache, v_cache, k, v, positions, scales));
 #endif
     return;
   }
-  cpu_kv_append(k_cache, v_cache, k, v, positions);
+  cpu_kv_append(k_cache, v_cache, k, v, positions, scales);
+}
+
+void kv_gather(Tensor& out_k, Tensor& out_v, const Tensor& k_pool, const Tensor& v_pool,
+               const Tensor& rows, const KvScales* scales) {
+  constexpr std::string_view op = "kv_gather";
+  const bool cuda = on_cuda(op, {{"out_k", &out_k},
+                                 {"out_v", &out_v},
+                                 {"k_pool", &k_pool},
+                                 {"v_pool", &v_pool},
+                                 {"rows", &rows}});
+  for (const auto& [name, t] : {NamedTensor{"out_k", &out_k}, NamedTensor{"out_v", &out_v},
+                                NamedTensor{"k_pool", &k_pool}, NamedTensor{"v_pool", &v_pool}}) {
+    require_ndim(op, name, *t, 3);
+    LLMK_CHECK(t->is_contiguous(), "ops::{}: {} ({}) must be contiguous", op, name, t->str());
+  }
+  check_kv_scales(op, k_pool, v_pool, scales);
+  const int64_t L = k_pool.dim(0), H = k_pool.dim(1), D = k_pool.dim(2), n = rows.numel();
+  require_shape(op, "v_pool", v_pool, k_pool.shape());
+  require_dtype(op, "rows", rows, DType::I32);
+  require_shape(op, "rows", rows, {n});
+  require_shape(op, "out_k", out_k, {n, H, D});
+  require_shape(op, "out_v", out_v, {n, H, D});
+  const DType out_type = cuda ? DType::BF16 : DType::F32;
+  require_dtype(op, "out_k", out_k, out_type);
+  require_dtype(op, "out_v", out_v, out_type);
+  if (scales == nullptr) require_dtype(op, "k_pool", k_pool, out_type);
+  if (n == 0) return;
+  if (cuda) {
+#ifdef LLMK_HAS_CUDA
+    LLMK_CHECK(rows.is_contiguous(), "ops::{}: rows ({}) must be contiguous", op, rows.str());
+    cuda::KvGatherArgs a;
+    a.out_k = out_k.data();
+    a.out_v = out_v.data();
+    a.k_pool = k_pool.data();
+    a.v_pool = v_pool.data();
+    a.rows = rows.data<const int32_t>();
+    a.n = n;
+    a.L = L;
+    a.H = H;
+    a.D = D;
+    if (scales != nullptr) {
+      a.format = kv_format(k_pool) == kvq::Format::E4M3 ? cuda::KvFormat::E4M3 : cuda::KvFormat::I8;
+      a.k_scale = scales->k.data<const float>();
+      a.v_scale = scales->v.data<const float>();
+    }
+    cuda::kv_gather(a);
+#endif
+    return;
+  }
+  const int32_t* r = rows.data<const int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = r[i * rows.stride(0)];
+    LLMK_CHECK(j >= 0 && j < L, "ops::{}: rows[{}] = {} is outside the pool of {} rows", op, i, j,
+               L);
+    for (int64_t h = 0; h < H; ++h) {
+      float* dk = out_k.data<float>() + (i * H + h) * D;
+      float* dv = out_v.data<float>() + (i * H + h) * D;
+      const int64_t at = (j * H + h) * D;
+      if (scales != nullptr) {
+        const kvq::Format f = kv_format(k_pool);
+        cpu::kv_decode(dk, static_cast<const uint8_t*>(k_pool.data()) + at,
+                       scales->k.data<const float>()[j * H + h], D, f);
+        cpu::kv_decode(dv, static_cast<const uint8_t*>(v_pool.data()) + at,
+                       scales->v.data<const float>()[j * H + h], D, f);
+      } else {
+        std::copy_n(k_pool.data<const float>() + at, D, dk);
+        std::copy_n(v_pool.data<const float>() + at, D, dv);
+      }
+    }
+  }
 }
 
 }  // namespace llmk::ops

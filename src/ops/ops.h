@@ -56,6 +56,12 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias = 
 // in cuBLASLt's epilogue, the sum rounded once; one row takes cuBLASLt, not the one-row kernel).
 void linear_add(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias = nullptr);
 
+// The scales of an 8-bit KV cache (kernels/kv_quant.h): caches F8E4M3 or I8 [L, Hkv, D], row j's
+// head h of K being k_cache[j, h] x k[j, h] (likewise V), k and v F32 [L, Hkv], contiguous.
+struct KvScales {
+  Tensor k, v;
+};
+
 struct AttentionParams {
   float scale = 0.0f;    // multiplies q.k; 0 = 1/sqrt(D)
   int window = 0;        // sliding window: query at p sees keys in (p - window, p]; 0 = unlimited
@@ -65,6 +71,8 @@ struct AttentionParams {
   // on the stream has finished (cuda::AttentionArgs::decode_early_reads). Set only when that
   // kernel writes none of them.
   bool early_reads = false;
+  // attention_paged over 8-bit pools: their scales (CUDA: the fallback kernel reads them).
+  const KvScales* kv_scales = nullptr;
 };
 // Causal grouped-query attention of T new queries over a KV cache.
 // q: [T, Hq, D]; k, v: [L, Hkv, D] caches; positions: [T] i32, consecutive
@@ -127,24 +135,34 @@ AttentionStats attention_stats();
 void reset_attention_stats();
 
 // Writes k, v: [T, Hkv, D] into rows positions[t] of the caches k_cache, v_cache: [L, Hkv, D].
-// CPU: f32. CUDA: bf16 (k, v may be f32 and are rounded).
+// CPU: f32. CUDA: bf16 (k, v may be f32 and are rounded). With scales the caches are 8-bit
+// (F8E4M3 or I8, KvScales) and each row's heads are encoded with their scales written there.
 void kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-               const Tensor& positions);
+               const Tensor& positions, KvScales* scales = nullptr);
+
+// out_k, out_v [n, Hkv, D] (CPU f32, CUDA bf16) <- the pool rows `rows` ([n] I32) of k_pool,
+// v_pool [L, Hkv, D], decoded with `scales` where the pools are 8-bit.
+void kv_gather(Tensor& out_k, Tensor& out_v, const Tensor& k_pool, const Tensor& v_pool,
+               const Tensor& rows, const KvScales* scales = nullptr);
 
 // RoPE on the queries and keys of one projection, then the rotated keys and the values written
 // to the caches: rope(qk, positions, p), then kv_append(k_cache, v_cache, keys, v, cache_rows)
 // where keys are the last k_cache.dim(1) heads of qk: [T, Hq + Hkv, D]. One launch on CUDA
 // (v bf16 there). positions give the rotation angles, cache_rows the rows written.
+// With scales (8-bit caches, as kv_append) two launches on CUDA: the rotation, then the append.
 void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Tensor& k_cache,
-                    Tensor& v_cache, const Tensor& v, const Tensor& cache_rows);
+                    Tensor& v_cache, const Tensor& v, const Tensor& cache_rows,
+                    KvScales* scales = nullptr);
 
 // The Q|K|V projection with the above: qkv = linear(x, w, bias) ([T, (n_heads + 2 Hkv) D]: query
 // heads, key heads, value heads), then rope_kv_append on its heads with Hkv, D from k_cache. On
 // CUDA one token with every dim rotated takes one launch: the one-row linear kernel rotates and
 // appends in its epilogue, with the same roundings (its frequencies in device double precision).
+// With scales (8-bit caches): the linear, then rope_kv_append.
 void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const Tensor* bias,
                            int64_t n_heads, const Tensor& positions, const RopeParams& p,
-                           Tensor& k_cache, Tensor& v_cache, const Tensor& cache_rows);
+                           Tensor& k_cache, Tensor& v_cache, const Tensor& cache_rows,
+                           KvScales* scales = nullptr);
 
 enum class Activation { SiLU, GeluTanh };
 // out, gate, up: [T, F] (out may alias either); out = act(gate) * up. CPU f32, CUDA bf16.

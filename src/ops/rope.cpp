@@ -87,7 +87,7 @@ void rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
 }
 
 void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Tensor& k_cache,
-                    Tensor& v_cache, const Tensor& v, const Tensor& cache_rows) {
+                    Tensor& v_cache, const Tensor& v, const Tensor& cache_rows, KvScales* scales) {
   constexpr std::string_view op = "rope_kv_append";
   const bool cuda = check_rope(op, qk, positions, p);
   require_ndim(op, "k_cache", k_cache, 3);
@@ -95,16 +95,21 @@ void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Te
   LLMK_CHECK(Hkv <= H, "ops::{}: k_cache has {} heads but qk only {} (qk is {})", op, Hkv, H,
              qk.str());
   const Tensor k = qk.slice(1, H - Hkv, H);
-  check_kv_append(op, k_cache, v_cache, k, v, cache_rows);
+  check_kv_append(op, k_cache, v_cache, k, v, cache_rows, scales);
   if (!cuda) {  // the operands are checked: the CPU kernels themselves
     cpu::rope(rope_args<cpu::RopeArgs, float>(qk, positions, p));
-    cpu_kv_append(k_cache, v_cache, k, v, cache_rows);
+    cpu_kv_append(k_cache, v_cache, k, v, cache_rows, scales);
     return;
   }
 #ifdef LLMK_HAS_CUDA
   require_dtype(op, "v", v, DType::BF16);
-  const cuda::KvAppendArgs append = cuda_kv_append_args(k_cache, v_cache, k, v, cache_rows);
+  const cuda::KvAppendArgs append = cuda_kv_append_args(k_cache, v_cache, k, v, cache_rows, scales);
   cuda::RopeArgs a = rope_args<cuda::RopeArgs, void>(qk, positions, p);
+  if (scales != nullptr) {  // 8-bit rows: the rotation, then the append that encodes them
+    cuda::rope(a);
+    if (k.dim(0) > 0) cuda::kv_append(append);
+    return;
+  }
   a.append = &append;
   cuda::rope(a);
 #endif
@@ -112,7 +117,8 @@ void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Te
 
 void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const Tensor* bias,
                            int64_t n_heads, const Tensor& positions, const RopeParams& p,
-                           Tensor& k_cache, Tensor& v_cache, const Tensor& cache_rows) {
+                           Tensor& k_cache, Tensor& v_cache, const Tensor& cache_rows,
+                           KvScales* scales) {
   constexpr std::string_view op = "linear_rope_kv_append";
   require_ndim(op, "qkv", qkv, 2);
   require_ndim(op, "k_cache", k_cache, 3);
@@ -126,8 +132,8 @@ void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const 
 #ifdef LLMK_HAS_CUDA
   // One token on CUDA, every dim rotated: the one-row linear with the rotation and the append in
   // its epilogue, where it takes the operands.
-  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1 &&
-      (p.rot_dim == 0 || p.rot_dim == D)) {
+  if (scales == nullptr && x.defined() && x.device() == Device::CUDA && x.ndim() == 2 &&
+      x.dim(0) == 1 && (p.rot_dim == 0 || p.rot_dim == D)) {
     const bool cuda = check_rope(op, qk, positions, p);
     const Tensor keys = qk.slice(1, n_heads, n_heads + Hkv);
     check_kv_append(op, k_cache, v_cache, keys, v, cache_rows);
@@ -156,7 +162,7 @@ void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const 
   }
 #endif
   linear(qkv, x, w, bias);
-  rope_kv_append(qk, positions, p, k_cache, v_cache, v, cache_rows);
+  rope_kv_append(qk, positions, p, k_cache, v_cache, v, cache_rows, scales);
 }
 
 }  // namespace llmk::ops

@@ -40,8 +40,9 @@ std::vector<std::vector<int32_t>> prompts(uint32_t seed) {
 // Each prompt alone through generate(): greedy, or seeded sampling.
 std::vector<std::vector<int32_t>> alone(const std::string& path,
                                         const std::vector<std::vector<int32_t>>& ps,
-                                        const SamplerConfig& sampler, int max_tokens) {
-  auto model = Model::load(path, {.context = 128});
+                                        const SamplerConfig& sampler, int max_tokens,
+                                        KvType kv = KvType::Auto) {
+  auto model = Model::load(path, {.context = 128, .kv_type = kv});
   const Tokenizer tok = load_tokenizer(*model, path);
   std::vector<std::vector<int32_t>> out;
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -65,8 +66,8 @@ std::vector<std::vector<int32_t>> batched(const std::string& path,
                                           const std::vector<std::vector<int32_t>>& ps,
                                           const SamplerConfig& sampler, int max_tokens,
                                           const Setting& s, Scheduler::Stats* sst = nullptr,
-                                          KvPages::Stats* kst = nullptr) {
-  auto model = Engine::load(path, 128, s.sequences, s.page_size);
+                                          KvPages::Stats* kst = nullptr, KvType kv = KvType::Auto) {
+  auto model = Engine::load(path, 128, s.sequences, s.page_size, Device::CPU, 0, kv);
   Engine engine(*model, {.max_running = s.max_running, .max_step_tokens = s.step_tokens});
   std::map<int64_t, std::vector<int32_t>> got;
   std::map<int64_t, size_t> index;
@@ -117,6 +118,29 @@ TEST(Engine, GreedyRequestsTogetherMatchGenerateAlone) {
       }
       if (s.max_running == 3) {  // later requests find the shared prefix computed
         EXPECT_GT(kst.prefix_hit_tokens, 0) << family;
+      }
+    }
+  }
+}
+
+// An 8-bit KV cache changes the numbers, not the engine's invariance: each request of a batch
+// (chunked, preempted, one-token pages) gives what generate() gives it alone on the same cache.
+TEST(Engine, EightBitKvRequestsTogetherMatchGenerateAlone) {
+  SamplerConfig greedy;
+  greedy.temperature = 0;
+  for (const KvType kv : {KvType::FP8, KvType::INT8}) {
+    for (const std::string family : {"llama3", "gemma3"}) {
+      const auto ps = prompts(4);
+      const auto want = alone(fixture(family), ps, greedy, 12, kv);
+      for (const Setting& s :
+           {Setting{16, 16, 16, 512}, Setting{1, 4, 8, 16}, Setting{4, 1, 3, 7}}) {
+        KvPages::Stats kst;
+        const auto got = batched(fixture(family), ps, greedy, 12, s, nullptr, &kst, kv);
+        for (size_t i = 0; i < ps.size(); ++i) {
+          EXPECT_EQ(got[i], want[i]) << kv_type_name(kv) << " " << family << " prompt " << i
+                                     << ", pages of " << s.page_size;
+        }
+        EXPECT_EQ(kst.in_use, 0);
       }
     }
   }

@@ -147,6 +147,30 @@ def test_kv_memory_sizes_the_pool(tmp_path):
     assert r.returncode == 1 and "--kv-memory needs --prompts" in r.stderr
 
 
+def test_kv_dtype(tmp_path):
+    # 8-bit caches on the CPU: outputs for every prompt, and a pool of the same bytes holds more
+    # pages (a grant too small for one float32 context fits one of fp8 or int8).
+    model = fixture("llama3")
+    prompts = ["Hello world", "The quick brown fox", "a"]
+    args = ("--temp", 0, "-n", 6, "--ignore-eos", "--ctx", 64)
+    small = ("--kv-memory", 2 * 24 / 2**20)
+    for kv in ("fp8", "int8"):
+        got = batch(model, prompts, tmp_path, *args, *small, "--kv-dtype", kv)
+        assert [len(o["outputs"][0]["token_ids"]) for o in got] == [6, 6, 6]
+    f = tmp_path / "p.txt"
+    f.write_text("x\n")
+    r = run("run", "-m", model, "--prompts", f, "--device", "cpu", *args, *small, check=False)
+    assert r.returncode == 1 and "fewer than one context" in r.stderr
+    for value, msg in [("bf16", "the CPU computes in f32; its cache is f32 (or fp8, int8), not bf16"),
+                       ("fp4", "kv dtype 'fp4': expected auto, f32, fp8 or int8")]:
+        r = run("run", "-m", model, "--prompts", f, "--device", "cpu", "--kv-dtype", value,
+                check=False)
+        assert r.returncode == 1 and msg in r.stderr, (value, r.stderr)
+        assert r.stderr.count("\n") == 1, r.stderr
+    r = run("run", "-m", model, "-p", "x", "--kv-dtype", "fp8", check=False)
+    assert r.returncode == 1 and "--kv-dtype needs --prompts" in r.stderr
+
+
 def test_bench_concurrency(tmp_path):
     model = fixture("gemma3")
     out = tmp_path / "b.json"

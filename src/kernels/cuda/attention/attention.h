@@ -36,6 +36,12 @@ struct AttentionArgs {
   // Element type of q, k, v and out: bf16 (default) or fp16 (the pointers above then hold
   // __half data).
   bool fp16 = false;
+  // 8-bit K and V (the fallback kernel only): 1 E4M3, 2 int8 (kernels/kv_quant.h), k and v then
+  // holding bytes (strides in bytes), row j's head h scaled by k_scale / v_scale[j * Hkv + h].
+  // 0: k and v are of q's type.
+  int kv_format = 0;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   // Optional log-sum-exp of each query row's scaled logits (natural log), [Hq, T] fp32.
   float* lse = nullptr;
 

@@ -9,6 +9,7 @@
 // memory.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -16,6 +17,7 @@
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/kv_quant.h"
 
 namespace llmk::cuda::attn {
 
@@ -88,7 +90,23 @@ __device__ __forceinline__ int64_t key_row(const AttentionArgs& a, const RowInfo
   return static_cast<int64_t>(page) * a.page_size + j % a.page_size;
 }
 
-template <typename T>
+// Elements off, off + 1 of a K or V cache: of type T (kFmt 0), or 8-bit codes (1 E4M3, 2 int8).
+template <typename T, int kFmt>
+__device__ __forceinline__ float2 kv_pair(const void* base, int64_t off) {
+  if constexpr (kFmt == 0) {
+    return Pair<T>::load(static_cast<const T*>(base) + off);
+  } else if constexpr (kFmt == 1) {  // the conversion instruction: kvq's values exactly
+    const auto pair =
+        *reinterpret_cast<const __nv_fp8x2_storage_t*>(static_cast<const uint8_t*>(base) + off);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
+  } else {
+    const uint8_t* b = static_cast<const uint8_t*>(base) + off;
+    return float2{kvq::decode<kvq::Format::I8>(b[0]), kvq::decode<kvq::Format::I8>(b[1])};
+  }
+}
+
+template <typename T, int kFmt>
 __global__ void __launch_bounds__(kWarps* kWarp) generic_kernel(const AttentionArgs a) {
   using P = Pair<T>;
   const int r = blockIdx.x, h = blockIdx.y;
@@ -111,34 +129,37 @@ __global__ void __launch_bounds__(kWarps* kWarp) generic_kernel(const AttentionA
   }
   float m = -INFINITY, l = 0.0f;
   float acc[kPairs][2] = {};
-  const T* kbase = reinterpret_cast<const T*>(a.k) + hk * a.k_h;
-  const T* vbase = reinterpret_cast<const T*>(a.v) + hk * a.v_h;
   for (int64_t j = lo + warp; j <= hi; j += kWarps) {
     const int64_t row = key_row(a, info, j);
-    const T* kr = kbase + row * a.k_t;
+    const int64_t k_off = hk * a.k_h + row * a.k_t, v_off = hk * a.v_h + row * a.v_t;
     float s = 0.0f;
 #pragma unroll
     for (int p = 0; p < kPairs; ++p) {
       const int e = 2 * lane + 64 * p;
       if (e < a.D) {
-        const float2 f = P::load(kr + e);
+        const float2 f = kv_pair<T, kFmt>(a.k, k_off + e);
         s += qv[p][0] * f.x + qv[p][1] * f.y;
       }
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float v_scale = 1.0f;
+    if constexpr (kFmt != 0) {
+      s *= a.k_scale[row * a.Hkv + hk];
+      v_scale = a.v_scale[row * a.Hkv + hk];
+    }
     if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
     const float m_new = fmaxf(m, s);
     const float c = __expf(m - m_new), w = __expf(s - m_new);
     l = l * c + w;
     m = m_new;
-    const T* vr = vbase + row * a.v_t;
+    const float wv = w * v_scale;
 #pragma unroll
     for (int p = 0; p < kPairs; ++p) {
       const int e = 2 * lane + 64 * p;
-      const float2 f = e < a.D ? P::load(vr + e) : float2{0.0f, 0.0f};
-      acc[p][0] = acc[p][0] * c + w * f.x;
-      acc[p][1] = acc[p][1] * c + w * f.y;
+      const float2 f = e < a.D ? kv_pair<T, kFmt>(a.v, v_off + e) : float2{0.0f, 0.0f};
+      acc[p][0] = acc[p][0] * c + wv * f.x;
+      acc[p][1] = acc[p][1] * c + wv * f.y;
     }
   }
   // Merge the warps: each publishes (m, l) and its accumulators.
@@ -185,9 +206,13 @@ __global__ void __launch_bounds__(kWarps* kWarp) generic_kernel(const AttentionA
 void launch_generic(const AttentionArgs& a) {
   const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>(a.Hq));
   if (a.fp16) {
-    generic_kernel<__half><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+    generic_kernel<__half, 0><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+  } else if (a.kv_format == 1) {
+    generic_kernel<__nv_bfloat16, 1><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+  } else if (a.kv_format == 2) {
+    generic_kernel<__nv_bfloat16, 2><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
   } else {
-    generic_kernel<__nv_bfloat16><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+    generic_kernel<__nv_bfloat16, 0><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
   }
   LLMK_CUDA_CHECK(cudaGetLastError());
 }

@@ -18,6 +18,11 @@
 // ("kind":"decode_split" for the sweep lines). bench/attention.py merges them with SDPA's.
 //   attention_decode_bench [--samples N] [--shape B L PAGE SPLIT [--heads HQ HKV D]]
 //                          [--no-early-reads] [--loader auto|tma|cp-async]
+//                          [--kv bf16-and-8bit]
+// --kv bf16-and-8bit: instead, each of B1 L4096, B8 L4096, B32 L4096 and B1 L32768 (16-key
+// pages) with a bf16 cache, then E4M3 and int8 caches (kernels/kv_quant.h: bytes and a float
+// scale per row and head; random codes, no NaN), in turn; "kv" names the cache, and GB/s counts
+// the bytes each reads (codes and scales for 8-bit).
 // --loader: which build of the kernel reads K/V (cuda::DecodeLoader; default auto).
 // --shape: that one shape alone (page 0: contiguous; split 0: the heuristic), no copy rate and
 // no floor (for a profiler, e.g. ncu -k regex:decode_kernel); --heads: its query heads, KV heads
@@ -52,7 +57,27 @@ struct Shape {
   int split = 0;  // 0: heuristic
   const char* kind = "decode";
   int Hq = 32, Hkv = 8, D = 128;  // Llama-3-8B's heads; Phi-3-mini: 32, 32, 96
+  int kv_format = 0;              // AttentionArgs::kv_format: 0 bf16, 1 E4M3, 2 int8
 };
+
+// A device buffer of n random 8-bit codes (E4M3 without the NaN codes, or any int8), and n
+// scales in [0.005, 0.01).
+uint8_t* random_codes(int64_t n, int fmt, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> h(static_cast<size_t>(n));
+  for (uint8_t& b : h) {
+    b = static_cast<uint8_t>(rng());
+    if (fmt == 1 && (b & 0x7F) == 0x7F) b &= 0xFE;
+  }
+  return device_copy(h);
+}
+float* random_scales(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(0.005f, 0.01f);
+  std::vector<float> h(static_cast<size_t>(n));
+  for (float& x : h) x = d(rng);
+  return device_copy(h);
+}
 
 // As the model runner launches it (its kernel before, kv_append, writes only the new keys):
 // the indices and the older keys' first tiles are read before the wait for the previous kernel
@@ -67,20 +92,29 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
   const bool paged = s.page_size > 0;
   const int pages_per_seq = paged ? static_cast<int>((L + s.page_size - 1) / s.page_size) : 0;
   const int64_t rows = paged ? static_cast<int64_t>(B) * pages_per_seq * s.page_size : L;
-  const size_t kv_bytes = static_cast<size_t>(rows) * Hkv * D * 2;  // one of K, V
+  const int elem = s.kv_format == 0 ? 2 : 1;
+  const size_t kv_bytes = static_cast<size_t>(rows) * Hkv * D * elem;  // one of K, V
   const size_t l2 = cuda::device_info().l2_bytes;
   const int sets =
       static_cast<int>(std::max<size_t>(1, (4 * l2 + 2 * kv_bytes - 1) / (2 * kv_bytes)));
   const int batch = std::max(sets, 20);
 
   std::mt19937 rng(1234 + B);
-  std::vector<__nv_bfloat16*> ks(sets), vs(sets);
+  std::vector<void*> ks(sets), vs(sets);
+  std::vector<float*> kss(sets, nullptr), vss(sets, nullptr);
   std::vector<int32_t*> tables(sets);
   for (int i = 0; i < sets; ++i) {
-    LLMK_CUDA_CHECK(cudaMalloc(&ks[i], kv_bytes));
-    LLMK_CUDA_CHECK(cudaMalloc(&vs[i], kv_bytes));
-    fill(ks[i], rows * Hkv * D, 10 + 2 * i, 1.0f);
-    fill(vs[i], rows * Hkv * D, 11 + 2 * i, 1.0f);
+    if (s.kv_format != 0) {
+      ks[i] = random_codes(rows * Hkv * D, s.kv_format, 10 + 2 * i);
+      vs[i] = random_codes(rows * Hkv * D, s.kv_format, 11 + 2 * i);
+      kss[i] = random_scales(rows * Hkv, 100 + i);
+      vss[i] = random_scales(rows * Hkv, 200 + i);
+    } else {
+      LLMK_CUDA_CHECK(cudaMalloc(&ks[i], kv_bytes));
+      LLMK_CUDA_CHECK(cudaMalloc(&vs[i], kv_bytes));
+      fill(ks[i], rows * Hkv * D, 10 + 2 * i, 1.0f);
+      fill(vs[i], rows * Hkv * D, 11 + 2 * i, 1.0f);
+    }
     if (paged) {  // every page of the pool used once, in a shuffled order
       std::vector<int32_t> t(static_cast<size_t>(B) * pages_per_seq);
       std::iota(t.begin(), t.end(), 0);
@@ -124,12 +158,17 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
   }
   a.decode_split = s.split;
   a.decode_early_reads = g_early_reads;
+  a.kv_format = s.kv_format;
+  a.k_scale = kss[0];
+  a.v_scale = vss[0];
   const int split = cuda::attention_decode_split(a);
   const char* loader = cuda::attention_decode_uses_tma(a) ? "tma" : "cp.async";
   auto call = [&](int i) {
     cuda::AttentionArgs c = a;
-    c.k = ks[i % sets];
-    c.v = vs[i % sets];
+    c.k = static_cast<const __nv_bfloat16*>(ks[i % sets]);
+    c.v = static_cast<const __nv_bfloat16*>(vs[i % sets]);
+    c.k_scale = kss[i % sets];
+    c.v_scale = vss[i % sets];
     c.page_table = paged ? tables[i % sets] : nullptr;
     cuda::attention_decode(c);
   };
@@ -161,13 +200,15 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
   }
   std::sort(host.begin(), host.end());
   const double host_us = host[host.size() / 2];
-  const double bytes = 2.0 * static_cast<double>(B) * L * Hkv * D * 2;
+  const double bytes = 2.0 * static_cast<double>(B) * L * Hkv * (s.kv_format ? D + 4 : D * 2);
+  static const char* const kv_names[] = {"bf16", "f8e4m3", "i8"};
   std::printf(
-      "{\"kind\":\"%s\",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"L\":%lld,\"D\":%d,\"page_size\":%d,"
+      "{\"kv\":\"%s\",\"kind\":\"%s\",\"B\":%d,\"Hq\":%d,\"Hkv\":%d,\"L\":%lld,\"D\":%d,\"page_"
+      "size\":%d,"
       "\"split\":%d,\"loader\":\"%s\",\"us\":%.2f,\"host_us\":%.2f,\"gbps\":%.0f,"
       "\"copy_gbps\":%.0f,\"floor_us\":%.2f}\n",
-      s.kind, B, Hq, Hkv, static_cast<long long>(L), D, s.page_size, split, loader, us, host_us,
-      bytes / (us * 1e-6) / 1e9, copy_gbs, bytes / (copy_gbs * 1e9) * 1e6);
+      kv_names[s.kv_format], s.kind, B, Hq, Hkv, static_cast<long long>(L), D, s.page_size, split,
+      loader, us, host_us, bytes / (us * 1e-6) / 1e9, copy_gbs, bytes / (copy_gbs * 1e9) * 1e6);
   std::fflush(stdout);
 
   LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
@@ -175,6 +216,8 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
   for (int i = 0; i < sets; ++i) {
     LLMK_CUDA_CHECK(cudaFree(ks[i]));
     LLMK_CUDA_CHECK(cudaFree(vs[i]));
+    if (kss[i] != nullptr) LLMK_CUDA_CHECK(cudaFree(kss[i]));
+    if (vss[i] != nullptr) LLMK_CUDA_CHECK(cudaFree(vss[i]));
     if (paged) LLMK_CUDA_CHECK(cudaFree(tables[i]));
   }
   LLMK_CUDA_CHECK(cudaFree(q));
@@ -186,7 +229,15 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
 int main_impl(int argc, char** argv) {
   int samples = 30;
   Shape one{0, 0, 16};  // --shape B L PAGE SPLIT: that shape alone (for a profiler)
+  bool kv_compare = false;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
+      kv_compare = std::strcmp(argv[++i], "bf16-and-8bit") == 0;
+      if (!kv_compare) {
+        std::fprintf(stderr, "attention_decode_bench: --kv %s: expected bf16-and-8bit\n", argv[i]);
+        return 2;
+      }
+    }
     if (std::strcmp(argv[i], "--samples") == 0 && i + 1 < argc) samples = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--no-early-reads") == 0) g_early_reads = false;
     if (std::strcmp(argv[i], "--loader") == 0 && i + 1 < argc) {
@@ -223,6 +274,16 @@ int main_impl(int argc, char** argv) {
   std::fprintf(stderr, "device %s, %d SMs, copy rate %.0f GB/s\n", cuda::device_info().name.c_str(),
                cuda::device_info().sm_count, copy);
   const std::pair<int, int64_t> shapes[] = {{1, 4096}, {1, 32768}, {8, 4096}, {32, 4096}};
+  if (kv_compare) {
+    for (auto [B, L] : shapes) {
+      for (int fmt : {0, 1, 2, 0}) {  // bf16 again last: the clocks drift under load
+        Shape sh{B, L, 16};
+        sh.kv_format = fmt;
+        run(sh, samples, copy, ev);
+      }
+    }
+    return 0;
+  }
   for (int page : {16, 64}) {
     for (auto [B, L] : shapes) run({B, L, page}, samples, copy, ev);
   }

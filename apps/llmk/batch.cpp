@@ -112,9 +112,9 @@ std::vector<Prompt> read_prompts(const std::string& path, const Prompt& defaults
 void add_kv_dtype_option(CLI::App& cmd, std::string& kv_dtype) {
   cmd.add_option("--kv-dtype", kv_dtype,
                  "KV cache elements: auto (bf16 on CUDA, f32 on the CPU), fp8 (E4M3) or int8, "
-                 "each 8-bit row with a float scale per head: about half the memory of bf16. On "
-                 "CUDA 8-bit caches run the fallback attention kernel for now: decode steps "
-                 "slower than with bf16")
+                 "each 8-bit row with a float scale per head: about half the memory of bf16 "
+                 "(on CUDA the decode kernel reads 8-bit caches at head dims 64 and 128; others "
+                 "take the slower fallback kernel)")
       ->default_val("auto");
 }
 

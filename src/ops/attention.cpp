@@ -403,7 +403,8 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
     a.k_scale = scales->k.data<const float>();
     a.v_scale = scales->v.data<const float>();
   }
-  if (!fast || scales != nullptr) {
+  if (!fast ||
+      (scales != nullptr && !cuda::attention_decode_8bit_supported(static_cast<int>(d.D)))) {
     // One launch for the batch: the fallback kernel finds each row's sequence in cu_q and its
     // keys through the page table, up to the sequence's last position.
     a.positions = positions.data<const int32_t>();

@@ -1,7 +1,8 @@
 // 8-bit KV caches on CUDA (kernels/kv_quant.h), against the CPU path:
 // - kv_append writes the bytes and scales the CPU writes from the same (bf16) values;
 // - kv_gather decodes them to what the CPU decodes, rounded to bf16;
-// - attention_paged over 8-bit pools equals the CPU's over the same bytes within the attention
+// - attention_paged over 8-bit pools (the decode kernel's 8-bit build at head dims 64 and 128,
+//   the fallback kernel at 96) equals the CPU's over the same bytes within the attention
 //   tolerance, and stays within a stated bound of attention over bf16 pools of the same keys.
 #include <gtest/gtest.h>
 
@@ -68,12 +69,12 @@ TEST_P(Kv8bitGpu, AppendAndGatherAreTheCpus) {
 TEST_P(Kv8bitGpu, PagedAttentionAgainstTheCpuAndBf16Pools) {
   cuda::init();
   const DType dt = GetParam();
-  // Measured on an H100 (printed below): E4M3 rel L2 0.033-0.037, max abs 0.037-0.048 of max
-  // |ref| (3 mantissa bits: ~2^-4 / sqrt(3) RMS of each element); int8 0.0063-0.0064 and 0.007.
-  // Bounds about 1.5x those.
+  // Measured on an H100 (printed below; both kernels): E4M3 rel L2 0.033-0.037, max abs
+  // 0.037-0.048 of max |ref| (3 mantissa bits: ~2^-4 / sqrt(3) RMS of each element); int8
+  // 0.0063-0.0071 and 0.007-0.0095. Bounds about 1.5x those.
   const Tolerance kEightBitVsBf16 =
-      dt == DType::I8 ? Tolerance{0.01, 0.011} : Tolerance{0.055, 0.075};
-  for (const int64_t D : {64, 128}) {
+      dt == DType::I8 ? Tolerance{0.011, 0.015} : Tolerance{0.055, 0.075};
+  for (const int64_t D : {64, 96, 128}) {  // 96: the fallback kernel; 64, 128: the decode kernel
     const int64_t Hq = 8, Hkv = 2, page = 16, B = 3;
     const std::vector<int64_t> keys = {700, 33, 1500};
     const int64_t P = 96, L = B * P * page;  // 96 pages a sequence, pages interleaved
@@ -104,7 +105,8 @@ TEST_P(Kv8bitGpu, PagedAttentionAgainstTheCpuAndBf16Pools) {
     Tensor out = poisoned_cuda({B, Hq, D}, DType::BF16);
     ops::reset_attention_stats();
     ops::attention_paged(out, qd, e.k, e.v, tab, page, cud, pd, 1, ap);
-    EXPECT_EQ(ops::attention_stats().fallback, 1u);
+    const ops::AttentionStats st = ops::attention_stats();
+    EXPECT_EQ(D == 96 ? st.fallback : st.decode, 1u) << "D " << D;
     // The CPU on the same bytes.
     ops::KvScales cs{e.s.k.to(Device::CPU), e.s.v.to(Device::CPU)};
     ops::AttentionParams cap;

@@ -168,6 +168,29 @@ def test_n_seed_stop_and_logprobs(client):
         assert t.top_logprobs[0].logprob >= t.logprob - 1e-4  # greedy: the most likely
 
 
+def test_kv_dtype_fp8_serves_what_llmk_run_gives(tmp_path):
+    # An 8-bit KV cache (--kv-dtype): the server's greedy completion is what `llmk run --prompts`
+    # gives on the same kind of cache, and a bad value ends the program with one line.
+    proc, base = start("--kv-dtype", "fp8")
+    try:
+        status, body = raw(base, "/v1/completions", {"model": MODEL_ID, "prompt": "Once upon a",
+                                                      "max_tokens": 10, "temperature": 0},
+                           key=None)
+    finally:
+        stop(proc)
+    assert status == 200, body
+    f = tmp_path / "p.txt"
+    f.write_text("Once upon a\n")
+    out = subprocess.run([str(cli()), "run", "-m", str(MODEL), "--prompts", str(f), "-n", "10",
+                          "--temp", "0", "--device", "cpu", "--kv-dtype", "fp8"],
+                         capture_output=True, check=True).stdout
+    assert body["choices"][0]["text"] and body["usage"]["completion_tokens"] == 10, body
+    assert body["choices"][0]["text"] == json.loads(out)["outputs"][0]["text"]
+    r = subprocess.run([str(cli()), "serve", "-m", str(MODEL), "--device", "cpu", "--kv-dtype",
+                        "fp4"], capture_output=True, timeout=60)
+    assert r.returncode == 1 and b"kv dtype 'fp4': expected auto, f32, fp8 or int8" in r.stderr
+
+
 def test_api_key(server):
     assert raw(server, "/v1/models", key=None)[0] == 401
     status, body = raw(server, "/v1/models", key="wrong")

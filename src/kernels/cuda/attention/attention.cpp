@@ -60,6 +60,8 @@ const char* attention_head_dims() {
   return text.c_str();
 }
 
+bool attention_decode_8bit_supported(int D) { return attn::decode_8bit_supported(D); }
+
 bool attention_head_dim_supported(int D) {
   return [D]<int... kDs>(std::integer_sequence<int, kDs...>) { return ((D == kDs) || ...); }
   (HeadDims{});
@@ -113,8 +115,8 @@ int64_t decode_capacity(const AttentionArgs& a) {
 template <int kD>
 int decode_split(const AttentionArgs& a, const attn::DecodePlan& p) {
   if (a.decode_split > 0) return std::min(a.decode_split, attn::kDecodeMaxSplit);
-  const int64_t slots =
-      static_cast<int64_t>(device_info().sm_count) * attn::decode_blocks_per_sm<kD>(p.tma);
+  const int64_t slots = static_cast<int64_t>(device_info().sm_count) *
+                        attn::decode_blocks_per_sm<kD>(p.tma, a.kv_format);
   const int64_t base = static_cast<int64_t>(a.B) * a.Hkv * p.groups;
   const int64_t by_slots = std::max<int64_t>(1, slots / base);
   const int64_t fill = (static_cast<int64_t>(device_info().sm_count) + base - 1) / base;
@@ -192,7 +194,7 @@ bool decode_tma_possible(const AttentionArgs& a, attn::DecodePlan& p) {
 template <int kD>
 attn::DecodePlan decode_plan(const AttentionArgs& a) {
   attn::DecodePlan p = decode_shape<kD>(a);
-  p.tma = decode_tma_possible(a, p);
+  p.tma = a.kv_format == 0 && decode_tma_possible(a, p);  // 8-bit tiles: cp.async
   p.split = decode_split<kD>(a, p);
   if (p.tma && decode_loader() == DecodeLoader::kAuto) {
     const int64_t blocks = static_cast<int64_t>(a.B) * a.Hkv * p.groups * p.split;
@@ -231,6 +233,9 @@ void check_decode_args(const AttentionArgs& a) {
   }
   LLMK_CHECK(decode_capacity(a) <= INT32_MAX, "attention decode: {} keys per sequence is too many",
              decode_capacity(a));
+  LLMK_CHECK(a.kv_format == 0 || (attn::decode_8bit_supported(a.D) && a.k_scale && a.v_scale),
+             "attention decode: 8-bit caches need their scales and head dim 64 or 128 (not {})",
+             a.D);
 }
 
 }  // namespace
@@ -259,7 +264,7 @@ void attention_decode(const AttentionArgs& a) {
     constexpr int kD = decltype(d)::value;
     const DeviceInfo& dev = device_info();
     attn::DecodePlan plan = decode_plan<kD>(a);
-    const size_t smem = attn::decode_smem_bytes<kD>(plan.tma);
+    const size_t smem = attn::decode_smem_bytes<kD>(plan.tma, a.kv_format);
     LLMK_CHECK(smem <= dev.max_smem_per_block_optin,
                "attention decode: {} bytes of shared memory at head dim {}; the device allows {}",
                smem, kD, dev.max_smem_per_block_optin);

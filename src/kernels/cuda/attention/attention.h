@@ -109,6 +109,9 @@ void attention_generic(const AttentionArgs& a);
 
 // Head dims the kernels are built for, and their list for messages ("64, 80, 96, 112, 128 or 256").
 bool attention_head_dim_supported(int D);
+// Head dims at which the decode kernel reads 8-bit caches (kv_format 1, 2) itself; at others
+// they go to the fallback kernel.
+bool attention_decode_8bit_supported(int D);
 const char* attention_head_dims();
 
 // Any T >= 1; meant for T > 8. Throws llmk::Error for an unsupported head dim.

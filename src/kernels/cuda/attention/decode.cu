@@ -17,6 +17,9 @@
 // With split > 1 each block writes an unnormalised partial and its (max, sum) to a workspace;
 // the last block of a (sequence, KV head, row group) to arrive (an acquire-release atomic
 // counter) combines them and resets the counter: one launch, no host sync.
+// 8-bit caches (AttentionArgs::kv_format; head dims 64 and 128): cp.async copies each tile's
+// codes and its keys' scales into the stage, and each warp decodes its 16 keys of K and V
+// (scaled, to bf16) into an area of its own before the same products read them.
 // Memory traffic: K/V tiles are read with an L2 evict-first policy (read once per launch, they
 // should not push out what is reused: the partials, page table, q), the partials are written
 // evict-last. Under programmatic dependent launch the next kernel's blocks are released early:
@@ -25,6 +28,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -46,7 +50,10 @@ namespace {
 // where kD is not a multiple of 64, the last panel's columns past kD are the copy engine's zero
 // fill of a box that reaches past the row); else cp.async 16-byte copies by every thread into
 // rows padded to kD + 8 elements. kD: any multiple of 16 up to 256.
-template <int kD, bool kTma>
+// kFmt: the cache's elements: 0 bf16; 1 E4M3, 2 int8 (kernels/kv_quant.h; cp.async only): a tile
+// lands in 8-bit rows of kPitch8 bytes with its keys' scales after the K and V rows, and each warp
+// converts its 16 keys to bf16 (scaled) in its own area before the products read them there.
+template <int kD, bool kTma, int kFmt = 0>
 struct DecodeConfig {
   static constexpr int kRows = 16;    // query rows per block: one m16n8k16 m-tile
   static constexpr int kBlockN = 64;  // keys per tile: 16 per warp
@@ -57,20 +64,28 @@ struct DecodeConfig {
   static constexpr int kPanels = (kD + 63) / 64;
   static constexpr int kStages = kD <= 128 ? 3 : 2;
   static constexpr bool kQRegs = kD <= 128;  // q fragments kept in registers (else ldmatrix)
-  static constexpr size_t kTensorBytes =     // one K or V tile
-      static_cast<size_t>(kBlockN) * (kTma ? kPanels * 64 : kPitch) * sizeof(bf16);
-  static constexpr size_t kStageBytes = 2 * kTensorBytes;
+  static constexpr bool k8 = kFmt != 0;
+  static constexpr int kPitch8 = kD + 16;  // bytes of an 8-bit staging row
+  static constexpr size_t kTensorBytes =   // one K or V tile
+      k8 ? static_cast<size_t>(kBlockN) * kPitch8
+         : static_cast<size_t>(kBlockN) * (kTma ? kPanels * 64 : kPitch) * sizeof(bf16);
+  static constexpr size_t kScaleBytes = k8 ? 2 * kBlockN * sizeof(float) : 0;  // K's, then V's
+  static constexpr size_t kStageBytes = 2 * kTensorBytes + kScaleBytes;
   static constexpr size_t kTileBytes = kStages * kStageBytes;
+  // 8-bit: each warp's converted keys, [warp][K|V][16][kPitch] bf16.
+  static constexpr size_t kConvBytes = k8 ? sizeof(bf16) * kWarps * 2 * 16 * kPitch : 0;
   // (TMA: 1024 bytes to re-align the dynamic window to the swizzle period.) Tiles, then q (bf16)
   // for the block's rows. The warps' final states reuse the tiles.
   static constexpr size_t kAlign = kTma ? 1024 : 0;
-  static constexpr size_t kSmemBytes = kAlign + kTileBytes + sizeof(bf16) * kRows * kPitch;
+  static constexpr size_t kSmemBytes =
+      kAlign + kTileBytes + kConvBytes + sizeof(bf16) * kRows * kPitch;
   // Merge rows [kD accumulators | max | sum | pad]: kD + 8 floats, so that the float2 stores of
   // a half-warp (4 rows x 4 lanes) land on 16 distinct bank pairs.
   static constexpr int kMergePitch = kD + 8;
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kRows * kMergePitch;
   static_assert(kKeysPerWarp == 16, "one k16 step of P V per warp and tile");
-  static_assert(kMergeBytes <= kTileBytes, "merge area must fit in the tiles");
+  static_assert(kMergeBytes <= kTileBytes + kConvBytes, "merge area must fit in the tiles");
+  static_assert(!k8 || !kTma, "8-bit tiles come by cp.async");
   static_assert(kD % 16 == 0 && kD <= 256, "k16 steps of the products; 8 warps' accumulators");
 };
 
@@ -138,19 +153,44 @@ __device__ __forceinline__ int atomic_add_acq_rel(int* counter) {
   return old;
 }
 
-template <int kD, bool kTma>
-__global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
+// 16 8-bit codes (raw, in memory order) times s as 16 bf16: lo the first 8, hi the last 8.
+template <int kFmt>
+__device__ __forceinline__ void convert16(uint4 raw, float s, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const auto pair = static_cast<uint16_t>(w[i] >> (16 * h));
+      float2 f;
+      if constexpr (kFmt == 1) {
+        const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+        f = __half22float2(*reinterpret_cast<const __half2*>(&r));
+      } else {
+        f = make_float2(static_cast<float>(static_cast<int8_t>(pair & 0xFF)),
+                        static_cast<float>(static_cast<int8_t>(pair >> 8)));
+      }
+      out[2 * i + h] = pack_bf16x2(f.x * s, f.y * s);
+    }
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+template <int kD, bool kTma, int kFmt = 0>
+__global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     decode_kernel(const AttentionArgs a, const DecodePlan plan,
                   const __grid_constant__ DecodeMaps maps) {
-  using C = DecodeConfig<kD, kTma>;
+  using C = DecodeConfig<kD, kTma, kFmt>;
   constexpr int kBN = C::kBlockN, kP = C::kPitch, kThreads = C::kThreads, kS = C::kStages;
   constexpr int kR = C::kRows, kNB = kD / 8;  // n-blocks of 8 dims in the accumulator
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // TMA: the window re-aligned to the 1024-byte swizzle period (C::kAlign spare bytes).
   unsigned char* smem = smem_raw;
   if constexpr (C::kAlign > 0) smem += (C::kAlign - smem_addr(smem_raw) % C::kAlign) % C::kAlign;
-  bf16* tiles = reinterpret_cast<bf16*>(smem);               // [kS][K|V][tile]
-  bf16* sQ = reinterpret_cast<bf16*>(smem + C::kTileBytes);  // [kR][kP]
+  bf16* tiles = reinterpret_cast<bf16*>(smem);                               // [kS][K|V][tile]
+  bf16* sQ = reinterpret_cast<bf16*>(smem + C::kTileBytes + C::kConvBytes);  // [kR][kP]
   const uint32_t tiles_at = smem_addr(tiles);
   __shared__ __align__(8) uint64_t full[kTma ? kS : 1];  // TMA: stage landed (one per stage)
 
@@ -217,7 +257,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
   // (k = i * kRowsPW + a), and reach the copying lanes by shuffle. One page-table load per lane
   // instead of one per chunk, and it is issued a tile ahead, so its latency is not in front of
   // every tile's copies.
-  constexpr int kChunks = pow2_ceil(kD / 8);  // 16-byte chunk columns per row, padded
+  constexpr int kElems = C::k8 ? 16 : 8;           // elements per 16-byte chunk
+  constexpr int kChunks = pow2_ceil(kD / kElems);  // 16-byte chunk columns per row, padded
   constexpr int kIters = kBN * kChunks / kThreads;
   constexpr int kRowsPW = kWarp / kChunks;  // rows one warp covers per copy round
   static_assert(kThreads % kChunks == 0 && kWarp % kChunks == 0, "whole rows per warp");
@@ -235,6 +276,30 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
   // `row` is this lane's lookup_row(it). All lanes of the block call it (shuffles).
   auto load_tile = [&](int it, int64_t row) {
     const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN;
+    if constexpr (C::k8) {  // 8-bit rows, and each key's scales by the lane of its chunk 0
+      unsigned char* st = smem + (it % kS) * C::kStageBytes;
+      float* sc = reinterpret_cast<float*>(st + 2 * C::kTensorBytes);
+      const int col = (threadIdx.x % kChunks) * 16;
+      const bool copies = kChunks * 16 == kD || col < kD;
+      const auto* k8 = reinterpret_cast<const unsigned char*>(a.k) + hk * a.k_h;
+      const auto* v8 = reinterpret_cast<const unsigned char*>(a.v) + hk * a.v_h;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int r = (threadIdx.x + i * kThreads) / kChunks;
+        const int64_t src = __shfl_sync(0xffffffffu, row, i * kRowsPW + lane / kChunks);
+        const bool valid = n0 + r <= my_hi;
+        if (copies) {  // (with the L2 evict-first hint these copies faulted: illegal instruction)
+          cp_async_16_at(smem_addr(st + r * C::kPitch8 + col), k8 + src * a.k_t + col, valid);
+          cp_async_16_at(smem_addr(st + C::kTensorBytes + r * C::kPitch8 + col),
+                         v8 + src * a.v_t + col, valid);
+        }
+        if (col == 0) {
+          cp_async_4_at(smem_addr(sc + r), a.k_scale + src * a.Hkv + hk, valid);
+          cp_async_4_at(smem_addr(sc + kBN + r), a.v_scale + src * a.Hkv + hk, valid);
+        }
+      }
+      return;
+    }
     bf16* sK = tiles + (it % kS) * 2 * kBN * kP;
     bf16* sV = sK + kBN * kP;
     const int col = (threadIdx.x % kChunks) * 8;
@@ -437,6 +502,27 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
 
     const bf16* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // cp.async: warp's keys
     const bf16* sV = sK + kBN * kP;
+    if constexpr (C::k8) {  // the warp's 16 keys of K and V, decoded and scaled, to its own area
+      const unsigned char* st = smem + (it % kS) * C::kStageBytes;
+      const float* sc = reinterpret_cast<const float*>(st + 2 * C::kTensorBytes);
+      bf16* conv = reinterpret_cast<bf16*>(smem + C::kTileBytes) + warp * 2 * 16 * kP;
+      constexpr int kC16 = kD / 16;  // 16-byte chunks of a row
+      __syncwarp();                  // the warp's products on the previous tile are done
+#pragma unroll
+      for (int e = lane; e < 2 * 16 * kC16; e += kWarp) {
+        const int t = e / (16 * kC16), r = (e / kC16) % 16, c = e % kC16;
+        const uint4 raw = *reinterpret_cast<const uint4*>(st + t * C::kTensorBytes +
+                                                          (warp * 16 + r) * C::kPitch8 + c * 16);
+        uint4 lo4, hi4;
+        convert16<kFmt>(raw, sc[t * kBN + warp * 16 + r], lo4, hi4);
+        bf16* dst = conv + (t * 16 + r) * kP + c * 16;
+        *reinterpret_cast<uint4*>(dst) = lo4;
+        *reinterpret_cast<uint4*>(dst + 8) = hi4;
+      }
+      __syncwarp();
+      sK = conv;
+      sV = conv + 16 * kP;
+    }
     const uint32_t sK_at = tiles_at + (it % kS) * static_cast<uint32_t>(C::kStageBytes);  // TMA
     const uint32_t sV_at = sK_at + static_cast<uint32_t>(C::kTensorBytes);
 
@@ -642,27 +728,27 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma>::kThreads)
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (stream order)
 }
 
-template <int kD, bool kTma>
+template <int kD, bool kTma, int kFmt = 0>
 void set_smem_limit_once() {
   static const bool done = [] {  // once per kernel, so capture sees no attribute calls
     // Exactly what the launch uses: the kernel's static shared memory counts against the
     // opt-in limit too, so asking for the whole limit would be refused.
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<kD, kTma>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(DecodeConfig<kD, kTma>::kSmemBytes)));
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(
+        decode_kernel<kD, kTma, kFmt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(DecodeConfig<kD, kTma, kFmt>::kSmemBytes)));
     return true;
   }();
   (void)done;
 }
 
-template <int kD, bool kTma>
+template <int kD, bool kTma, int kFmt = 0>
 int blocks_per_sm() {
   static const int blocks = [] {  // once per kernel: no API call per launch
-    set_smem_limit_once<kD, kTma>();
+    set_smem_limit_once<kD, kTma, kFmt>();
     int b = 0;
     LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &b, decode_kernel<kD, kTma>, DecodeConfig<kD, kTma>::kThreads,
-        DecodeConfig<kD, kTma>::kSmemBytes));
+        &b, decode_kernel<kD, kTma, kFmt>, DecodeConfig<kD, kTma, kFmt>::kThreads,
+        DecodeConfig<kD, kTma, kFmt>::kSmemBytes));
     return b > 0 ? b : 1;
   }();
   return blocks;
@@ -728,13 +814,25 @@ int decode_max_rows() {
   return DecodeConfig<kD, false>::kRows;
 }
 
+// The 8-bit builds exist at head dims 64 and 128 (decode_8bit_supported).
 template <int kD>
-size_t decode_smem_bytes(bool tma) {
+constexpr bool kBuilt8 = kD == 64 || kD == 128;
+
+template <int kD>
+size_t decode_smem_bytes(bool tma, int fmt) {
+  if constexpr (kBuilt8<kD>) {
+    if (fmt == 1) return DecodeConfig<kD, false, 1>::kSmemBytes;
+    if (fmt == 2) return DecodeConfig<kD, false, 2>::kSmemBytes;
+  }
   return tma ? DecodeConfig<kD, true>::kSmemBytes : DecodeConfig<kD, false>::kSmemBytes;
 }
 
 template <int kD>
-int decode_blocks_per_sm(bool tma) {
+int decode_blocks_per_sm(bool tma, int fmt) {
+  if constexpr (kBuilt8<kD>) {
+    if (fmt == 1) return blocks_per_sm<kD, false, 1>();
+    if (fmt == 2) return blocks_per_sm<kD, false, 2>();
+  }
   return tma ? blocks_per_sm<kD, true>() : blocks_per_sm<kD, false>();
 }
 
@@ -759,6 +857,22 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   cfg.stream = current_stream();
   cfg.attrs = attr;
   cfg.numAttrs = dependent_launch_supported() ? 1 : 0;
+  if constexpr (kBuilt8<kD>) {
+    if (a.kv_format == 1 || a.kv_format == 2) {
+      const bool e4m3 = a.kv_format == 1;
+      if (e4m3) {
+        set_smem_limit_once<kD, false, 1>();
+        cfg.dynamicSmemBytes = DecodeConfig<kD, false, 1>::kSmemBytes;
+        LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, false, 1>, a, plan, maps));
+      } else {
+        set_smem_limit_once<kD, false, 2>();
+        cfg.dynamicSmemBytes = DecodeConfig<kD, false, 2>::kSmemBytes;
+        LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, false, 2>, a, plan, maps));
+      }
+      check_launch("attention decode (8-bit)");
+      return true;
+    }
+  }
   if (plan.tma) {
     set_smem_limit_once<kD, true>();
     cfg.dynamicSmemBytes = DecodeConfig<kD, true>::kSmemBytes;
@@ -772,10 +886,10 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   return true;
 }
 
-#define LLMK_INSTANTIATE_DECODE(D)            \
-  template int decode_max_rows<D>();          \
-  template size_t decode_smem_bytes<D>(bool); \
-  template int decode_blocks_per_sm<D>(bool); \
+#define LLMK_INSTANTIATE_DECODE(D)                 \
+  template int decode_max_rows<D>();               \
+  template size_t decode_smem_bytes<D>(bool, int); \
+  template int decode_blocks_per_sm<D>(bool, int); \
   template bool launch_decode<D>(const AttentionArgs&, const DecodePlan&);
 LLMK_INSTANTIATE_DECODE(64)
 LLMK_INSTANTIATE_DECODE(80)

@@ -52,11 +52,13 @@ constexpr int kDecodeMaxSplit = 64;
 template <int kD>
 int decode_max_rows();
 // Dynamic shared memory of one decode block, and how many such blocks fit on one SM, for the
-// TMA or the cp.async loader.
+// TMA or the cp.async loader, or (fmt 1 E4M3, 2 int8: AttentionArgs::kv_format) the 8-bit build.
 template <int kD>
-size_t decode_smem_bytes(bool tma);
+size_t decode_smem_bytes(bool tma, int fmt = 0);
 template <int kD>
-int decode_blocks_per_sm(bool tma);
+int decode_blocks_per_sm(bool tma, int fmt = 0);
+// Head dims with an 8-bit build of the decode kernel.
+constexpr bool decode_8bit_supported(int d) { return d == 64 || d == 128; }
 // False (nothing launched) when plan.tma and the driver refused the tensor maps (or has no
 // encoder); the caller reports it.
 template <int kD>

@@ -14,10 +14,11 @@
 namespace llmk {
 
 #ifdef LLMK_HAS_CUDA
-void capture_step(Model& model, int64_t batch, cuda::Graph& graph,
-                  const std::function<void()>& fn) {
-  if (const std::optional<bool> known = model.release_first(batch)) {
-    cuda::ReleaseFirstGuard guard(*known);
+void capture_step(Model& model, int64_t batch, cuda::Graph& graph, const std::function<void()>& fn,
+                  bool choose) {
+  const std::optional<bool> known = model.release_first(batch);
+  if (known || !choose) {
+    cuda::ReleaseFirstGuard guard(known.value_or(false));
     graph.capture(fn);
     return;
   }
@@ -84,7 +85,9 @@ Tensor StepGraphs::run(int64_t rows) {
     if (model_.buffers_generation() != generation_) return logits;  // capture next time
     auto e = std::make_unique<Entry>();
     Entry& entry = *e;
-    capture_step(model_, rows, entry.graph, [&] { entry.logits = model_.compute(rows, false); });
+    capture_step(
+        model_, rows, entry.graph, [&] { entry.logits = model_.compute(rows, false); },
+        /*choose=*/false);
     graphs_.emplace(rows, std::move(e));
     ++captured_;
     return entry.logits;  // the eager step's logits, or a replay's (the same step)

@@ -22,11 +22,13 @@ namespace cuda {
 class Graph;
 }
 // Captures a decode step of `batch` rows into `graph` (fn enqueues it; it must allocate nothing).
-// The first time for a model and batch size, twice: with its kernels releasing the next one after
-// their wait and before it (cuda::release_dependents_first); both are replayed in turn and the
-// faster kept (Model::release_first remembers which). A replay recomputes the same step, rewriting
-// its KV rows with equal values.
-void capture_step(Model& model, int64_t batch, cuda::Graph& graph, const std::function<void()>& fn);
+// With `choose`, the first time for a model and batch size, twice: with its kernels releasing the
+// next one after their wait and before it (cuda::release_dependents_first); both are replayed in
+// turn and the faster kept (Model::release_first remembers which). A replay recomputes the same
+// step, rewriting its KV rows with equal values. Without, once: as remembered, else released
+// after the wait.
+void capture_step(Model& model, int64_t batch, cuda::Graph& graph, const std::function<void()>& fn,
+                  bool choose = true);
 #endif
 
 class StepGraphs {
@@ -38,7 +40,8 @@ class StepGraphs {
 
   // The logits of the padded step of `rows` rows staged on the model (Model::stage_runs with
   // Padding{rows, ...}): its graph replayed, or, the first time for `rows` (or after the model's
-  // buffers moved), computed eagerly and then captured.
+  // buffers moved), computed eagerly and then captured (once: no timed choice of the release
+  // point, whose 18 replays of the step per batch size would slow a server's first minutes).
   Tensor run(int64_t rows);
   int64_t captured() const { return captured_; }
   int64_t replayed() const { return replayed_; }

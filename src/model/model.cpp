@@ -145,15 +145,12 @@ void Model::stage_runs(std::span<const Run> runs, const Padding& pad) {
     const auto& pg = runs[r].pages;
     std::copy(pg.begin(), pg.end(), table.begin() + static_cast<int64_t>(r) * longest_table);
   }
-  // One upload: the table, the offsets and the logit rows, each part at a multiple of 16.
-  const auto up16 = [](int64_t n) { return (n + 15) / 16 * 16; };
-  const int64_t n_table = b * longest_table, cu_at = up16(n_table), rows_at = cu_at + up16(b + 1);
+  // One upload: the table, the offsets and the logit rows (runs_layout).
   const auto n_rows = static_cast<int64_t>(logit_rows.size());
-  const int64_t total = rows_at + n_rows;
-  if (!runs_buf_.defined() || runs_buf_.numel() < total) {
-    runs_buf_ = Tensor::empty({total}, DType::I32, device_);
-    moved_buffers();
-  }
+  const RunsLayout layout = runs_layout(b, longest_table, n_rows);
+  const int64_t n_table = b * longest_table, cu_at = layout.cu_at, rows_at = layout.rows_at;
+  const int64_t total = layout.total;
+  reserve_runs_buffer(total);
   host_runs_.assign(static_cast<size_t>(total), 0);
   std::copy(table.begin(), table.end(), host_runs_.begin());
   std::copy(cu.begin(), cu.end(), host_runs_.begin() + cu_at);
@@ -174,15 +171,26 @@ void Model::stage_runs(std::span<const Run> runs, const Padding& pad) {
   on_staged();
 }
 
+Model::RunsLayout Model::runs_layout(int64_t runs, int64_t width, int64_t logit_rows) {
+  const auto up16 = [](int64_t n) { return (n + 15) / 16 * 16; };
+  RunsLayout l;
+  l.cu_at = up16(runs * width);
+  l.rows_at = l.cu_at + up16(runs + 1);
+  l.total = l.rows_at + logit_rows;
+  return l;
+}
+
+void Model::reserve_runs_buffer(int64_t elements) {
+  if (runs_buf_.defined() && runs_buf_.numel() >= elements) return;
+  runs_buf_ = Tensor::empty({elements}, DType::I32, device_);
+  moved_buffers();
+}
+
 void Model::reserve_runs(int64_t runs, int64_t tokens, int64_t width) {
   LLMK_CHECK(runs >= 1 && tokens >= runs && width >= 1,
              "reserve_runs: {} runs of {} tokens with {} pages each", runs, tokens, width);
   if (tokens > staging_capacity_) allocate_staging(tokens);
-  const int64_t total = (runs * width + 15) / 16 * 16 + (runs + 1 + 15) / 16 * 16 + runs;
-  if (!runs_buf_.defined() || runs_buf_.numel() < total) {
-    runs_buf_ = Tensor::empty({total}, DType::I32, device_);
-    moved_buffers();
-  }
+  reserve_runs_buffer(runs_layout(runs, width, runs).total);
   reserve(tokens, true);
 }
 

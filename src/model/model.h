@@ -208,7 +208,14 @@ class Model {
   void upload(int64_t t, const int32_t* tokens, PosOf position_of, RowOf row_of);
   int64_t staging_capacity_ = 0;
   int64_t generation_ = 0;
-  Tensor runs_buf_;  // stage_runs' table | cu | logit rows (I32, each part at a multiple of 16)
+  Tensor runs_buf_;  // stage_runs' table | cu | logit rows (I32, runs_layout)
+  // Where runs_buf_'s parts start for `runs` runs, tables `width` wide and `logit_rows` rows: the
+  // table at 0, the offsets and the logit rows each at a multiple of 16; total elements.
+  struct RunsLayout {
+    int64_t cu_at, rows_at, total;
+  };
+  static RunsLayout runs_layout(int64_t runs, int64_t width, int64_t logit_rows);
+  void reserve_runs_buffer(int64_t elements);  // grows runs_buf_ (moved_buffers)
   std::vector<int32_t> host_runs_;
   // stage()'s body; tokens null: the ids are put on the device by the caller.
   void stage_sequence(int64_t t, const int32_t* tokens, int64_t pos, int64_t seq);

@@ -273,6 +273,7 @@ void attention_paged_cpu(Tensor& out, const Tensor& q, const Tensor& k_pool, con
                          const Tensor& positions, int64_t max_q, const AttentionParams& p,
                          const PagedDims& d) {
   const KvScales* scales = p.kv_scales;
+  const kvq::Format format = scales ? detail::kv_format(k_pool) : kvq::Format::I8;  // (8-bit only)
   for (const auto& [name, t] : {NamedTensor{"out", &out}, NamedTensor{"q", &q},
                                 NamedTensor{"k_pool", &k_pool}, NamedTensor{"v_pool", &v_pool}}) {
     if (scales == nullptr || (t != &k_pool && t != &v_pool)) {
@@ -327,9 +328,8 @@ void attention_paged_cpu(Tensor& out, const Tensor& q, const Tensor& k_pool, con
                              h * k_pool.stride(1);
             const auto* vb = static_cast<const uint8_t*>(v_pool.data()) + row * v_pool.stride(0) +
                              h * v_pool.stride(1);
-            const kvq::Format f = detail::kv_format(k_pool);
-            cpu::kv_decode(kd, kb, scales->k.data<const float>()[row * d.Hkv + h], d.D, f);
-            cpu::kv_decode(vd, vb, scales->v.data<const float>()[row * d.Hkv + h], d.D, f);
+            cpu::kv_decode(kd, kb, scales->k.data<const float>()[row * d.Hkv + h], d.D, format);
+            cpu::kv_decode(vd, vb, scales->v.data<const float>()[row * d.Hkv + h], d.D, format);
             continue;
           }
           const float* ks =
@@ -399,7 +399,7 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
   a.page_size = static_cast<int>(page_size);
   a.pages_per_seq = static_cast<int>(d.P);
   if (scales != nullptr) {  // 8-bit pools: the fallback kernel decodes their rows
-    a.kv_format = detail::kv_format(k_pool) == kvq::Format::E4M3 ? 1 : 2;
+    a.kv_format = static_cast<int>(detail::cuda_kv_format(k_pool));
     a.k_scale = scales->k.data<const float>();
     a.v_scale = scales->v.data<const float>();
   }

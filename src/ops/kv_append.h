@@ -34,6 +34,9 @@ void cpu_kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tens
                    const Tensor& positions, KvScales* scales = nullptr);
 
 #ifdef LLMK_HAS_CUDA
+// kv_format for the CUDA kernels (its values are AttentionArgs::kv_format's too).
+cuda::KvFormat cuda_kv_format(const Tensor& cache);
+
 cuda::KvAppendArgs cuda_kv_append_args(Tensor& k_cache, Tensor& v_cache, const Tensor& k,
                                        const Tensor& v, const Tensor& positions,
                                        KvScales* scales = nullptr);

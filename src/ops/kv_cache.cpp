@@ -118,13 +118,17 @@ void cpu_kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tens
 }
 
 #ifdef LLMK_HAS_CUDA
+cuda::KvFormat cuda_kv_format(const Tensor& cache) {
+  return kv_format(cache) == kvq::Format::E4M3 ? cuda::KvFormat::E4M3 : cuda::KvFormat::I8;
+}
+
 // Positions stay on the device: rows outside the cache are skipped there (the caller's error,
 // unchecked so that a captured step replays at any position).
 cuda::KvAppendArgs cuda_kv_append_args(Tensor& k_cache, Tensor& v_cache, const Tensor& k,
                                        const Tensor& v, const Tensor& positions, KvScales* scales) {
   cuda::KvAppendArgs a;
   if (scales != nullptr) {
-    a.format = kv_format(k_cache) == kvq::Format::E4M3 ? cuda::KvFormat::E4M3 : cuda::KvFormat::I8;
+    a.format = cuda_kv_format(k_cache);
     a.k_scale = scales->k.data<float>();
     a.v_scale = scales->v.data<float>();
   }
@@ -205,7 +209,7 @@ void kv_gather(Tensor& out_k, Tensor& out_v, const Tensor& k_pool, const Tensor&
     a.H = H;
     a.D = D;
     if (scales != nullptr) {
-      a.format = kv_format(k_pool) == kvq::Format::E4M3 ? cuda::KvFormat::E4M3 : cuda::KvFormat::I8;
+      a.format = cuda_kv_format(k_pool);
       a.k_scale = scales->k.data<const float>();
       a.v_scale = scales->v.data<const float>();
     }
@@ -214,6 +218,7 @@ void kv_gather(Tensor& out_k, Tensor& out_v, const Tensor& k_pool, const Tensor&
     return;
   }
   const int32_t* r = rows.data<const int32_t>();
+  const kvq::Format f = scales ? kv_format(k_pool) : kvq::Format::I8;  // (8-bit only)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t j = r[i * rows.stride(0)];
     LLMK_CHECK(j >= 0 && j < L, "ops::{}: rows[{}] = {} is outside the pool of {} rows", op, i, j,
@@ -223,7 +228,6 @@ void kv_gather(Tensor& out_k, Tensor& out_v, const Tensor& k_pool, const Tensor&
       float* dv = out_v.data<float>() + (i * H + h) * D;
       const int64_t at = (j * H + h) * D;
       if (scales != nullptr) {
-        const kvq::Format f = kv_format(k_pool);
         cpu::kv_decode(dk, static_cast<const uint8_t*>(k_pool.data()) + at,
                        scales->k.data<const float>()[j * H + h], D, f);
         cpu::kv_decode(dv, static_cast<const uint8_t*>(v_pool.data()) + at,

@@ -29,11 +29,6 @@ void encode_head(uint8_t* dst, float* scale, const float* src, int64_t D) {
   for (int64_t i = 0; i < D; ++i) dst[i] = kvq::encode<F>(src[i] * inv);
   *scale = kvq::scale_of<F>(absmax);
 }
-
-template <kvq::Format F>
-void decode_head(float* dst, const uint8_t* src, float scale, int64_t D) {
-  for (int64_t i = 0; i < D; ++i) dst[i] = kvq::decode<F>(src[i]) * scale;
-}
 }  // namespace
 
 void kv_append_8bit(uint8_t* cache, int64_t cache_ld_l, int64_t cache_ld_h, float* scales,
@@ -65,7 +60,7 @@ void kv_decode(float* dst, const uint8_t* src, float scale, int64_t D, kvq::Form
     }();
     for (int64_t i = 0; i < D; ++i) dst[i] = table[src[i]] * scale;
   } else {
-    decode_head<kvq::Format::I8>(dst, src, scale, D);
+    for (int64_t i = 0; i < D; ++i) dst[i] = kvq::decode<kvq::Format::I8>(src[i]) * scale;
   }
 }
 

@@ -70,7 +70,7 @@ void run_norms(int64_t T, int64_t D, int samples, double copy_gbs, Events& ev) {
     const int sets = sets_for(bytes);
     const Pool x(n, sets, 11, 2.0f), out(n, sets, 12, 1.0f);
     const double us = time_us(ev, samples, sets, [&](int i) {
-      cuda::rms_norm(out.at(i), D, x.at(i), D, T, D, w, kEps, false);
+      cuda::rms_norm(DType::BF16, out.at(i), D, x.at(i), D, T, D, w, kEps, false);
     });
     report({"rms_norm", T, 1, D}, bytes, us, copy_gbs);
   }
@@ -80,7 +80,8 @@ void run_norms(int64_t T, int64_t D, int samples, double copy_gbs, Events& ev) {
     const int sets = sets_for(bytes);
     const Pool x(n, sets, 21, 2.0f), delta(n, sets, 22, 0.01f), out(n, sets, 23, 1.0f);
     const double us = time_us(ev, samples, sets, [&](int i) {
-      cuda::add_rms_norm(x.at(i), D, delta.at(i), D, out.at(i), D, T, D, w, kEps, false);
+      cuda::add_rms_norm(DType::BF16, x.at(i), D, delta.at(i), D, out.at(i), D, T, D, w, kEps,
+                         false);
     });
     report({"add_rms_norm", T, 1, D}, bytes, us, copy_gbs);
   }

@@ -111,7 +111,8 @@ std::vector<Prompt> read_prompts(const std::string& path, const Prompt& defaults
 
 void add_kv_dtype_option(CLI::App& cmd, std::string& kv_dtype) {
   cmd.add_option("--kv-dtype", kv_dtype,
-                 "KV cache elements: auto (bf16 on CUDA, f32 on the CPU), fp8 (E4M3) or int8, "
+                 "KV cache elements: auto (the activations': bf16 on CUDA unless --dtype says "
+                 "otherwise, f32 on the CPU), fp8 (E4M3) or int8, "
                  "each 8-bit row with a float scale per head: about half the memory of bf16 "
                  "(on CUDA the decode kernel reads 8-bit caches at head dims 64 and 128; others "
                  "take the slower fallback kernel)")
@@ -153,8 +154,9 @@ int run_batch(const BatchArgs& a) {
   const int64_t ctx = a.ctx > 0 ? a.ctx : 4096, page = 16;
   const int64_t sequences = std::clamp<int64_t>((need + ctx - 1) / ctx, 1, a.max_running);
   auto t0 = std::chrono::steady_clock::now();
+  const std::optional<DType> dtype = parse_dtype(a.dtype, device);
   auto model = Engine::load(a.model, a.ctx, sequences, page, device, a.kv_memory,
-                            parse_kv_type(a.kv_dtype, device));
+                            parse_kv_type(a.kv_dtype, device, dtype), dtype);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   t0 = std::chrono::steady_clock::now();

@@ -33,11 +33,13 @@ double median(std::vector<double> v);
 // tokens/s over the whole run and the median step latency.
 int bench_concurrency(const std::string& path, const std::string& device, int concurrency,
                       int prompt_tokens, int gen_tokens, int reps, uint64_t seed, bool graphs,
-                      const std::string& kv_dtype, int64_t kv_memory, const std::string& json) {
+                      const std::string& kv_dtype, const std::string& dtype, int64_t kv_memory,
+                      const std::string& json) {
   const int64_t ctx = int64_t{prompt_tokens} + gen_tokens + 1;
   const Device dev = resolve_device(device);
-  auto model =
-      Engine::load(path, ctx, concurrency, 16, dev, kv_memory, parse_kv_type(kv_dtype, dev));
+  const std::optional<DType> act = parse_dtype(dtype, dev);
+  auto model = Engine::load(path, ctx, concurrency, 16, dev, kv_memory,
+                            parse_kv_type(kv_dtype, dev, act), act);
   const ModelConfig& c = model->config();
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -79,6 +81,7 @@ int bench_concurrency(const std::string& path, const std::string& device, int co
                                 {"config", c.summary()},
                                 {"device", model->device() == Device::CPU ? "cpu" : "cuda"},
                                 {"concurrency", concurrency},
+                                {"dtype", dtype_name(model->dtype())},
                                 {"kv_dtype", dtype_name(model->kv_dtype())},
                                 {"kv_pages", model->kv_pages()},
                                 {"prompt_tokens", prompt_tokens},
@@ -94,8 +97,8 @@ int bench_concurrency(const std::string& path, const std::string& device, int co
     write_file(json, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
   fmt::print("model: {}\n", c.summary());
-  fmt::print("kv cache: {}, {} pages of {} tokens\n", dtype_name(model->kv_dtype()),
-             model->kv_pages(), model->kv_page_size());
+  fmt::print("activations: {}; kv cache: {}, {} pages of {} tokens\n", dtype_name(model->dtype()),
+             dtype_name(model->kv_dtype()), model->kv_pages(), model->kv_page_size());
   if (model->device() == Device::CPU) {
     fmt::print("cpu, {} threads\n", cpu_pool().num_threads());
   } else {
@@ -117,7 +120,7 @@ double median(std::vector<double> v) {
 
 Command add_bench(CLI::App& cmd) {
   struct Args {
-    std::string model, device, json, kv_dtype, kv_memory;
+    std::string model, device, json, kv_dtype, kv_memory, dtype;
     int prompt_tokens = 512, gen_tokens = 128, batch = 1, reps = 3, threads = 0, concurrency = 0;
     bool no_graph = false;
     bool no_lookahead = false;
@@ -161,6 +164,7 @@ Command add_bench(CLI::App& cmd) {
                  "--concurrency contexts)");
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
+  add_dtype_option(cmd, a->dtype);
   return [a] {
     prepare(a->model, a->threads);
     if (a->concurrency > 0) {
@@ -170,18 +174,21 @@ Command add_bench(CLI::App& cmd) {
     }
     if (a->concurrency > 0) {
       return bench_concurrency(a->model, a->device, a->concurrency, a->prompt_tokens, a->gen_tokens,
-                               a->reps, a->seed, !a->no_graph, a->kv_dtype,
+                               a->reps, a->seed, !a->no_graph, a->kv_dtype, a->dtype,
                                parse_kv_memory(a->kv_memory), a->json);
     }
     const Device device = resolve_device(a->device);
+    const std::optional<DType> dtype = parse_dtype(a->dtype, device);
     // int64: --prompt-tokens and --gen-tokens may each be up to INT_MAX; the model's context
     // check rejects a sum it cannot hold.
     const int64_t ctx = int64_t{a->prompt_tokens} + a->gen_tokens + 1;
-    auto model = Model::load(a->model, LoadOptions{.context = ctx,
-                                                   .sequences = a->batch,
-                                                   .device = device,
-                                                   .progress = load_progress(),
-                                                   .kv_type = parse_kv_type(a->kv_dtype, device)});
+    auto model =
+        Model::load(a->model, LoadOptions{.context = ctx,
+                                          .sequences = a->batch,
+                                          .device = device,
+                                          .progress = load_progress(),
+                                          .kv_type = parse_kv_type(a->kv_dtype, device, dtype),
+                                          .dtype = dtype});
     const ModelConfig& c = model->config();
     std::mt19937_64 rng(a->seed);
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -225,6 +232,7 @@ Command add_bench(CLI::App& cmd) {
         {"model", a->model},
         {"config", c.summary()},
         {"device", device == Device::CPU ? "cpu" : "cuda"},
+        {"dtype", dtype_name(model->dtype())},
         {"prompt_tokens", a->prompt_tokens},
         {"gen_tokens", a->gen_tokens},
         {"reps", a->reps},
@@ -246,12 +254,13 @@ Command add_bench(CLI::App& cmd) {
                               {"fallback", att.fallback},
                               {"cpu", att.cpu}};
     std::string where = fmt::format("cpu, {} threads", cpu_pool().num_threads());
+    if (device == Device::CUDA) where = fmt::format("{} activations", dtype_name(model->dtype()));
 #ifdef LLMK_HAS_CUDA
     if (device == Device::CUDA) {
       const auto st = cuda::allocator().stats();
       out["peak_gpu_memory_mib"] = st.peak_reserved / 1048576.0;
       out["gpu"] = cuda::device_info().name;
-      where = fmt::format("{}, peak GPU memory {:.0f} MiB", cuda::device_info().name,
+      where = fmt::format("{}, {}, peak GPU memory {:.0f} MiB", cuda::device_info().name, where,
                           st.peak_reserved / 1048576.0);
     }
 #endif

@@ -18,7 +18,7 @@ namespace llmk::cli {
 
 Command add_chat(CLI::App& cmd) {
   struct Args {
-    std::string model, system, device;
+    std::string model, system, device, dtype;
     int n_predict = 512;
     int64_t ctx = 0;
     int threads = 0;
@@ -35,6 +35,7 @@ Command add_chat(CLI::App& cmd) {
       ->check(at_least<int64_t>(0));
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
+  add_dtype_option(cmd, a->dtype);
   cmd.footer(
       fmt::format("One message per line on stdin (at most {} MiB a line); each reply is streamed "
                   "to stdout,\nits speed to stderr.\n"
@@ -44,9 +45,11 @@ Command add_chat(CLI::App& cmd) {
   return [a] {
     const SamplerConfig sampler = a->s.resolve();
     prepare(a->model, a->threads);
+    const Device device = resolve_device(a->device);
     auto model = Model::load(a->model, LoadOptions{.context = a->ctx,
-                                                   .device = resolve_device(a->device),
-                                                   .progress = load_progress()});
+                                                   .device = device,
+                                                   .progress = load_progress(),
+                                                   .dtype = parse_dtype(a->dtype, device)});
     const Tokenizer tok = load_tokenizer(*model, a->model);
     const ChatTemplate tmpl = chat_template_for(*model, tok, a->model);
     const bool tty = isatty(STDIN_FILENO) != 0;

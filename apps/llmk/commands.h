@@ -38,6 +38,7 @@ struct BatchArgs {
   int64_t ctx = 0, max_tokens = 128, max_running = 64, step_tokens = 512;
   int64_t kv_memory = 0;          // LoadOptions::kv_memory; 0: sized from the batch
   std::string kv_dtype = "auto";  // LoadOptions::kv_type (parse_kv_type)
+  std::string dtype = "auto";     // LoadOptions::dtype (parse_dtype)
   int n = 1;
   bool chat = false;   // each prompt as the user's message in the model's chat template
   std::string system;  // with chat: the system message
@@ -75,6 +76,8 @@ void add_threads_option(CLI::App& cmd, int& threads);
 void prepare(const std::string& model_path, int threads);
 // Adds --device cpu|cuda|auto (default auto: cuda where a GPU and a CUDA build exist).
 void add_device_option(CLI::App& cmd, std::string& device);
+// Adds --dtype auto|bf16|f16|f32 (LoadOptions::dtype through parse_dtype).
+void add_dtype_option(CLI::App& cmd, std::string& dtype);
 // The sampler chain's options (--temp, --top-k, --top-p, --min-p, --repeat-penalty,
 // --repeat-last-n, --seed), shared by run and chat.
 struct SamplerOptions {

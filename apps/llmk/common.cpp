@@ -222,6 +222,15 @@ void add_device_option(CLI::App& cmd, std::string& device) {
       ->default_val("auto");
 }
 
+void add_dtype_option(CLI::App& cmd, std::string& dtype) {
+  dtype = "auto";
+  cmd.add_option("--dtype", dtype,
+                 "activations (and weights, converted at load) on CUDA: auto (bf16), bf16, f16 or "
+                 "f32; the CPU computes in f32. f16 and f32 run slower kernels (f32 attention and "
+                 "every f16/f32 decode step take the fallback attention kernel)")
+      ->default_val("auto");
+}
+
 ProgressFn load_progress() {
   // Only on a terminal: a log or a pipe gets no progress noise, so that an error stays the one
   // line on stderr.

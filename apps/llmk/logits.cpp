@@ -16,7 +16,7 @@ namespace llmk::cli {
 
 Command add_logits(CLI::App& cmd) {
   struct Args {
-    std::string model, device, ids_file, out;
+    std::string model, device, ids_file, out, dtype;
     int prefill = 0, threads = 0;
   };
   auto a = std::make_shared<Args>();
@@ -31,6 +31,7 @@ Command add_logits(CLI::App& cmd) {
       ->required();
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
+  add_dtype_option(cmd, a->dtype);
   return [a] {
     prepare(a->model, a->threads);
     const std::vector<int32_t> ids =
@@ -40,9 +41,11 @@ Command add_logits(CLI::App& cmd) {
     LLMK_CHECK(a->prefill <= n, "--prefill {} is more than the {} ids of {}", a->prefill, n,
                a->ids_file);
     const int64_t prefill = a->prefill > 0 ? a->prefill : n;
+    const Device device = resolve_device(a->device);
     auto model = Model::load(a->model, LoadOptions{.context = n,
-                                                   .device = resolve_device(a->device),
-                                                   .progress = load_progress()});
+                                                   .device = device,
+                                                   .progress = load_progress(),
+                                                   .dtype = parse_dtype(a->dtype, device)});
     const int64_t vocab = model->config().vocab_size;
     for (size_t i = 0; i < ids.size(); ++i) {
       LLMK_CHECK(ids[i] < vocab, "{}: element {} ({}) is outside the model's vocabulary of {}",

@@ -19,7 +19,7 @@ namespace llmk::cli {
 
 Command add_run(CLI::App& cmd) {
   struct Args {
-    std::string model, prompt, prompt_file, system, device, prompts, kv_memory, kv_dtype;
+    std::string model, prompt, prompt_file, system, device, prompts, kv_memory, kv_dtype, dtype;
     int n_predict = 128, n = 1;
     int64_t ctx = 0, max_running = 64, step_tokens = 512;
     int threads = 0;
@@ -67,6 +67,7 @@ Command add_run(CLI::App& cmd) {
   add_kv_dtype_option(cmd, a->kv_dtype);
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
+  add_dtype_option(cmd, a->dtype);
   cmd.footer(
       "Examples:\n"
       "  llmk run -p \"The capital of France is\" --temp 0\n"
@@ -91,6 +92,7 @@ Command add_run(CLI::App& cmd) {
                         .step_tokens = a->step_tokens,
                         .kv_memory = parse_kv_memory(a->kv_memory),
                         .kv_dtype = a->kv_dtype,
+                        .dtype = a->dtype,
                         .n = a->n,
                         .chat = a->chat,
                         .system = a->system,
@@ -109,9 +111,11 @@ Command add_run(CLI::App& cmd) {
     prepare(a->model, a->threads);
 
     const auto t0 = std::chrono::steady_clock::now();
+    const Device device = resolve_device(a->device);
     auto model = Model::load(a->model, LoadOptions{.context = a->ctx,
-                                                   .device = resolve_device(a->device),
-                                                   .progress = load_progress()});
+                                                   .device = device,
+                                                   .progress = load_progress(),
+                                                   .dtype = parse_dtype(a->dtype, device)});
     const Tokenizer tok = load_tokenizer(*model, a->model);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -25,11 +25,14 @@ class LLM:
     path: a GGUF file or a Hugging Face folder (config.json, safetensors, tokenizer.json).
     device: "cpu", "cuda" or "auto". context: KV-cache length in tokens (0: the model's, at most
     4096). threads: CPU threads (0: one per hardware thread; the setting is process-wide).
-    Bad arguments and unreadable models raise llmk.Error with a one-line message.
+    dtype: the activations' type, "auto" (bf16 on CUDA, f32 on the CPU), "bf16", "f16" or "f32"
+    (the CPU computes in f32 only). Bad arguments and unreadable models raise llmk.Error with a one-line message.
     """
 
-    def __init__(self, path: str, device: str = "auto", context: int = 0, threads: int = 0):
-        self._engine = _Engine(str(path), device, int(context), int(threads))
+    def __init__(
+        self, path: str, device: str = "auto", context: int = 0, threads: int = 0, dtype: str = "auto"
+    ):
+        self._engine = _Engine(str(path), device, int(context), int(threads), str(dtype))
 
     @property
     def device(self) -> str:
@@ -38,6 +41,11 @@ class LLM:
     @property
     def context(self) -> int:
         return self._engine.context
+
+    @property
+    def dtype(self) -> str:
+        """The activations' type: "f32" on the CPU; "bf16", "f16" or "f32" on CUDA."""
+        return self._engine.dtype
 
     def __repr__(self) -> str:
         return f"llmk.LLM({self._engine.summary}, device={self.device}, context={self.context})"

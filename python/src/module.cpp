@@ -29,14 +29,17 @@ namespace {
 
 class Engine {
  public:
-  Engine(const std::string& path, const std::string& device, int64_t context, int threads)
+  Engine(const std::string& path, const std::string& device, int64_t context, int threads,
+         const std::string& dtype)
       : model_([&] {
           LLMK_CHECK(context >= 0, "context {} must be >= 0 (0: the model's, at most 4096)",
                      context);
           LLMK_CHECK(threads >= 0, "threads {} must be >= 0 (0: one per hardware thread)", threads);
           if (threads > 0) set_num_threads(threads);
-          return Model::load(path,
-                             LoadOptions{.context = context, .device = resolve_device(device)});
+          const Device dev = resolve_device(device);
+          return Model::load(
+              path,
+              LoadOptions{.context = context, .device = dev, .dtype = parse_dtype(dtype, dev)});
         }()),
         tok_(load_tokenizer(*model_, path)) {}
 
@@ -107,6 +110,7 @@ class Engine {
 
   std::string device() const { return model_->device() == Device::CUDA ? "cuda" : "cpu"; }
   int64_t context() const { return model_->context(); }
+  std::string dtype() const { return std::string(dtype_name(model_->dtype())); }
   std::string summary() const { return model_->config().summary(); }
 
  private:
@@ -126,8 +130,9 @@ NB_MODULE(_C, m) {
   m.attr("__version__") = LLMK_VERSION;
   nb::exception<llmk::Error>(m, "Error", PyExc_RuntimeError);
   nb::class_<Engine>(m, "_Engine")
-      .def(nb::init<const std::string&, const std::string&, int64_t, int>(), nb::arg("path"),
-           nb::arg("device"), nb::arg("context"), nb::arg("threads"))
+      .def(nb::init<const std::string&, const std::string&, int64_t, int, const std::string&>(),
+           nb::arg("path"), nb::arg("device"), nb::arg("context"), nb::arg("threads"),
+           nb::arg("dtype"))
       .def("tokenize", &Engine::tokenize, nb::arg("text"), nb::arg("add_bos"),
            nb::arg("parse_special"))
       .def("detokenize", &Engine::detokenize, nb::arg("ids"), nb::arg("skip_special"))
@@ -153,6 +158,7 @@ NB_MODULE(_C, m) {
       .def("teacher_topk", &Engine::teacher_topk, nb::arg("sequences"), nb::arg("path"),
            nb::arg("k"), nb::arg("chunk"), nb::arg("progress").none())
       .def_prop_ro("device", &Engine::device)
+      .def_prop_ro("dtype", &Engine::dtype)
       .def_prop_ro("context", &Engine::context)
       .def_prop_ro("summary", &Engine::summary);
   llmk::register_ops(m);

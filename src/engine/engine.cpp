@@ -45,7 +45,7 @@ int64_t Engine::bucket(int64_t b) const {
 
 std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, int64_t sequences,
                                     int64_t page_size, Device device, int64_t kv_memory,
-                                    KvType kv_type) {
+                                    KvType kv_type, std::optional<DType> dtype) {
   LLMK_CHECK(sequences >= 1 && page_size >= 1,
              "engine: {} sequences of pages of {} tokens: both must be at least 1", sequences,
              page_size);
@@ -55,7 +55,8 @@ std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, in
                                        .page_size = page_size,
                                        .kv_memory = kv_memory,
                                        .scratch_page = true,
-                                       .kv_type = kv_type});
+                                       .kv_type = kv_type,
+                                       .dtype = dtype});
 }
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const RequestOptions& opts,

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -75,10 +76,12 @@ class Engine {
   // Loads `path` for the engine on `device`: a KV pool in pages of `page_size` tokens, of
   // `sequences` context-long sequences' worth, or of kv_memory bytes (LoadOptions::kv_memory:
   // LoadOptions::kKvMemoryFree sizes it from the GPU's free memory).
-  // kv_type: the cache's element type (LoadOptions::kv_type).
+  // kv_type: the cache's element type (LoadOptions::kv_type); dtype: the activations'
+  // (LoadOptions::dtype).
   static std::unique_ptr<Model> load(const std::string& path, int64_t context, int64_t sequences,
                                      int64_t page_size = 16, Device device = Device::CPU,
-                                     int64_t kv_memory = 0, KvType kv_type = KvType::Auto);
+                                     int64_t kv_memory = 0, KvType kv_type = KvType::Auto,
+                                     std::optional<DType> dtype = std::nullopt);
 
   // Queues a prompt; returns its id. The prompt (non-empty, ids inside the vocabulary, at most
   // the context) and the options (1 <= n <= max_running) are checked here.

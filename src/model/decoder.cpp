@@ -21,6 +21,18 @@ namespace llmk {
 
 namespace {
 
+// LoadOptions::dtype resolved for the device, or an error naming what it takes.
+DType checked_activations(const LoadOptions& opts) {
+  if (opts.dtype) {
+    const DType t = *opts.dtype;
+    LLMK_CHECK(opts.device != Device::CPU || t == DType::F32,
+               "load: dtype {}: the CPU computes in f32", dtype_name(t));
+    LLMK_CHECK(t == DType::BF16 || t == DType::F16 || t == DType::F32,
+               "load: dtype {}: the GPU computes in bf16, f16 or f32", dtype_name(t));
+  }
+  return activation_dtype(opts.device, opts.dtype);
+}
+
 struct LayerWeights {
   Tensor attn_norm;                      // [d_model] f32
   Tensor q_norm, k_norm;                 // [D] f32, QK-norm (Gemma 3)
@@ -32,8 +44,8 @@ struct LayerWeights {
   Tensor w_down;                         // [d_model, d_ff]
 };
 
-// Activations for up to `capacity` tokens (act dtype: f32 on the CPU, bf16 on CUDA), reused
-// across calls so that steady-state decoding allocates nothing.
+// Activations for up to `capacity` tokens (act dtype: f32 on the CPU, bf16, f16 or f32 on CUDA),
+// reused across calls so that steady-state decoding allocates nothing.
 struct Scratch {
   int64_t capacity = 0;
   Tensor x, h, qkv, attn, o, gate_up, act, logits;
@@ -44,7 +56,7 @@ class DecoderModel final : public Model {
   DecoderModel(const std::string& path, ModelConfig config, int64_t context,
                const LoadOptions& opts, const WeightSource& src)
       : Model(path, std::move(config), context, opts.sequences, opts.device),
-        act_(opts.device == Device::CPU ? DType::F32 : DType::BF16),
+        act_(checked_activations(opts)),
         kv_(opts.kv_type == KvType::FP8    ? DType::F8E4M3
             : opts.kv_type == KvType::INT8 ? DType::I8
                                            : act_),
@@ -53,7 +65,7 @@ class DecoderModel final : public Model {
         scratch_(opts.scratch_page ? 1 : 0) {
     LLMK_CHECK(opts.page_size >= 0, "page size {} must be >= 0", opts.page_size);
     check_layer_count(src, this->config().n_layers);
-    WeightLoader loader(src, opts.device, opts.progress);
+    WeightLoader loader(src, opts.device, opts.progress, act_);
     load_weights(loader);  // planning pass: shapes checked, bytes counted, nothing copied
     pool_pages_ = sequences() * pages_per_sequence() + scratch_;
     if (opts.kv_memory != 0) size_pool(path, opts.kv_memory, loader.planned_bytes());
@@ -73,6 +85,7 @@ class DecoderModel final : public Model {
   Tensor compute(int64_t t, bool all_logits) override;
   void reserve(int64_t t, bool all_logits) override;
   DType kv_dtype() const override { return kv_; }
+  DType dtype() const override { return act_; }
 
  private:
   // Activation memory is checked up front for a prompt of this many tokens.

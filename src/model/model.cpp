@@ -252,14 +252,39 @@ Tokenizer load_tokenizer(const Model& model, const std::string& path) {
   return load_tokenizer(path);
 }
 
-KvType parse_kv_type(const std::string& name, Device device) {
+namespace {
+std::optional<DType> float_type_named(const std::string& name) {
+  if (name == "bf16") return DType::BF16;
+  if (name == "f16" || name == "fp16") return DType::F16;
+  if (name == "f32" || name == "fp32") return DType::F32;
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<DType> parse_dtype(const std::string& name, Device device) {
+  if (name == "auto") return std::nullopt;
+  const std::optional<DType> t = float_type_named(name);
+  LLMK_CHECK(t.has_value(), "dtype '{}': expected auto, bf16, f16 or f32", name);
+  LLMK_CHECK(
+      device != Device::CPU || *t == DType::F32,
+      "dtype '{}': the CPU computes in f32 (auto or f32); bf16 and f16 are for --device cuda",
+      name);
+  return t;
+}
+
+DType activation_dtype(Device device, std::optional<DType> dtype) {
+  if (device == Device::CPU) return DType::F32;
+  return dtype.value_or(DType::BF16);
+}
+
+KvType parse_kv_type(const std::string& name, Device device, std::optional<DType> dtype) {
   if (name == "auto") return KvType::Auto;
   if (name == "fp8") return KvType::FP8;
   if (name == "int8") return KvType::INT8;
-  const char* act = device == Device::CPU ? "f32" : "bf16";
-  LLMK_CHECK(name == "bf16" || name == "f32", "kv dtype '{}': expected auto, {}, fp8 or int8", name,
-             act);
-  LLMK_CHECK(name == act,
+  const std::string_view act = dtype_name(activation_dtype(device, dtype));
+  const std::optional<DType> t = float_type_named(name);
+  LLMK_CHECK(t.has_value(), "kv dtype '{}': expected auto, {}, fp8 or int8", name, act);
+  LLMK_CHECK(*t == activation_dtype(device, dtype),
              "kv dtype '{}': the {} computes in {}; its cache is {} (or fp8, int8), not {}", name,
              device == Device::CPU ? "CPU" : "GPU", act, act, name);
   return KvType::Auto;

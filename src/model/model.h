@@ -4,12 +4,12 @@
 // device buffers (it checks them on the host); compute() runs the network on whatever is
 // staged, calling ops only, so on CUDA one compute(1, false) can be captured in a graph and
 // replayed after each stage(). The device sets the layout (decoder.cpp, weights.cpp): matrices
-// keep the file's type on the CPU and become bf16 on CUDA; activations and the KV cache are f32
-// on the CPU and bf16 on CUDA; the KV pool has one page per sequence on the CPU and 64-key
-// pages on CUDA, where a prompt of more than 8 tokens runs the prefill kernel over contiguous
-// keys: the projection's own from position 0, else its keys gathered from the pages. These
-// branches read host state only (the device, the staged tokens and position), never device
-// memory.
+// keep the file's type on the CPU and take the activations' on CUDA; activations and the KV
+// cache are f32 on the CPU and bf16 on CUDA (or fp16 or f32: LoadOptions::dtype); the KV pool has
+// one page per sequence on the CPU and 64-key pages on CUDA, where a prompt of more than 8 tokens
+// runs the prefill kernel over contiguous keys: the projection's own from position 0, else its keys
+// gathered from the pages. These branches read host state only (the device, the staged tokens and
+// position), never device memory.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +29,15 @@ namespace llmk {
 
 class Tokenizer;
 
-// "auto", "fp8" or "int8" as a KvType; "bf16" and "f32" name Auto on the device whose activations
-// they are (cuda, cpu). Throws llmk::Error for anything else.
-KvType parse_kv_type(const std::string& name, Device device);
+// --dtype: "auto" (nullopt: f32 on the CPU, bf16 on CUDA), or bf16, f16 (fp16) or f32 (fp32)
+// where the device computes in it (the CPU: f32 only). Throws llmk::Error for anything else.
+std::optional<DType> parse_dtype(const std::string& name, Device device);
+// The activations' dtype on `device` for LoadOptions::dtype `dtype`.
+DType activation_dtype(Device device, std::optional<DType> dtype);
+// "auto", "fp8" or "int8" as a KvType; the activations' own type (activation_dtype of `dtype`:
+// "f32" on the CPU, "bf16" on CUDA by default) names Auto. Throws llmk::Error for anything else.
+KvType parse_kv_type(const std::string& name, Device device,
+                     std::optional<DType> dtype = std::nullopt);
 const char* kv_type_name(KvType t);
 
 struct LoadOptions {
@@ -52,6 +58,9 @@ struct LoadOptions {
   // The KV cache's element type: Auto (the activations': f32 on the CPU, bf16 on CUDA), or 8-bit
   // with a float scale per row and head (kernels/kv_quant.h), about half the memory of bf16.
   KvType kv_type = KvType::Auto;
+  // The activations' dtype on CUDA: bf16 (nullopt, the default), f16 or f32; the weights are
+  // converted to it at load. The CPU computes in f32 (f32 or nullopt only).
+  std::optional<DType> dtype;
 };
 
 class Model {
@@ -70,6 +79,8 @@ class Model {
   int64_t context() const { return context_; }  // per sequence
   // The KV cache's element type (LoadOptions::kv_type resolved: f32, bf16, f8e4m3 or i8).
   virtual DType kv_dtype() const = 0;
+  // The activations' element type (LoadOptions::dtype resolved: f32, bf16 or f16).
+  virtual DType dtype() const = 0;
   int64_t sequences() const { return sequences_; }
   Device device() const { return device_; }
 

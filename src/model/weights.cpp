@@ -164,8 +164,8 @@ void check_layer_count(const WeightSource& src, int64_t n_layers) {
              printable(last), layers - 1, config, n_layers);
 }
 
-WeightLoader::WeightLoader(const WeightSource& src, Device device, ProgressFn progress)
-    : src_(src), device_(device), progress_(std::move(progress)) {}
+WeightLoader::WeightLoader(const WeightSource& src, Device device, ProgressFn progress, DType act)
+    : src_(src), device_(device), act_(act), progress_(std::move(progress)) {}
 
 bool WeightLoader::has(const std::string& name) const { return src_.find(name).defined(); }
 
@@ -187,7 +187,7 @@ Tensor WeightLoader::place(const std::string& name, const Shape& shape, bool is_
              src_.file_of(name), src_.file_name(name), shape_str(t.shape()), config_note(src_),
              shape_str(shape));
   check_weight_dtype(src_, name, t);
-  const DType want = is_vector ? DType::F32 : (device_ == Device::CPU ? t.dtype() : DType::BF16);
+  const DType want = is_vector ? DType::F32 : (device_ == Device::CPU ? t.dtype() : act_);
   if (planning_) {
     planned_bytes_ += static_cast<uint64_t>(bytes_for(want, t.numel()));
     ++plan_count_;
@@ -261,9 +261,7 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
     rows += t.dim(0);
     parts.push_back(std::move(t));
   }
-  const DType want = device_ != Device::CPU ? DType::BF16
-                     : is_vector            ? DType::F32
-                                            : parts[0].dtype();
+  const DType want = device_ != Device::CPU ? act_ : is_vector ? DType::F32 : parts[0].dtype();
   const Shape shape = is_vector ? Shape{rows} : Shape{rows, shapes[0][1]};
   if (planning_) {
     planned_bytes_ += static_cast<uint64_t>(bytes_for(want, shape_numel(shape)));

@@ -58,9 +58,12 @@ using ProgressFn = std::function<void(const LoadProgress&)>;
 
 class WeightLoader {
  public:
-  WeightLoader(const WeightSource& src, Device device, ProgressFn progress = nullptr);
+  // act: the activation dtype on CUDA (bf16, f16 or f32), which its matrices and biases take.
+  WeightLoader(const WeightSource& src, Device device, ProgressFn progress = nullptr,
+               DType act = DType::BF16);
 
-  // A weight matrix [rows, cols] (also embeddings): CPU keeps the stored dtype, CUDA bf16.
+  // A weight matrix [rows, cols] (also embeddings): CPU keeps the stored dtype, CUDA the
+  // activations' (bf16 by default).
   Tensor matrix(const std::string& name, const Shape& shape);
   // Norm weights: f32 on either device.
   Tensor vector(const std::string& name, const Shape& shape);
@@ -70,9 +73,9 @@ class WeightLoader {
 
   // Several matrices (or bias vectors) stacked along their rows into one tensor, so that one
   // linear computes all their outputs. Shapes must share their columns. Possible when the parts
-  // can end in one dtype: always on CUDA (bf16) and for biases (CPU f32, CUDA bf16, the dtype
-  // cuBLASLt's bias epilogue takes with bf16 outputs); on the CPU when the parts' stored dtypes
-  // are equal. Biases that are all absent give an undefined Tensor.
+  // can end in one dtype: always on CUDA (the activations') and for biases (CPU f32, CUDA the
+  // activations', the dtype cuBLASLt's bias epilogue takes with outputs of that dtype); on the CPU
+  // when the parts' stored dtypes are equal. Biases that are all absent give an undefined Tensor.
   bool can_stack(const std::vector<std::string>& names) const;
   Tensor stacked(const std::vector<std::string>& names, const std::vector<Shape>& shapes,
                  bool is_bias = false);
@@ -91,6 +94,7 @@ class WeightLoader {
 
   const WeightSource& src_;
   Device device_;
+  DType act_;  // the CUDA matrices' and biases' dtype
   ProgressFn progress_;
   bool planning_ = true;
   uint64_t planned_bytes_ = 0;

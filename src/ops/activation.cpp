@@ -15,10 +15,10 @@ using namespace detail;
 void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act) {
   constexpr std::string_view op = "gated_act";
   const bool cuda = on_cuda(op, {{"out", &out}, {"gate", &gate}, {"up", &up}});
-  const std::pair<std::string_view, const Tensor*> all[] = {
-      {"out", &out}, {"gate", &gate}, {"up", &up}};
-  for (const auto& [name, t] : all) {
-    require_dtype(op, name, *t, cuda ? DType::BF16 : DType::F32);
+  [[maybe_unused]] const DType dt =
+      require_activations(op, cuda, {{"out", &out}, {"gate", &gate}, {"up", &up}});
+  for (const auto& [name, t] :
+       {NamedTensor{"out", &out}, NamedTensor{"gate", &gate}, NamedTensor{"up", &up}}) {
     require_last_dim_contiguous(op, name, *t);
   }
   require_ndim(op, "gate", gate, 2);
@@ -30,7 +30,7 @@ void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
     for_each_row_run_raw<3>({&out, &gate, &up}, [&](auto p, int64_t rows, auto ld) {
-      cuda::gated_act(p[0], ld[0], p[1], ld[1], p[2], ld[2], rows, F, cuda_activation(act));
+      cuda::gated_act(dt, p[0], ld[0], p[1], ld[1], p[2], ld[2], rows, F, cuda_activation(act));
     });
 #endif
     return;

@@ -87,10 +87,9 @@ int64_t check_positions(const Tensor& positions, const Tensor& k, int64_t T, int
 #ifdef LLMK_HAS_CUDA
 void attention_cuda(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& positions, const AttentionParams& p, const Dims& d) {
-  const std::pair<std::string_view, const Tensor*> all[] = {
-      {"out", &out}, {"q", &q}, {"k", &k}, {"v", &v}};
-  for (const auto& [name, t] : all) {
-    require_dtype(kOp, name, *t, DType::BF16);
+  const DType dt = require_activations(kOp, true, {{"out", &out}, {"q", &q}, {"k", &k}, {"v", &v}});
+  for (const auto& [name, t] : {NamedTensor{"out", &out}, NamedTensor{"q", &q},
+                                NamedTensor{"k", &k}, NamedTensor{"v", &v}}) {
     require_16_byte_rows(kOp, name, *t);
   }
   LLMK_CHECK(d.T <= 1 || positions.stride(0) == 1,
@@ -107,10 +106,12 @@ void attention_cuda(Tensor& out, const Tensor& q, const Tensor& k, const Tensor&
 
   cuda::AttentionArgs a = cuda_attention_args(out, q, k, v, p);
   a.positions = positions.data<const int32_t>();
-  if (!fast) {
+  // The tensor-core kernels take bf16 and fp16; f32 falls back.
+  const bool decode = d.T <= cuda::kDecodeMaxQueries;
+  if (!fast || dt == DType::F32) {
     cuda::attention_generic(a);
     count_attention(AttentionPath::kFallback);
-  } else if (d.T <= cuda::kDecodeMaxQueries) {
+  } else if (decode) {
     cuda::attention_decode(a);
     count_attention(AttentionPath::kDecode);
   } else {
@@ -370,10 +371,13 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
                           const Tensor& positions, int64_t max_q, const AttentionParams& p,
                           const PagedDims& d) {
   const KvScales* scales = p.kv_scales;
+  const DType dt = require_activations(kPagedOp, true, {{"out", &out}, {"q", &q}});
+  if (scales == nullptr) {
+    require_activations(kPagedOp, true, {{"q", &q}, {"k_pool", &k_pool}, {"v_pool", &v_pool}});
+  }
   for (const auto& [name, t] : {NamedTensor{"out", &out}, NamedTensor{"q", &q},
                                 NamedTensor{"k_pool", &k_pool}, NamedTensor{"v_pool", &v_pool}}) {
     if (scales != nullptr && (t == &k_pool || t == &v_pool)) continue;  // 8-bit pools
-    require_dtype(kPagedOp, name, *t, DType::BF16);
     require_16_byte_rows(kPagedOp, name, *t);
   }
   for (const auto& [name, t] : {NamedTensor{"page_table", &page_table},
@@ -403,7 +407,9 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
     a.k_scale = scales->k.data<const float>();
     a.v_scale = scales->v.data<const float>();
   }
-  if (!fast ||
+  // The decode kernel takes bf16 and fp16 queries (8-bit caches: bf16 ones); the rest go to the
+  // fallback kernel.
+  if (!fast || dt == DType::F32 || (scales != nullptr && dt != DType::BF16) ||
       (scales != nullptr && !cuda::attention_decode_8bit_supported(static_cast<int>(d.D)))) {
     // One launch for the batch: the fallback kernel finds each row's sequence in cu_q and its
     // keys through the page table, up to the sequence's last position.

@@ -72,6 +72,7 @@ inline cuda::AttentionArgs cuda_attention_args(Tensor& out, const Tensor& q, con
   a.softcap = p.softcap;
   a.decode_early_reads = p.early_reads;
   a.fp16 = q.dtype() == DType::F16;
+  a.fp32 = q.dtype() == DType::F32;
   return a;
 }
 #endif

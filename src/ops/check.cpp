@@ -66,6 +66,25 @@ void require_dtype(std::string_view op, std::string_view name, const Tensor& t, 
              dtype_name(want));
 }
 
+DType require_activations(std::string_view op, bool cuda,
+                          std::initializer_list<NamedTensor> tensors) {
+  LLMK_CHECK(tensors.size() > 0, "ops::{}: no activation tensors to check", op);
+  const auto& [first_name, first] = *tensors.begin();
+  const DType dt = first->dtype();
+  if (cuda) {
+    LLMK_CHECK(dt == DType::BF16 || dt == DType::F16 || dt == DType::F32,
+               "ops::{}: {} is {} but must be bf16, f16 or f32 on CUDA", op, first_name,
+               first->str());
+  } else {
+    require_dtype(op, first_name, *first, DType::F32);
+  }
+  for (const auto& [name, t] : tensors) {
+    LLMK_CHECK(t->dtype() == dt, "ops::{}: {} is {} but {} is {}: they must share one dtype", op,
+               name, t->str(), first_name, first->str());
+  }
+  return dt;
+}
+
 void require_ndim(std::string_view op, std::string_view name, const Tensor& t, int want) {
   LLMK_CHECK(t.ndim() == want, "ops::{}: {} is {} but must have {} dimensions", op, name, t.str(),
              want);

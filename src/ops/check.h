@@ -23,7 +23,7 @@ using NamedTensor = std::pair<std::string_view, const Tensor*>;
 // it, so that CPU builds still compile and the CUDA call sits in one #ifdef:
 //
 //   const bool cuda = on_cuda(op, {{"out", &out}, {"x", &x}, {"w", &w}});
-//   require_dtype(op, "x", x, cuda ? DType::BF16 : DType::F32);  // per device, as ops.h says
+//   const DType dt = require_activations(op, cuda, {{"out", &out}, {"x", &x}});  // ops.h
 //   ...                                                           // checks common to both
 //   if (cuda) {
 //   #ifdef LLMK_HAS_CUDA
@@ -37,6 +37,10 @@ bool on_cuda(std::string_view op, std::initializer_list<NamedTensor> tensors);
 // Defined, and on the CPU.
 void require_cpu(std::string_view op, std::string_view name, const Tensor& t);
 void require_dtype(std::string_view op, std::string_view name, const Tensor& t, DType want);
+// The activations of one call: all of one dtype, f32 on the CPU and bf16, f16 or f32 on CUDA
+// (a model's activation dtype, LoadOptions::dtype). Returns that dtype.
+DType require_activations(std::string_view op, bool cuda,
+                          std::initializer_list<NamedTensor> tensors);
 void require_ndim(std::string_view op, std::string_view name, const Tensor& t, int want);
 void require_shape(std::string_view op, std::string_view name, const Tensor& t, const Shape& want);
 // Elements of the last dimension are adjacent (stride 1), so kernels can run along rows.

@@ -18,11 +18,6 @@ using namespace detail;
 
 namespace {
 
-void require_rows(std::string_view op, std::string_view name, const Tensor& t, DType want) {
-  require_dtype(op, name, t, want);
-  require_last_dim_contiguous(op, name, t);
-}
-
 int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.dim(-1); }
 
 }  // namespace
@@ -30,10 +25,12 @@ int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.dim(-1); }
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
   constexpr std::string_view op = "add";
   const bool cuda = on_cuda(op, {{"out", &out}, {"a", &a}, {"b", &b}});
-  const DType dt = cuda ? DType::BF16 : DType::F32;
-  require_rows(op, "out", out, dt);
-  require_rows(op, "a", a, dt);
-  require_rows(op, "b", b, dt);
+  [[maybe_unused]] const DType dt =
+      require_activations(op, cuda, {{"out", &out}, {"a", &a}, {"b", &b}});
+  for (const auto& [name, t] :
+       {NamedTensor{"out", &out}, NamedTensor{"a", &a}, NamedTensor{"b", &b}}) {
+    require_last_dim_contiguous(op, name, *t);
+  }
   LLMK_CHECK(a.shape() == b.shape(), "ops::add: a is {} but b is {}: shapes differ", a.str(),
              b.str());
   require_shape(op, "out", out, a.shape());
@@ -43,7 +40,7 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
     for_each_row_run_raw<3>({&out, &a, &b}, [&](auto p, int64_t rows, auto ld) {
-      cuda::add(p[0], ld[0], p[1], ld[1], p[2], ld[2], rows, D);
+      cuda::add(dt, p[0], ld[0], p[1], ld[1], p[2], ld[2], rows, D);
     });
 #endif
     return;
@@ -56,12 +53,13 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
 void scale(Tensor& x, float s) {
   constexpr std::string_view op = "scale";
   const bool cuda = on_cuda(op, {{"x", &x}});
-  require_rows(op, "x", x, cuda ? DType::BF16 : DType::F32);
+  [[maybe_unused]] const DType dt = require_activations(op, cuda, {{"x", &x}});
+  require_last_dim_contiguous(op, "x", x);
   const int64_t D = last_dim(x);
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
     for_each_row_run_raw<1>(
-        {&x}, [&](auto p, int64_t rows, auto ld) { cuda::scale(p[0], ld[0], rows, D, s); });
+        {&x}, [&](auto p, int64_t rows, auto ld) { cuda::scale(dt, p[0], ld[0], rows, D, s); });
 #endif
     return;
   }

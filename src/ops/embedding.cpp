@@ -17,7 +17,7 @@ void embedding(Tensor& out, const Tensor& table, const Tensor& ids) {
   const bool cuda = on_cuda(op, {{"out", &out}, {"table", &table}, {"ids", &ids}});
   require_ndim(op, "table", table, 2);
   if (cuda) {
-    require_dtype(op, "table", table, DType::BF16);
+    require_activations(op, cuda, {{"table", &table}, {"out", &out}});
   } else {
     LLMK_CHECK(cpu::can_dequantize(table.dtype()),
                "ops::embedding: table dtype {} is not supported", dtype_name(table.dtype()));
@@ -25,7 +25,7 @@ void embedding(Tensor& out, const Tensor& table, const Tensor& ids) {
   require_last_dim_contiguous(op, "table", table);
   require_ndim(op, "ids", ids, 1);
   require_dtype(op, "ids", ids, DType::I32);
-  require_dtype(op, "out", out, cuda ? DType::BF16 : DType::F32);
+  if (!cuda) require_dtype(op, "out", out, DType::F32);
   const int64_t V = table.dim(0), D = table.dim(1), T = ids.dim(0);
   require_shape(op, "out", out, {T, D});
   require_last_dim_contiguous(op, "out", out);
@@ -35,8 +35,8 @@ void embedding(Tensor& out, const Tensor& table, const Tensor& ids) {
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
     // Ids stay on the device: out-of-range ones write zeros (ops.h).
-    cuda::embedding(out.data(), out.stride(0), table.data(), table.stride(0), V, D, id,
-                    ids.stride(0), T);
+    cuda::embedding(out.data(), out.stride(0), table.data(), table.stride(0), V, D,
+                    static_cast<int>(element_size(table.dtype())), id, ids.stride(0), T);
 #endif
     return;
   }

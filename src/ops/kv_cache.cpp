@@ -56,19 +56,10 @@ bool check_kv_append(std::string_view op, const Tensor& k_cache, const Tensor& v
     require_last_dim_contiguous(op, name, *t);
   }
   check_kv_scales(op, k_cache, v_cache, scales);
-  if (scales == nullptr) {
-    const DType cache_type = cuda ? DType::BF16 : DType::F32;
-    require_dtype(op, "k_cache", k_cache, cache_type);
-    require_dtype(op, "v_cache", v_cache, cache_type);
-  }
-  if (cuda) {
-    LLMK_CHECK(k.dtype() == DType::BF16 || k.dtype() == DType::F32,
-               "ops::{}: k is {} but must be bf16 or f32", op, k.str());
-    require_dtype(op, "v", v, k.dtype());
-  } else {
-    require_dtype(op, "k", k, DType::F32);
-    require_dtype(op, "v", v, DType::F32);
-  }
+  // On CUDA the new rows may be of another float type than a plain cache: they are converted.
+  if (scales == nullptr)
+    require_activations(op, cuda, {{"k_cache", &k_cache}, {"v_cache", &v_cache}});
+  require_activations(op, cuda, {{"k", &k}, {"v", &v}});
   const int64_t L = k_cache.dim(0), H = k_cache.dim(1), D = k_cache.dim(2), T = k.dim(0);
   require_shape(op, "v_cache", v_cache, k_cache.shape());
   require_shape(op, "k", k, {T, H, D});
@@ -134,6 +125,7 @@ cuda::KvAppendArgs cuda_kv_append_args(Tensor& k_cache, Tensor& v_cache, const T
   }
   a.k_cache = k_cache.data();
   a.v_cache = v_cache.data();
+  a.cache_type = k_cache.dtype();
   a.k_cache_ld_l = k_cache.stride(0);
   a.k_cache_ld_h = k_cache.stride(1);
   a.v_cache_ld_l = v_cache.stride(0);
@@ -190,10 +182,11 @@ void kv_gather(Tensor& out_k, Tensor& out_v, const Tensor& k_pool, const Tensor&
   require_shape(op, "rows", rows, {n});
   require_shape(op, "out_k", out_k, {n, H, D});
   require_shape(op, "out_v", out_v, {n, H, D});
-  const DType out_type = cuda ? DType::BF16 : DType::F32;
-  require_dtype(op, "out_k", out_k, out_type);
-  require_dtype(op, "out_v", out_v, out_type);
-  if (scales == nullptr) require_dtype(op, "k_pool", k_pool, out_type);
+  const DType out_type = require_activations(op, cuda, {{"out_k", &out_k}, {"out_v", &out_v}});
+  if (scales == nullptr) {
+    require_dtype(op, "k_pool", k_pool, out_type);
+    require_dtype(op, "v_pool", v_pool, out_type);
+  }
   if (n == 0) return;
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
@@ -201,6 +194,7 @@ void kv_gather(Tensor& out_k, Tensor& out_v, const Tensor& k_pool, const Tensor&
     cuda::KvGatherArgs a;
     a.out_k = out_k.data();
     a.out_v = out_v.data();
+    a.out_type = out_type;
     a.k_pool = k_pool.data();
     a.v_pool = v_pool.data();
     a.rows = rows.data<const int32_t>();

@@ -45,9 +45,9 @@ Dims check_shapes(const Tensor& out, const Tensor& x, const Tensor& w, const Ten
 }
 
 #ifdef LLMK_HAS_CUDA
-void require_bf16_or_f32(std::string_view name, const Tensor& t) {
-  LLMK_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32,
-             "ops::linear: {} is {} but must be bf16 or f32 on CUDA", name, t.str());
+void require_float_type(std::string_view name, const Tensor& t) {
+  LLMK_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F16 || t.dtype() == DType::F32,
+             "ops::linear: {} is {} but must be bf16, f16 or f32 on CUDA", name, t.str());
 }
 
 // Rows of a matrix with more than one row must not overlap: the row stride covers a row.
@@ -67,25 +67,27 @@ namespace detail {
 cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias,
                                   bool gated_out) {
   LLMK_CHECK(!is_quantized(w.dtype()),
-             "ops::linear: w is {} on the GPU, but the CUDA linear takes bf16 weights only; "
-             "convert block-quantised weights to bf16 at load",
+             "ops::linear: w is {} on the GPU, but the CUDA linear takes bf16, f16 or f32 "
+             "weights only; convert block-quantised weights at load",
              w.str());
-  require_dtype(kOp, "x", x, DType::BF16);
-  require_dtype(kOp, "w", w, DType::BF16);
-  require_bf16_or_f32("out", out);
+  require_float_type("x", x);
+  LLMK_CHECK(w.dtype() == x.dtype(), "ops::linear: w is {} but x is {}: they must share one dtype",
+             w.str(), x.str());
+  require_float_type("out", out);
   const Dims d = check_shapes(out, x, w, bias, gated_out);
   require_rows_apart("x", x);
   require_rows_apart("w", w);
   require_rows_apart("out", out);
   cuda::LinearArgs a;
   if (bias) {
-    require_bf16_or_f32("bias", *bias);
+    require_float_type("bias", *bias);
     a.bias = bias->data();
     a.bias_dtype = bias->dtype();
   }
   a.out = out.data();
   a.out_dtype = out.dtype();
   a.ldo = out.stride(0);
+  a.in_dtype = x.dtype();
   a.x = x.data();
   a.ldx = x.stride(0);
   a.w = w.data();
@@ -161,9 +163,10 @@ void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act,
   const int64_t F = w.dim(0) / 2;
   require_shape(op, "out", out, {x.dim(0), F});
 #ifdef LLMK_HAS_CUDA
-  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1) {
+  // One row of bf16 or fp16: the one-row kernel with the activation in its epilogue.
+  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1 &&
+      (x.dtype() == DType::BF16 || x.dtype() == DType::F16) && out.dtype() == x.dtype()) {
     const bool cuda = on_cuda(op, {{"out", &out}, {"x", &x}, {"w", &w}, {"scratch", &scratch}});
-    require_dtype(op, "out", out, DType::BF16);
     const cuda::LinearArgs a = linear_cuda_args(out, x, w, bias, true);
     if (cuda && cuda::linear_gated_row(a, cuda_activation(act))) return;
   }

@@ -4,10 +4,12 @@
 //
 // CPU: computes in fp32; activations, outputs and KV caches are f32; weights may be any
 // supported dtype where noted.
-// CUDA: activations, KV caches and weights are bf16 (f32 accepted where noted), accumulation is
-// fp32; positions and ids are i32 in device memory. CUDA ops launch on cuda::current_stream(),
-// never synchronise and never allocate, so a decode step built from them can be captured in a
-// CUDA graph; values they need per step (positions) are read from device memory.
+// CUDA: activations, KV caches and weights are bf16, or fp16, or f32 (a model's activation
+// dtype, LoadOptions::dtype: one dtype for the tensors of a call, taken from them; "bf16" below
+// stands for it where noted), accumulation is fp32; positions and ids are i32 in device memory.
+// CUDA ops launch on cuda::current_stream(), never synchronise and never allocate, so a decode step
+// built from them can be captured in a CUDA graph; values they need per step (positions) are read
+// from device memory.
 #pragma once
 
 #include <cstdint>
@@ -17,18 +19,19 @@
 namespace llmk::ops {
 
 // out: [T, D]; table: [V, D]; ids: [T] i32 (each in [0, V)).
-// CPU: out f32, table f32/f16/bf16/any block type. CUDA: out bf16, table bf16 (an id out of
-// range on CUDA writes zeros: the host cannot check device ids without waiting).
+// CPU: out f32, table f32/f16/bf16/any block type. CUDA: out and table of one dtype, bf16, f16
+// or f32 (an id out of range on CUDA writes zeros: the host cannot check device ids without
+// waiting).
 void embedding(Tensor& out, const Tensor& table, const Tensor& ids);
 
-// out, x: [..., D] (may alias); w: [D] f32. CPU: f32. CUDA: x, out bf16.
+// out, x: [..., D] (may alias); w: [D] f32. CPU: f32. CUDA: x, out bf16 (or f16, f32).
 // y = x / sqrt(mean(x^2) + eps) * w, or * (1 + w) when add_one (Gemma).
 void rms_norm(Tensor& out, const Tensor& x, const Tensor& w, float eps, bool add_one = false);
 
 // The pre-norm residual step, fused: x += delta (skipped when delta is undefined), then
 // out = rms_norm(x, w). x, delta, out: [T, D] (out must not alias x or delta); w: [D] f32.
-// CPU: f32. CUDA: bf16, with the sum rounded to bf16 once before the norm reads it, exactly as
-// separate add and rms_norm would.
+// CPU: f32. CUDA: bf16 (or f16, f32), with the sum rounded to that once before the norm reads
+// it, exactly as separate add and rms_norm would.
 void add_rms_norm(Tensor& x, const Tensor& delta, Tensor& out, const Tensor& w, float eps,
                   bool add_one = false);
 
@@ -44,13 +47,13 @@ struct RopeParams {
   const Tensor* freq_factors =
       nullptr;  // optional [rot_dim/2] f32: inv_freq[i] /= factors[i] (llama3)
 };
-// x: [T, H, D], rotated in place (CPU f32, CUDA bf16); positions: [T] i32.
+// x: [T, H, D], rotated in place (CPU f32, CUDA bf16, f16 or f32); positions: [T] i32.
 void rope(Tensor& x, const Tensor& positions, const RopeParams& p);
 
 // out: [M, N] = x [M, K] @ w^T + bias, with w: [N, K]; bias: optional [N].
 // CPU: x, out, bias f32; w f32/f16/bf16/Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K (dequantised block by
-// block, spread over threads). CUDA (cuBLASLt): x, w bf16; out bf16 or f32 (for logits); bias
-// bf16 or f32, added in the epilogue; fp32 accumulation.
+// block, spread over threads). CUDA (cuBLASLt): x, w of one dtype, bf16 (or f16, f32); out bf16,
+// f16 or f32 (for logits); bias bf16, f16 or f32, added in the epilogue; fp32 accumulation.
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias = nullptr);
 // out += x @ w^T + bias, the same operands: a layer's residual add done by the linear (on CUDA
 // in cuBLASLt's epilogue, the sum rounded once; one row takes cuBLASLt, not the one-row kernel).
@@ -79,7 +82,8 @@ struct AttentionParams {
 // (positions[t] = positions[0] + t), with positions[T-1] < L. Query t sits at position
 // positions[t] and sees cache rows j <= positions[t] (within the window). Hq must be a multiple
 // of Hkv; query head h reads KV head h / (Hq / Hkv). out: [T, Hq, D].
-// CPU: f32, and the positions are checked. CUDA: bf16; positions are read on the device (not
+// CPU: f32, and the positions are checked. CUDA: bf16 or f16 (f32: the fallback kernel);
+// positions are read on the device (not
 // checked: a position past the cache is the caller's error), so one captured decode step
 // replays at every position.
 void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -110,7 +114,8 @@ void attention_varlen(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
 // position in its sequence (consecutive within a sequence); sequence b sees its keys 0..(its
 // last row's position), causally (within the window). max_q_per_seq: a host-known bound on
 // any sequence's rows (sizes the CUDA grid).
-// CPU: f32, every index checked. CUDA: bf16; cu_q, positions and page_table in device memory,
+// CPU: f32, every index checked. CUDA: bf16 or f16 (f32, and f16 over 8-bit caches: the
+// fallback kernel); cu_q, positions and page_table in device memory,
 // unchecked (a captured step replays as they change). Up to 8 rows per sequence run in the
 // split-KV decode kernel; a single sequence with more runs in chunks of 8 (slow: meant for
 // short continuations; prompts should gather their keys and use ops::attention). Head dims
@@ -135,13 +140,14 @@ AttentionStats attention_stats();
 void reset_attention_stats();
 
 // Writes k, v: [T, Hkv, D] into rows positions[t] of the caches k_cache, v_cache: [L, Hkv, D].
-// CPU: f32. CUDA: bf16 (k, v may be f32 and are rounded). With scales the caches are 8-bit
+// CPU: f32. CUDA: caches bf16, f16 or f32, k and v any of the three (converted, rounded to
+// nearest). With scales the caches are 8-bit
 // (F8E4M3 or I8, KvScales) and each row's heads are encoded with their scales written there.
 void kv_append(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
                const Tensor& positions, KvScales* scales = nullptr);
 
-// out_k, out_v [n, Hkv, D] (CPU f32, CUDA bf16) <- the pool rows `rows` ([n] I32) of k_pool,
-// v_pool [L, Hkv, D], decoded with `scales` where the pools are 8-bit.
+// out_k, out_v [n, Hkv, D] (CPU f32, CUDA bf16, f16 or f32) <- the pool rows `rows` ([n] I32) of
+// k_pool, v_pool [L, Hkv, D], decoded with `scales` where the pools are 8-bit.
 void kv_gather(Tensor& out_k, Tensor& out_v, const Tensor& k_pool, const Tensor& v_pool,
                const Tensor& rows, const KvScales* scales = nullptr);
 
@@ -165,7 +171,8 @@ void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const 
                            KvScales* scales = nullptr);
 
 enum class Activation { SiLU, GeluTanh };
-// out, gate, up: [T, F] (out may alias either); out = act(gate) * up. CPU f32, CUDA bf16.
+// out, gate, up: [T, F] (out may alias either); out = act(gate) * up. CPU f32, CUDA bf16, f16 or
+// f32.
 void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act);
 
 // The first half of a gated MLP: out = act(x Wg^T + bg) * (x Wu^T + bu) with w = [Wg; Wu]
@@ -176,9 +183,9 @@ void gated_act(Tensor& out, const Tensor& gate, const Tensor& up, Activation act
 void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act, Tensor& scratch,
                   const Tensor* bias = nullptr);
 
-// out, a, b: same shape (out may alias a or b). out = a + b. CPU f32, CUDA bf16.
+// out, a, b: same shape (out may alias a or b). out = a + b. CPU f32, CUDA bf16, f16 or f32.
 void add(Tensor& out, const Tensor& a, const Tensor& b);
-// x *= s, in place. CPU f32, CUDA bf16.
+// x *= s, in place. CPU f32, CUDA bf16, f16 or f32.
 void scale(Tensor& x, float s);
 // Softmax over the last dimension; out, x: [..., N] (may alias). CPU f32; CUDA f32 or bf16.
 void softmax(Tensor& out, const Tensor& x);

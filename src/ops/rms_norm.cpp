@@ -17,9 +17,7 @@ namespace {
 // Checks shared by rms_norm and add_rms_norm once the device is known; returns D.
 int64_t check_norm(std::string_view op, bool cuda, const Tensor& out, const Tensor& x,
                    const Tensor& w, float eps) {
-  const DType act = cuda ? DType::BF16 : DType::F32;
-  require_dtype(op, "x", x, act);
-  require_dtype(op, "out", out, act);
+  require_activations(op, cuda, {{"x", &x}, {"out", &out}});
   require_dtype(op, "w", w, DType::F32);
   LLMK_CHECK(x.ndim() >= 1, "ops::{}: x is {} but needs at least one dimension", op, x.str());
   const int64_t D = x.dim(-1);
@@ -45,12 +43,13 @@ void rms_norm(Tensor& out, const Tensor& x, const Tensor& w, float eps, bool add
 #ifdef LLMK_HAS_CUDA
     if (x.ndim() == 3) {  // [A, B, D] with any strides (QK-norm over heads): one launch
       if (x.numel() == 0) return;
-      cuda::rms_norm_2d(out.data(), out.stride(0), out.stride(1), x.data(), x.stride(0),
+      cuda::rms_norm_2d(x.dtype(), out.data(), out.stride(0), out.stride(1), x.data(), x.stride(0),
                         x.stride(1), x.dim(0), x.dim(1), D, w.data<const float>(), eps, add_one);
       return;
     }
     for_each_row_run_raw<2>({&out, &x}, [&](auto p, int64_t rows, auto ld) {
-      cuda::rms_norm(p[0], ld[0], p[1], ld[1], rows, D, w.data<const float>(), eps, add_one);
+      cuda::rms_norm(x.dtype(), p[0], ld[0], p[1], ld[1], rows, D, w.data<const float>(), eps,
+                     add_one);
     });
 #endif
     return;
@@ -82,7 +81,7 @@ void add_rms_norm(Tensor& x, const Tensor& delta, Tensor& out, const Tensor& w, 
   if (T == 0) return;
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
-    cuda::add_rms_norm(x.data(), x.stride(0), has_delta ? delta.data() : nullptr,
+    cuda::add_rms_norm(x.dtype(), x.data(), x.stride(0), has_delta ? delta.data() : nullptr,
                        has_delta ? delta.stride(0) : 0, out.data(), out.stride(0), T, D,
                        w.data<const float>(), eps, add_one);
 #endif

@@ -1,6 +1,7 @@
 #include "kernels/cpu/rope.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "ops/check.h"
 #include "ops/kv_append.h"
@@ -24,7 +25,7 @@ bool check_rope(std::string_view op, const Tensor& x, const Tensor& positions,
       p.freq_factors
           ? on_cuda(op, {{"x", &x}, {"positions", &positions}, {"freq_factors", p.freq_factors}})
           : on_cuda(op, {{"x", &x}, {"positions", &positions}});
-  require_dtype(op, "x", x, cuda ? DType::BF16 : DType::F32);
+  require_activations(op, cuda, {{"x", &x}});
   require_ndim(op, "x", x, 3);
   require_last_dim_contiguous(op, "x", x);
   require_dtype(op, "positions", positions, DType::I32);
@@ -59,6 +60,7 @@ template <class Args, class Elem>
 Args rope_args(Tensor& x, const Tensor& positions, const RopeParams& p) {
   Args a;
   a.x = x.data<Elem>();
+  if constexpr (std::is_void_v<Elem>) a.dtype = x.dtype();  // CUDA: any float type
   a.T = x.dim(0);
   a.H = x.dim(1);
   a.D = x.dim(2);
@@ -102,10 +104,10 @@ void rope_kv_append(Tensor& qk, const Tensor& positions, const RopeParams& p, Te
     return;
   }
 #ifdef LLMK_HAS_CUDA
-  require_dtype(op, "v", v, DType::BF16);
   const cuda::KvAppendArgs append = cuda_kv_append_args(k_cache, v_cache, k, v, cache_rows, scales);
   cuda::RopeArgs a = rope_args<cuda::RopeArgs, void>(qk, positions, p);
-  if (scales != nullptr) {  // 8-bit rows: the rotation, then the append that encodes them
+  // 8-bit rows, or rows converted to a cache of another type: the rotation, then the append.
+  if (scales != nullptr || k_cache.dtype() != qk.dtype() || v.dtype() != qk.dtype()) {
     cuda::rope(a);
     if (k.dim(0) > 0) cuda::kv_append(append);
     return;
@@ -133,11 +135,12 @@ void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const 
   // One token on CUDA, every dim rotated: the one-row linear with the rotation and the append in
   // its epilogue, where it takes the operands.
   if (scales == nullptr && x.defined() && x.device() == Device::CUDA && x.ndim() == 2 &&
-      x.dim(0) == 1 && (p.rot_dim == 0 || p.rot_dim == D)) {
+      x.dim(0) == 1 && (p.rot_dim == 0 || p.rot_dim == D) &&
+      (x.dtype() == DType::BF16 || x.dtype() == DType::F16) && qkv.dtype() == x.dtype() &&
+      k_cache.dtype() == x.dtype()) {
     const bool cuda = check_rope(op, qk, positions, p);
     const Tensor keys = qk.slice(1, n_heads, n_heads + Hkv);
     check_kv_append(op, k_cache, v_cache, keys, v, cache_rows);
-    require_dtype(op, "v", v, DType::BF16);
     require_disjoint(op, "qkv", qkv, "x", x);
     const cuda::LinearArgs a = linear_cuda_args(qkv, x, w, bias);
     const cuda::KvAppendArgs kv = cuda_kv_append_args(k_cache, v_cache, keys, v, cache_rows);

@@ -366,7 +366,12 @@ TEST_F(CudaOpDispatch, DtypeAndDeviceErrors) {
     }
     return "<no llmk::Error thrown>";
   };
-  EXPECT_NE(message([&] { ops::rms_norm(x, x, w, 1e-6f); }).find("must be bf16"),
+  // Any of bf16, f16 and f32 (the activation dtypes), but one of them for all of a call's tensors.
+  Tensor out16 = Tensor::empty({2, 16}, DType::F16, Device::CUDA);
+  EXPECT_NE(message([&] { ops::rms_norm(out16, x, w, 1e-6f); }).find("must share one dtype"),
+            std::string::npos);
+  Tensor xi = Tensor::empty({2, 16}, DType::I32, Device::CUDA);
+  EXPECT_NE(message([&] { ops::rms_norm(xi, xi, w, 1e-6f); }).find("must be bf16, f16 or f32"),
             std::string::npos);
   EXPECT_NE(message([&] { ops::rms_norm(xb, xb, w_host, 1e-6f); }).find("one device"),
             std::string::npos);

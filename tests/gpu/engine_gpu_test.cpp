@@ -303,6 +303,83 @@ TEST_P(EngineGpu, GraphBucketsReplayAsSequencesComeAndGo) {
       worst_cpu, worst_eager, same);
 }
 
+// Eight greedy requests with log-probabilities (one of two samples at T 0.8, sharing its
+// prompt's pages) through an engine of `model` on CUDA (prompt chunks, decode steps from
+// graphs), each token's log-probability against the CPU model's, teacher-forced as above; fails
+// where one is off by more than `bound` of the row's max |logit|. Returns the worst such error.
+double engine_logprob_error(Model& model, Model& cpu, uint32_t seed, double bound) {
+  Engine engine(model, {.max_running = 6, .max_step_tokens = 40});
+  const auto ps = prompts(seed, 8, 45);
+  std::map<int64_t, std::vector<TokenEvent>> got;
+  std::map<int64_t, size_t> which;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    RequestOptions o;
+    o.max_tokens = 12;
+    o.logprobs = true;
+    o.sampler.temperature = 0;
+    o.n = i == 2 ? 2 : 1;  // two samples sharing the prompt's pages
+    if (i == 2) o.sampler.temperature = 0.8f;
+    const int64_t id = engine.add_request(ps[i], o, [&](const TokenEvent& e) {
+      got[e.request * 2 + e.sample].push_back(e);
+      return true;
+    });
+    which[id * 2] = i;
+    which[id * 2 + 1] = i;
+  }
+  for (int n = 0; !engine.idle(); ++n) {
+    engine.step();
+    EXPECT_LT(n, 10000) << "no progress";
+    if (n >= 10000) return 1e9;
+  }
+  EXPECT_GT(engine.graph_steps(), 0);
+  EXPECT_EQ(got.size(), ps.size() + 1);
+  double worst = 0;
+  for (const auto& [key, events] : got) {
+    std::vector<int32_t> seq = ps[which.at(key)];
+    const auto p = static_cast<int64_t>(seq.size());
+    for (const TokenEvent& e : events) seq.push_back(e.token);
+    seq.pop_back();
+    const Tensor logits = cpu.forward(seq, 0, true);
+    const int64_t V = logits.dim(1);
+    for (size_t k = 0; k < events.size(); ++k) {
+      const float* row = logits.data<float>() + (p - 1 + static_cast<int64_t>(k)) * V;
+      double big = 0;
+      const double err =
+          std::abs(events[k].logprob - logprob_of(row, V, events[k].token, &big)) / big;
+      worst = std::max(worst, err);
+      EXPECT_LE(err, bound) << "sample " << key << " token " << k;
+    }
+  }
+  return worst;
+}
+
+// f32 and fp16 activations (LoadOptions::dtype) through the engine on CUDA, and fp16 with an fp8
+// cache. Bounds: f32, 1e-4 of max |logit| (the CPU path's bound against transformers' f32);
+// fp16, a quarter of what bf16 is allowed above (fp16's rounding unit is an eighth of bf16's);
+// fp16 with fp8 KV, the 8-bit bound below.
+TEST_P(EngineGpu, F32AndF16ActivationsMatchTheCpuModel) {
+  cuda::init();
+  const std::string path = test::family_dir(GetParam());
+  struct Case {
+    DType dt;
+    KvType kv;
+    double bound;
+  };
+  for (const Case& c :
+       {Case{DType::F32, KvType::Auto, 1e-4}, Case{DType::F16, KvType::Auto, kBf16Worst},
+        Case{DType::F16, KvType::FP8, kEightBitWorst}}) {
+    SCOPED_TRACE(std::string(dtype_name(c.dt)) + " " + kv_type_name(c.kv));
+    auto cpu = Model::load(path, {.context = 128, .kv_type = c.kv});
+    auto model = Engine::load(path, 128, 4, 16, Device::CUDA, 0, c.kv, c.dt);
+    ASSERT_EQ(model->dtype(), c.dt);
+    ASSERT_EQ(model->kv_dtype(), c.kv == KvType::FP8 ? DType::F8E4M3 : c.dt);
+    const double worst = engine_logprob_error(*model, *cpu, 17, c.bound);
+    std::printf("  %s, %s activations, %s KV: worst logprob error %.2e of max |logit|\n",
+                GetParam().c_str(), std::string(dtype_name(c.dt)).c_str(), kv_type_name(c.kv),
+                worst);
+  }
+}
+
 // 8-bit KV caches through the engine on CUDA (prompt chunks, decode steps from graphs, pages
 // shared and copied) against the CPU model on the same kind of cache, teacher-forced as above.
 // The GPU encodes the bf16-rounded keys, the CPU the float32 ones, so an element can land one
@@ -315,48 +392,9 @@ TEST_P(EngineGpu, EightBitKvMatchesTheCpusEightBitKv) {
     auto cpu = Model::load(path, {.context = 128, .kv_type = kv});
     auto model = Engine::load(path, 128, 4, 16, Device::CUDA, 0, kv);
     ASSERT_EQ(model->kv_dtype(), kv == KvType::FP8 ? DType::F8E4M3 : DType::I8);
-    Engine engine(*model, {.max_running = 6, .max_step_tokens = 40});
-    const auto ps = prompts(13, 8, 45);
-    std::map<int64_t, std::vector<TokenEvent>> got;
-    std::map<int64_t, size_t> which;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      RequestOptions o;
-      o.max_tokens = 12;
-      o.logprobs = true;
-      o.sampler.temperature = 0;
-      o.n = i == 2 ? 2 : 1;  // two samples sharing the prompt's pages
-      if (i == 2) o.sampler.temperature = 0.8f;
-      const int64_t id = engine.add_request(ps[i], o, [&](const TokenEvent& e) {
-        got[e.request * 2 + e.sample].push_back(e);
-        return true;
-      });
-      which[id * 2] = i;
-      which[id * 2 + 1] = i;
-    }
-    for (int n = 0; !engine.idle(); ++n) {
-      engine.step();
-      ASSERT_LT(n, 10000) << "no progress";
-    }
-    EXPECT_GT(engine.graph_steps(), 0);
-    double worst = 0;
-    for (const auto& [key, events] : got) {
-      std::vector<int32_t> seq = ps[which.at(key)];
-      const auto p = static_cast<int64_t>(seq.size());
-      for (const TokenEvent& e : events) seq.push_back(e.token);
-      seq.pop_back();
-      const Tensor logits = cpu->forward(seq, 0, true);
-      const int64_t V = logits.dim(1);
-      for (size_t k = 0; k < events.size(); ++k) {
-        const float* row = logits.data<float>() + (p - 1 + static_cast<int64_t>(k)) * V;
-        double big = 0;
-        const double err =
-            std::abs(events[k].logprob - logprob_of(row, V, events[k].token, &big)) / big;
-        worst = std::max(worst, err);
-        EXPECT_LE(err, kEightBitWorst) << "sample " << key << " token " << k;
-      }
-    }
-    std::printf("  %s, %s KV: worst logprob error %.4f of max |logit| (%zu samples)\n",
-                GetParam().c_str(), kv_type_name(kv), worst, got.size());
+    const double worst = engine_logprob_error(*model, *cpu, 13, kEightBitWorst);
+    std::printf("  %s, %s KV: worst logprob error %.4f of max |logit| (9 samples)\n",
+                GetParam().c_str(), kv_type_name(kv), worst);
   }
 }
 

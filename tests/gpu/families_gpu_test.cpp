@@ -45,6 +45,25 @@ double top_margin(const float* x, int64_t n) {
   return (v[0] - v[1]) / scale;
 }
 
+// The logits [ids, vocab] (host f32) of the reference's ids: a batched prefill of the first 20,
+// then one graph-replayed decode step each.
+Tensor prefill_then_decode(Model& gpu, const test::FamilyReference& ref) {
+  const auto n = static_cast<int64_t>(ref.ids.size());
+  constexpr int64_t kPrefill = 20;
+  Tensor logits = Tensor::empty({n, ref.vocab}, DType::F32);
+  Tensor pre = logits.slice(0, 0, kPrefill);
+  ops::transfer(pre, gpu.forward({ref.ids.data(), static_cast<size_t>(kPrefill)}, 0, true));
+  SamplerConfig greedy;
+  greedy.temperature = 0;
+  Decoder dec(gpu, greedy, /*cuda_graph=*/true);
+  for (int64_t p = kPrefill; p < n; ++p) {
+    dec.step(ref.ids[static_cast<size_t>(p)], p);
+    Tensor row = logits.slice(0, p, p + 1);
+    ops::transfer(row, dec.last_logits());
+  }
+  return logits;
+}
+
 class FamilyGpu : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FamilyGpu, CudaLogitsWithinBf16OfTransformers) {
@@ -52,19 +71,9 @@ TEST_P(FamilyGpu, CudaLogitsWithinBf16OfTransformers) {
   const auto ref = test::FamilyReference::load(GetParam());
   auto gpu = Model::load(test::family_dir(GetParam()), {.context = 64, .device = Device::CUDA});
   const auto n = static_cast<int64_t>(ref.ids.size());
-  const int64_t vocab = ref.vocab, prefill = 20;
+  const int64_t vocab = ref.vocab;
   ASSERT_EQ(gpu->config().vocab_size, vocab);
-  Tensor logits = Tensor::empty({n, vocab}, DType::F32);
-  Tensor pre = logits.slice(0, 0, prefill);
-  ops::transfer(pre, gpu->forward({ref.ids.data(), static_cast<size_t>(prefill)}, 0, true));
-  SamplerConfig greedy;
-  greedy.temperature = 0;
-  Decoder dec(*gpu, greedy, /*cuda_graph=*/true);
-  for (int64_t p = prefill; p < n; ++p) {
-    dec.step(ref.ids[static_cast<size_t>(p)], p);
-    Tensor row = logits.slice(0, p, p + 1);
-    ops::transfer(row, dec.last_logits());
-  }
+  const Tensor logits = prefill_then_decode(*gpu, ref);
   const auto hf_err = ref.meta.at("hf_bf16_rel_err").get<std::vector<double>>();
   const auto hf_top1 = ref.meta.at("hf_bf16_top1_agrees").get<std::vector<bool>>();
   ASSERT_EQ(hf_err.size(), static_cast<size_t>(n));
@@ -167,6 +176,46 @@ TEST_P(FamilyGpu, LookaheadGivesTheSameTokens) {
   std::vector<int32_t> distinct = runs[0];
   std::sort(distinct.begin(), distinct.end());
   EXPECT_GE(std::unique(distinct.begin(), distinct.end()) - distinct.begin(), 3);
+}
+
+// LoadOptions::dtype: f32 and fp16 activations (and weights) on CUDA, the same prefill and graph
+// decode as above. f32 is held to the CPU path's bound against transformers' float32 (1e-4 of
+// the row's largest |logit|, tests/model/families_test.cpp); fp16, whose rounding unit is an
+// eighth of bf16's, to half of transformers' own bf16 worst (4x the error that scaling predicts).
+TEST_P(FamilyGpu, F32AndF16ActivationsAgainstTransformers) {
+  cuda::init();
+  const auto ref = test::FamilyReference::load(GetParam());
+  const auto n = static_cast<int64_t>(ref.ids.size());
+  const int64_t vocab = ref.vocab;
+  const auto hf_err = ref.meta.at("hf_bf16_rel_err").get<std::vector<double>>();
+  const double hf_worst = *std::max_element(hf_err.begin(), hf_err.end());
+  for (const DType dt : {DType::F32, DType::F16}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    auto gpu = Model::load(test::family_dir(GetParam()),
+                           {.context = 64, .device = Device::CUDA, .dtype = dt});
+    ASSERT_EQ(gpu->dtype(), dt);
+    ASSERT_EQ(gpu->kv_dtype(), dt);
+    const Tensor logits = prefill_then_decode(*gpu, ref);
+    double worst = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      const float* g = logits.data<const float>() + p * vocab;
+      ASSERT_TRUE(std::isfinite(g[0]) && std::isfinite(g[vocab - 1])) << "position " << p;
+      worst = std::max(worst, test::row_rel_err(g, ref.row(static_cast<size_t>(p)), vocab));
+    }
+    const double bound = dt == DType::F32 ? 1e-4 : hf_worst / 2;
+    std::printf("[ %s ] CUDA %s activations vs transformers f32: worst %.2e (bound %.2e)\n",
+                GetParam().c_str(), std::string(dtype_name(dt)).c_str(), worst, bound);
+    EXPECT_LE(worst, bound);
+  }
+}
+
+TEST(FamilyGpuDtype, BadActivationTypesAreRefused) {
+  cuda::init();
+  const std::string path = test::family_dir(test::family_names().front());
+  EXPECT_THROW(Model::load(path, {.context = 64, .device = Device::CUDA, .dtype = DType::I8}),
+               Error);
+  EXPECT_THROW(Model::load(path, {.context = 64, .device = Device::CPU, .dtype = DType::BF16}),
+               Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGpu, ::testing::ValuesIn(test::family_names()),

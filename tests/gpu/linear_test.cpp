@@ -698,16 +698,20 @@ TEST_F(Linear, ArgumentErrors) {
   const Tensor x256 = random_bf16({3, 256}, rng, 1.0f).to(Device::CUDA);
   std::string msg = error_message([&] { ops::linear(out, x256, wq); });
   EXPECT_NE(msg.find("ops::linear: w is q4_k"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("convert block-quantised weights to bf16 at load"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("convert block-quantised weights at load"), std::string::npos) << msg;
 
+  // x and w share one dtype (bf16, f16 or f32); out may be any of the three.
   const Tensor x_f32 = Tensor::empty({3, 64}, DType::F32, Device::CUDA);
   msg = error_message([&] { ops::linear(out, x_f32, w); });
-  EXPECT_NE(msg.find("ops::linear: x is f32[3, 64]@cuda but must be bf16"), std::string::npos)
+  EXPECT_NE(msg.find("ops::linear: w is bf16[10, 64]@cuda but x is f32[3, 64]@cuda: they must "
+                     "share one dtype"),
+            std::string::npos)
       << msg;
 
-  Tensor out_f16 = Tensor::empty({3, 10}, DType::F16, Device::CUDA);
-  msg = error_message([&] { ops::linear(out_f16, x, w); });
-  EXPECT_NE(msg.find("out is f16[3, 10]@cuda but must be bf16 or f32 on CUDA"), std::string::npos)
+  Tensor out_i32 = Tensor::empty({3, 10}, DType::I32, Device::CUDA);
+  msg = error_message([&] { ops::linear(out_i32, x, w); });
+  EXPECT_NE(msg.find("out is i32[3, 10]@cuda but must be bf16, f16 or f32 on CUDA"),
+            std::string::npos)
       << msg;
 
   const Tensor b_bad = Tensor::empty({11}, DType::BF16, Device::CUDA);
@@ -717,7 +721,8 @@ TEST_F(Linear, ArgumentErrors) {
 
   const Tensor b_i32 = Tensor::empty({10}, DType::I32, Device::CUDA);
   msg = error_message([&] { ops::linear(out, x, w, &b_i32); });
-  EXPECT_NE(msg.find("bias is i32[10]@cuda but must be bf16 or f32"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bias is i32[10]@cuda but must be bf16, f16 or f32"), std::string::npos)
+      << msg;
 
   const Tensor x_cpu = Tensor::empty({3, 64}, DType::BF16);
   msg = error_message([&] { ops::linear(out, x_cpu, w); });

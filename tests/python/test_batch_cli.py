@@ -171,6 +171,36 @@ def test_kv_dtype(tmp_path):
     assert r.returncode == 1 and "--kv-dtype needs --prompts" in r.stderr
 
 
+def test_dtype_option(tmp_path):
+    # --dtype picks the activations' type on CUDA; the CPU computes in f32 and says so. Every
+    # command that loads a model takes it; a bad value is one line naming what is accepted.
+    model = fixture("llama3")
+    f = tmp_path / "p.txt"
+    f.write_text("x\n")
+    ids = tmp_path / "ids.txt"
+    ids.write_text("1 2 3\n")
+    cases = [
+        (("run", "-m", model, "-p", "x", "-n", 2), "bf16"),
+        (("run", "-m", model, "--prompts", f, "-n", 2), "f16"),
+        (("bench", "-m", model, "--prompt-tokens", 4, "--gen-tokens", 2, "--reps", 1), "bf16"),
+        (("logits", "-m", model, "--ids", ids, "--out", tmp_path / "l.bin"), "f16"),
+    ]
+    for args, value in cases:
+        r = run(*args, "--device", "cpu", "--dtype", value, check=False)
+        msg = f"dtype '{value}': the CPU computes in f32 (auto or f32)"
+        assert r.returncode == 1 and msg in r.stderr, (args, r.stderr)
+        assert r.stderr.count("\n") == 1, r.stderr
+    r = run("run", "-m", model, "-p", "x", "--device", "cpu", "--dtype", "float", check=False)
+    assert r.returncode == 1 and "dtype 'float': expected auto, bf16, f16 or f32" in r.stderr
+    for value in ("auto", "f32", "fp32"):
+        got = batch(model, ["Hello"], tmp_path, "--temp", 0, "-n", 2, "--dtype", value)
+        assert len(got[0]["outputs"][0]["token_ids"]) == 2
+    # With f32 activations named, the CPU's cache type is accepted as --kv-dtype.
+    got = batch(model, ["Hello"], tmp_path, "--temp", 0, "-n", 2, "--dtype", "f32",
+                "--kv-dtype", "f32")
+    assert len(got[0]["outputs"][0]["token_ids"]) == 2
+
+
 def test_bench_concurrency(tmp_path):
     model = fixture("gemma3")
     out = tmp_path / "b.json"

@@ -131,4 +131,9 @@ def test_bad_models_and_settings_raise():
         llmk.LLM(fixture("llama3"), device="tpu")
     with pytest.raises(llmk.Error, match="context -5"):
         llmk.LLM(fixture("llama3"), context=-5)
+    with pytest.raises(llmk.Error, match="dtype 'bf16': the CPU computes in f32"):
+        llmk.LLM(fixture("llama3"), device="cpu", dtype="bf16")
+    with pytest.raises(llmk.Error, match="dtype 'half': expected auto, bf16, f16 or f32"):
+        llmk.LLM(fixture("llama3"), device="cpu", dtype="half")
+    assert llmk.LLM(fixture("llama3"), device="cpu", dtype="f32").dtype == "f32"
     assert isinstance(llmk.__version__, str) and llmk.__version__

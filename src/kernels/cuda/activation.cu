@@ -5,20 +5,19 @@
 
 namespace llmk::cuda {
 
-void gated_act(void* out, int64_t out_ld, const void* gate, int64_t gate_ld, const void* up,
-               int64_t up_ld, int64_t rows, int64_t F, Activation act) {
-  const MapRows<2> a{
-      static_cast<__nv_bfloat16*>(out),
-      out_ld,
-      {static_cast<const __nv_bfloat16*>(gate), static_cast<const __nv_bfloat16*>(up)},
-      {gate_ld, up_ld},
-      rows,
-      F};
-  if (act == Activation::SiLU) {
-    map_rows("gated_act", a, SiluMul{});
-  } else {
-    map_rows("gated_act", a, GeluTanhMul{});
-  }
+void gated_act(DType dt, void* out, int64_t out_ld, const void* gate, int64_t gate_ld,
+               const void* up, int64_t up_ld, int64_t rows, int64_t F, Activation act) {
+  with_float_type(dt, [&](auto t) {
+    using T = decltype(t);
+    const MapRows<T, 2> a{
+        static_cast<T*>(out), out_ld, {static_cast<const T*>(gate), static_cast<const T*>(up)},
+        {gate_ld, up_ld},     rows,   F};
+    if (act == Activation::SiLU) {
+      map_rows("gated_act", a, SiluMul{});
+    } else {
+      map_rows("gated_act", a, GeluTanhMul{});
+    }
+  });
 }
 
 }  // namespace llmk::cuda

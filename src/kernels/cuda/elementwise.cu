@@ -16,25 +16,23 @@ struct Scale {
 
 }  // namespace
 
-void add(void* out, int64_t out_ld, const void* a, int64_t a_ld, const void* b, int64_t b_ld,
-         int64_t rows, int64_t D) {
-  const MapRows<2> m{static_cast<__nv_bfloat16*>(out),
-                     out_ld,
-                     {static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b)},
-                     {a_ld, b_ld},
-                     rows,
-                     D};
-  map_rows("add", m, Add{});
+void add(DType dt, void* out, int64_t out_ld, const void* a, int64_t a_ld, const void* b,
+         int64_t b_ld, int64_t rows, int64_t D) {
+  with_float_type(dt, [&](auto t) {
+    using T = decltype(t);
+    const MapRows<T, 2> m{
+        static_cast<T*>(out), out_ld, {static_cast<const T*>(a), static_cast<const T*>(b)},
+        {a_ld, b_ld},         rows,   D};
+    map_rows("add", m, Add{});
+  });
 }
 
-void scale(void* x, int64_t x_ld, int64_t rows, int64_t D, float s) {
-  const MapRows<1> m{static_cast<__nv_bfloat16*>(x),
-                     x_ld,
-                     {static_cast<const __nv_bfloat16*>(x)},
-                     {x_ld},
-                     rows,
-                     D};
-  map_rows("scale", m, Scale{s});
+void scale(DType dt, void* x, int64_t x_ld, int64_t rows, int64_t D, float s) {
+  with_float_type(dt, [&](auto t) {
+    using T = decltype(t);
+    const MapRows<T, 1> m{static_cast<T*>(x), x_ld, {static_cast<const T*>(x)}, {x_ld}, rows, D};
+    map_rows("scale", m, Scale{s});
+  });
 }
 
 }  // namespace llmk::cuda

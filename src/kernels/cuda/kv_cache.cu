@@ -1,35 +1,22 @@
-// KV append: block (t, k-or-v) copies row t of k or v into cache row positions[t], with 16-byte
-// accesses where every row start is aligned.
-#include "kernels/cuda/common.cuh"
+// KV append: block (t, k-or-v) copies row t of k or v into cache row positions[t], converted to
+// the cache's element type, with 16-byte accesses where every row start is aligned.
 #include "kernels/cuda/kv_cache.h"
+#include "kernels/cuda/vec.cuh"
 #include "kernels/kv_quant.h"
 
 namespace llmk::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
-
-__device__ __forceinline__ void load(const float* p, float (&f)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-__device__ __forceinline__ void load(const float* p, float (&f)[1]) { f[0] = *p; }
-template <int N>
-__device__ __forceinline__ void load(const bf16* p, float (&f)[N]) {
-  load_bf16<N>(p, f);
-}
-
-template <class TS, int kVec>
+template <class TS, class TC, int kVec>
 __global__ void kv_append_kernel(const KvAppendArgs a) {
   grid_dependency_wait();
   const int64_t t = blockIdx.x;
   const bool is_v = blockIdx.y == 1;
   const int64_t pos = a.positions[t * a.pos_stride];
   if (pos < 0 || pos >= a.L) return;  // the caller's error; writing would corrupt memory
-  bf16* dst = static_cast<bf16*>(is_v ? a.v_cache : a.k_cache) +
-              pos * (is_v ? a.v_cache_ld_l : a.k_cache_ld_l);
+  TC* dst = static_cast<TC*>(is_v ? a.v_cache : a.k_cache) +
+            pos * (is_v ? a.v_cache_ld_l : a.k_cache_ld_l);
   const int64_t dst_ld_h = is_v ? a.v_cache_ld_h : a.k_cache_ld_h;
   const TS* src = static_cast<const TS*>(is_v ? a.v : a.k) + t * (is_v ? a.v_ld_t : a.k_ld_t);
   const int64_t src_ld_h = is_v ? a.v_ld_h : a.k_ld_h;
@@ -37,8 +24,8 @@ __global__ void kv_append_kernel(const KvAppendArgs a) {
   for (int64_t c = threadIdx.x; c < a.H * chunks; c += blockDim.x) {
     const int64_t h = c / chunks, i = c % chunks * kVec;
     float f[kVec];
-    load(src + h * src_ld_h + i, f);
-    store_bf16<kVec>(dst + h * dst_ld_h + i, f);
+    load_vec<TS, kVec>(src + h * src_ld_h + i, f);
+    store_vec<TC, kVec>(dst + h * dst_ld_h + i, f);
   }
 }
 
@@ -68,10 +55,8 @@ __global__ void kv_append_8bit_kernel(const KvAppendArgs a) {
       const int64_t i = lane + 32 * j;
       f[j] = 0.0f;
       if (i < a.D) {
-        float x[1];
-        load(src + h * src_ld_h + i, x);
-        f[j] = x[0];
-        absmax = fmaxf(absmax, fabsf(x[0]));
+        f[j] = to_float(src[h * src_ld_h + i]);
+        absmax = fmaxf(absmax, fabsf(f[j]));
       }
     }
 #pragma unroll
@@ -97,14 +82,15 @@ void launch_8bit(const KvAppendArgs& a) {
   }
 }
 
-template <class TS>
+template <class TS, class TC>
 void launch(const KvAppendArgs& a, bool vec) {
   const dim3 grid(static_cast<unsigned>(a.T), 2);
   if (vec) {
-    launch_dependent(kv_append_kernel<TS, 8>, grid, dim3(block_threads_for(a.H * a.D / 8, 256)), 0,
-                     a);
+    launch_dependent(kv_append_kernel<TS, TC, 8>, grid, dim3(block_threads_for(a.H * a.D / 8, 256)),
+                     0, a);
   } else {
-    launch_dependent(kv_append_kernel<TS, 1>, grid, dim3(block_threads_for(a.H * a.D, 256)), 0, a);
+    launch_dependent(kv_append_kernel<TS, TC, 1>, grid, dim3(block_threads_for(a.H * a.D, 256)), 0,
+                     a);
   }
 }
 
@@ -112,12 +98,8 @@ void launch(const KvAppendArgs& a, bool vec) {
 
 void kv_append(const KvAppendArgs& a) {
   if (a.T == 0 || a.H == 0 || a.D == 0) return;
-  if (a.format != KvFormat::BF16) {
-    if (a.src_type == DType::F32) {
-      launch_8bit<float>(a);
-    } else {
-      launch_8bit<bf16>(a);
-    }
+  if (a.format != KvFormat::Plain) {
+    with_float_type(a.src_type, [&](auto ts) { launch_8bit<decltype(ts)>(a); });
     check_launch("kv_append (8-bit)");
     return;
   }
@@ -126,20 +108,18 @@ void kv_append(const KvAppendArgs& a) {
   bool vec = a.D % 8 == 0 && is_aligned(a.k_cache, 16) && is_aligned(a.v_cache, 16) &&
              is_aligned(a.k, 16) && is_aligned(a.v, 16);
   for (int64_t ld : lds) vec = vec && ld % 8 == 0;
-  if (a.src_type == DType::F32) {
-    launch<float>(a, vec);
-  } else {
-    launch<bf16>(a, vec);
-  }
+  with_float_type(a.src_type, [&](auto ts) {
+    with_float_type(a.cache_type, [&](auto tc) { launch<decltype(ts), decltype(tc)>(a, vec); });
+  });
   check_launch("kv_append");
 }
 
 namespace {
 
-template <KvFormat F>
+template <KvFormat F, class T>
 __device__ __forceinline__ float decoded(const void* pool, int64_t at) {
-  if constexpr (F == KvFormat::BF16) {
-    return __bfloat162float(static_cast<const bf16*>(pool)[at]);
+  if constexpr (F == KvFormat::Plain) {
+    return to_float(static_cast<const T*>(pool)[at]);
   } else if constexpr (F == KvFormat::E4M3) {
     return kvq::decode<kvq::Format::E4M3>(static_cast<const uint8_t*>(pool)[at]);
   } else {
@@ -147,28 +127,28 @@ __device__ __forceinline__ float decoded(const void* pool, int64_t at) {
   }
 }
 
-// Block i: row rows[i] of both pools, threads over its H x D elements.
-template <KvFormat F>
+// Block i: row rows[i] of both pools, threads over its H x D elements. A plain pool holds T.
+template <KvFormat F, class T>
 __global__ void kv_gather_kernel(const KvGatherArgs a) {
   grid_dependency_wait();
   const int64_t i = blockIdx.x, row = a.rows[i];
   const bool ok = row >= 0 && row < a.L;
-  bf16* ok_k = static_cast<bf16*>(a.out_k) + i * a.H * a.D;
-  bf16* ok_v = static_cast<bf16*>(a.out_v) + i * a.H * a.D;
+  T* ok_k = static_cast<T*>(a.out_k) + i * a.H * a.D;
+  T* ok_v = static_cast<T*>(a.out_v) + i * a.H * a.D;
   for (int64_t e = threadIdx.x; e < a.H * a.D; e += blockDim.x) {
     float k = 0.0f, v = 0.0f;
     if (ok) {
       const int64_t at = row * a.H * a.D + e;
-      k = decoded<F>(a.k_pool, at);
-      v = decoded<F>(a.v_pool, at);
-      if constexpr (F != KvFormat::BF16) {
+      k = decoded<F, T>(a.k_pool, at);
+      v = decoded<F, T>(a.v_pool, at);
+      if constexpr (F != KvFormat::Plain) {
         const int64_t s = row * a.H + e / a.D;
         k *= a.k_scale[s];
         v *= a.v_scale[s];
       }
     }
-    ok_k[e] = __float2bfloat16_rn(k);
-    ok_v[e] = __float2bfloat16_rn(v);
+    ok_k[e] = from_float<T>(k);
+    ok_v[e] = from_float<T>(v);
   }
 }
 
@@ -177,17 +157,20 @@ __global__ void kv_gather_kernel(const KvGatherArgs a) {
 void kv_gather(const KvGatherArgs& a) {
   if (a.n == 0 || a.H == 0 || a.D == 0) return;
   const dim3 grid(static_cast<unsigned>(a.n)), block(block_threads_for(a.H * a.D, 256));
-  switch (a.format) {
-    case KvFormat::BF16:
-      launch_dependent(kv_gather_kernel<KvFormat::BF16>, grid, block, 0, a);
-      break;
-    case KvFormat::E4M3:
-      launch_dependent(kv_gather_kernel<KvFormat::E4M3>, grid, block, 0, a);
-      break;
-    case KvFormat::I8:
-      launch_dependent(kv_gather_kernel<KvFormat::I8>, grid, block, 0, a);
-      break;
-  }
+  with_float_type(a.out_type, [&](auto t) {
+    using T = decltype(t);
+    switch (a.format) {
+      case KvFormat::Plain:
+        launch_dependent(kv_gather_kernel<KvFormat::Plain, T>, grid, block, 0, a);
+        break;
+      case KvFormat::E4M3:
+        launch_dependent(kv_gather_kernel<KvFormat::E4M3, T>, grid, block, 0, a);
+        break;
+      case KvFormat::I8:
+        launch_dependent(kv_gather_kernel<KvFormat::I8, T>, grid, block, 0, a);
+        break;
+    }
+  });
   check_launch("kv_gather");
 }
 

@@ -1,28 +1,28 @@
-// An element-wise map over rows of bf16, shared by the activation and element-wise kernels:
-// out[r, i] = f(in_0[r, i], ..., in_{N-1}[r, i]) in fp32, rounded to bf16 once. Rows may be
-// strided; out may alias an input exactly (each element is read before it is written, by the
-// same thread). Included by .cu files only.
+// An element-wise map over rows of T (bf16, fp16 or f32), shared by the activation and
+// element-wise kernels: out[r, i] = f(in_0[r, i], ..., in_{N-1}[r, i]) in fp32, rounded to T once.
+// Rows may be strided; out may alias an input exactly (each element is read before it is written,
+// by the same thread). Included by .cu files only.
 #pragma once
 
 #include <algorithm>
 
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/vec.cuh"
 
 namespace llmk::cuda {
 
-template <int N>
+template <class T, int N>
 struct MapRows {
-  __nv_bfloat16* out;
+  T* out;
   int64_t out_ld;
-  const __nv_bfloat16* in[N];
+  const T* in[N];
   int64_t in_ld[N];
   int64_t rows, D;
 };
 
-// kVec elements per thread step: 8 (16-byte accesses) where every row start is 16-byte aligned
-// and D is a multiple of 8, else 1.
-template <int N, int kVec, class F>
-__global__ void map_rows_kernel(const MapRows<N> a, F f) {
+// kVec elements per thread step: 8 (16-byte accesses, two for f32) where every row start is
+// 16-byte aligned and D is a multiple of 8, else 1.
+template <class T, int N, int kVec, class F>
+__global__ void map_rows_kernel(const MapRows<T, N> a, F f) {
   grid_dependency_wait();
   const int64_t chunks = a.D / kVec;
   for (int64_t r = blockIdx.y; r < a.rows; r += gridDim.y) {
@@ -30,7 +30,7 @@ __global__ void map_rows_kernel(const MapRows<N> a, F f) {
          c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       float v[N][kVec];
 #pragma unroll
-      for (int k = 0; k < N; ++k) load_bf16<kVec>(a.in[k] + r * a.in_ld[k] + c * kVec, v[k]);
+      for (int k = 0; k < N; ++k) load_vec<T, kVec>(a.in[k] + r * a.in_ld[k] + c * kVec, v[k]);
       float y[kVec];
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
@@ -40,14 +40,14 @@ __global__ void map_rows_kernel(const MapRows<N> a, F f) {
           y[e] = f(v[0][e], v[1][e]);
         }
       }
-      store_bf16<kVec>(a.out + r * a.out_ld + c * kVec, y);
+      store_vec<T, kVec>(a.out + r * a.out_ld + c * kVec, y);
     }
   }
 }
 
 // Launches map_rows_kernel on current_stream() and checks the launch as `op`.
-template <int N, class F>
-void map_rows(const char* op, const MapRows<N>& a, F f) {
+template <class T, int N, class F>
+void map_rows(const char* op, const MapRows<T, N>& a, F f) {
   if (a.rows == 0 || a.D == 0) return;
   bool vec = a.D % 8 == 0 && is_aligned(a.out, 16) && a.out_ld % 8 == 0;
   for (int k = 0; k < N; ++k) vec = vec && is_aligned(a.in[k], 16) && a.in_ld[k] % 8 == 0;
@@ -58,9 +58,9 @@ void map_rows(const char* op, const MapRows<N>& a, F f) {
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(chunks, kThreads), 1024)),
                   static_cast<unsigned>(std::min(a.rows, kMaxGridY)));
   if (vec) {
-    launch_dependent(map_rows_kernel<N, 8, F>, grid, dim3(kThreads), 0, a, f);
+    launch_dependent(map_rows_kernel<T, N, 8, F>, grid, dim3(kThreads), 0, a, f);
   } else {
-    launch_dependent(map_rows_kernel<N, 1, F>, grid, dim3(kThreads), 0, a, f);
+    launch_dependent(map_rows_kernel<T, N, 1, F>, grid, dim3(kThreads), 0, a, f);
   }
   check_launch(op);
 }

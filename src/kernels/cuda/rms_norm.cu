@@ -1,29 +1,29 @@
 // RMS norm, alone and fused with the residual add: one block per row.
 //
-// The vector kernel keeps its row in registers (each thread up to kMaxVecs 16-byte vectors of 8
-// bf16), so the row is read once and written once: 2 * D * 2 bytes per row for rms_norm, 5 * D *
-// 2 for add_rms_norm (x, delta read; x, out written). The scalar kernel takes any width and
+// Rows of T: bf16, fp16 or f32. The vector kernel keeps its row in registers (each thread up to
+// kMaxVecs vectors of 8 elements, 16 bytes of 16-bit ones), so the row is read once and written
+// once: 2 * D * sizeof(T) bytes per row for rms_norm, 5 * D * sizeof(T) for add_rms_norm (x,
+// delta read; x, out written). The scalar kernel takes any width and
 // alignment and reads the row twice (the second read mostly hits the cache); it also serves rows
 // over 16384 wide.
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/vec.cuh"
 
 namespace llmk::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
-
-constexpr int kVec = 8;           // bf16 per 16-byte access
+constexpr int kVec = 8;           // elements per vector (16 bytes of bf16 / fp16)
 constexpr int kMaxVecs = 4;       // vectors a thread holds, with their weights in f32
 constexpr int kMaxThreads = 512;  // rows up to 512 * 4 * 8 = 16384 wide (wider: the scalar kernel)
 
+template <class T>
 struct NormRows {
-  bf16* x;  // written only when delta is set (add_rms_norm)
+  T* x;  // written only when delta is set (add_rms_norm)
   int64_t x_ld;
-  const bf16* delta;  // null: plain rms_norm
+  const T* delta;  // null: plain rms_norm
   int64_t delta_ld;
-  bf16* out;
+  T* out;
   int64_t out_ld;
   int64_t D;
   const float* w;
@@ -42,12 +42,13 @@ __device__ __forceinline__ int64_t row_offset(int64_t row, int64_t inner, int64_
   return inner == 1 ? row * ld : (row / inner) * ld + (row % inner) * ld_inner;
 }
 
-__device__ __forceinline__ float weight(const NormRows& a, float w) {
+template <class T>
+__device__ __forceinline__ float weight(const NormRows<T>& a, float w) {
   return a.add_one ? 1.0f + w : w;
 }
 
-template <bool kAdd>
-__global__ void __launch_bounds__(kMaxThreads) rms_norm_vec_kernel(NormRows a) {
+template <class T, bool kAdd>
+__global__ void __launch_bounds__(kMaxThreads) rms_norm_vec_kernel(NormRows<T> a) {
   const int64_t nvec = a.D / kVec;
   // The weights first, before the wait: no kernel writes them, so their loads overlap the
   // previous kernel's tail instead of following the row's sum of squares.
@@ -65,22 +66,22 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_vec_kernel(NormRows a) {
   grid_dependency_wait(a.release_first);
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
-  bf16* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
-  bf16* out = a.out + row_offset(row, a.inner, a.out_ld, a.out_ld_inner);
+  T* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
+  T* out = a.out + row_offset(row, a.inner, a.out_ld, a.out_ld_inner);
   float v[kMaxVecs][kVec];
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kMaxVecs; ++k) {
     const int64_t j = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     if (j < nvec) {
-      load_bf16<kVec>(x + j * kVec, v[k]);
+      load_vec<T, kVec>(x + j * kVec, v[k]);
       if constexpr (kAdd) {
         float d[kVec];
-        load_bf16<kVec>(a.delta + row * a.delta_ld + j * kVec, d);
+        load_vec<T, kVec>(a.delta + row * a.delta_ld + j * kVec, d);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) v[k][e] += d[e];
-        round_to_bf16(v[k]);  // the norm reads the sum as stored
-        store_bf16<kVec>(x + j * kVec, v[k]);
+        round_to<T>(v[k]);  // the norm reads the sum as stored
+        store_vec<T, kVec>(x + j * kVec, v[k]);
       }
 #pragma unroll
       for (int e = 0; e < kVec; ++e) ss += v[k][e] * v[k][e];
@@ -95,39 +96,39 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_vec_kernel(NormRows a) {
       float y[kVec];
 #pragma unroll
       for (int e = 0; e < kVec; ++e) y[e] = v[k][e] * inv * weight(a, w[k][e]);
-      store_bf16<kVec>(out + j * kVec, y);
+      store_vec<T, kVec>(out + j * kVec, y);
     }
   }
 }
 
 // Any width and alignment. Each thread reads back only the elements it wrote itself, so x may
 // be updated in place (add) or aliased by out (rms_norm) without further barriers.
-template <bool kAdd>
-__global__ void rms_norm_scalar_kernel(NormRows a) {
+template <class T, bool kAdd>
+__global__ void rms_norm_scalar_kernel(NormRows<T> a) {
   grid_dependency_wait(a.release_first);
   __shared__ float scratch[kWarp];
   const int64_t row = blockIdx.x;
-  bf16* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
-  bf16* out = a.out + row_offset(row, a.inner, a.out_ld, a.out_ld_inner);
+  T* x = a.x + row_offset(row, a.inner, a.x_ld, a.x_ld_inner);
+  T* out = a.out + row_offset(row, a.inner, a.out_ld, a.out_ld_inner);
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < a.D; i += blockDim.x) {
-    float v = __bfloat162float(x[i]);
+    float v = to_float(x[i]);
     if constexpr (kAdd) {
-      const bf16 sum = __float2bfloat16_rn(v + __bfloat162float(a.delta[row * a.delta_ld + i]));
+      const T sum = from_float<T>(v + to_float(a.delta[row * a.delta_ld + i]));
       x[i] = sum;
-      v = __bfloat162float(sum);
+      v = to_float(sum);
     }
     ss += v * v;
   }
   ss = block_sum(ss, scratch);
   const float inv = rsqrtf(ss / static_cast<float>(a.D) + a.eps);
   for (int64_t i = threadIdx.x; i < a.D; i += blockDim.x) {
-    out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * inv * weight(a, a.w[i]));
+    out[i] = from_float<T>(to_float(x[i]) * inv * weight(a, a.w[i]));
   }
 }
 
-template <bool kAdd>
-void launch(NormRows a, int64_t rows, const char* op) {
+template <class T, bool kAdd>
+void launch(NormRows<T> a, int64_t rows, const char* op) {
   if (rows == 0) return;
   a.release_first = release_dependents_first();
   const int64_t nvec = a.D / kVec;
@@ -140,61 +141,67 @@ void launch(NormRows a, int64_t rows, const char* op) {
   if (vec) {
     // Two vectors a thread while the row allows it (more loads in flight per row), up to 4.
     const int threads = block_threads_for(ceil_div(nvec, 2), kMaxThreads);
-    launch_dependent(rms_norm_vec_kernel<kAdd>, dim3(static_cast<unsigned>(rows)), dim3(threads), 0,
-                     a);
+    launch_dependent(rms_norm_vec_kernel<T, kAdd>, dim3(static_cast<unsigned>(rows)), dim3(threads),
+                     0, a);
   } else {
     const int threads = block_threads_for(a.D, 256);
-    launch_dependent(rms_norm_scalar_kernel<kAdd>, dim3(static_cast<unsigned>(rows)), dim3(threads),
-                     0, a);
+    launch_dependent(rms_norm_scalar_kernel<T, kAdd>, dim3(static_cast<unsigned>(rows)),
+                     dim3(threads), 0, a);
   }
   check_launch(op);
 }
 
 }  // namespace
 
-void rms_norm(void* out, int64_t out_ld, const void* x, int64_t x_ld, int64_t rows, int64_t D,
-              const float* w, float eps, bool add_one) {
-  rms_norm_2d(out, out_ld, 0, x, x_ld, 0, rows, 1, D, w, eps, add_one);
+void rms_norm(DType dt, void* out, int64_t out_ld, const void* x, int64_t x_ld, int64_t rows,
+              int64_t D, const float* w, float eps, bool add_one) {
+  rms_norm_2d(dt, out, out_ld, 0, x, x_ld, 0, rows, 1, D, w, eps, add_one);
 }
 
-void rms_norm_2d(void* out, int64_t out_ld, int64_t out_ld_inner, const void* x, int64_t x_ld,
-                 int64_t x_ld_inner, int64_t outer, int64_t inner, int64_t D, const float* w,
-                 float eps, bool add_one) {
-  // x is only read: the kernel writes x only when delta is set.
-  NormRows a{static_cast<bf16*>(const_cast<void*>(x)),
-             x_ld,
-             nullptr,
-             0,
-             static_cast<bf16*>(out),
-             out_ld,
-             D,
-             w,
-             eps,
-             add_one};
-  a.inner = inner;
-  a.x_ld_inner = x_ld_inner;
-  a.out_ld_inner = out_ld_inner;
-  launch<false>(a, outer * inner, "rms_norm");
+void rms_norm_2d(DType dt, void* out, int64_t out_ld, int64_t out_ld_inner, const void* x,
+                 int64_t x_ld, int64_t x_ld_inner, int64_t outer, int64_t inner, int64_t D,
+                 const float* w, float eps, bool add_one) {
+  with_float_type(dt, [&](auto t) {
+    using T = decltype(t);
+    // x is only read: the kernel writes x only when delta is set.
+    NormRows<T> a{static_cast<T*>(const_cast<void*>(x)),
+                  x_ld,
+                  nullptr,
+                  0,
+                  static_cast<T*>(out),
+                  out_ld,
+                  D,
+                  w,
+                  eps,
+                  add_one};
+    a.inner = inner;
+    a.x_ld_inner = x_ld_inner;
+    a.out_ld_inner = out_ld_inner;
+    launch<T, false>(a, outer * inner, "rms_norm");
+  });
 }
 
-void add_rms_norm(void* x, int64_t x_ld, const void* delta, int64_t delta_ld, void* out,
+void add_rms_norm(DType dt, void* x, int64_t x_ld, const void* delta, int64_t delta_ld, void* out,
                   int64_t out_ld, int64_t rows, int64_t D, const float* w, float eps,
                   bool add_one) {
-  const NormRows a{static_cast<bf16*>(x),
-                   x_ld,
-                   static_cast<const bf16*>(delta),
-                   delta_ld,
-                   static_cast<bf16*>(out),
-                   out_ld,
-                   D,
-                   w,
-                   eps,
-                   add_one};
-  if (delta) {
-    launch<true>(a, rows, "add_rms_norm");
-  } else {
-    launch<false>(a, rows, "add_rms_norm");
-  }
+  with_float_type(dt, [&](auto t) {
+    using T = decltype(t);
+    const NormRows<T> a{static_cast<T*>(x),
+                        x_ld,
+                        static_cast<const T*>(delta),
+                        delta_ld,
+                        static_cast<T*>(out),
+                        out_ld,
+                        D,
+                        w,
+                        eps,
+                        add_one};
+    if (delta) {
+      launch<T, true>(a, rows, "add_rms_norm");
+    } else {
+      launch<T, false>(a, rows, "add_rms_norm");
+    }
+  });
 }
 
 }  // namespace llmk::cuda

@@ -1,4 +1,4 @@
-// RoPE in place on bf16 [T, H, D]: one block per (token, group of heads).
+// RoPE in place on [T, H, D] of bf16, fp16 or f32: one block per (token, group of heads).
 //
 // With a KV append fused in (decode and prefill of a decoder layer), the rotated key heads are
 // also stored to their cache row, the key heads' unrotated tail dims copied there, and extra
@@ -12,18 +12,17 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/vec.cuh"
 
 namespace llmk::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
-
+template <class T>
 struct RopeKernelArgs {
-  bf16* x;
+  T* x;
   int64_t H, ld_t, ld_h;
   const int32_t* positions;
   int64_t pos_stride;
@@ -32,10 +31,10 @@ struct RopeKernelArgs {
   double freq_scale;
   const float* freq_factors;
   // The fused KV append (kc == nullptr: none). Heads k_head0.. of x are the keys.
-  bf16* kc;
-  bf16* vc;
+  T* kc;
+  T* vc;
   int64_t kc_ld_l, kc_ld_h, vc_ld_l, vc_ld_h;
-  const bf16* v;
+  const T* v;
   int64_t v_ld_t, v_ld_h;
   const int32_t* rows;
   int64_t rows_stride, L, k_head0, Hkv;
@@ -46,7 +45,8 @@ struct RopeKernelArgs {
 
 // The cache row of token t, or -1 when there is none (no append, or a row outside the cache:
 // the caller's error, skipped as kv_append skips it).
-__device__ __forceinline__ int64_t cache_row(const RopeKernelArgs& a, int64_t t) {
+template <class T>
+__device__ __forceinline__ int64_t cache_row(const RopeKernelArgs<T>& a, int64_t t) {
   if (a.kc == nullptr) return -1;
   const int64_t r = a.rows[t * a.rows_stride];
   return r >= 0 && r < a.L ? r : -1;
@@ -58,16 +58,16 @@ template <int kPairs>
 constexpr int kValueVec = kPairs == 1 ? 1 : 8;
 
 // Values of token t into its cache row: kVec-element chunks spread over the value blocks.
-template <int kVec>
-__device__ void copy_values(const RopeKernelArgs& a, int64_t t, int64_t row) {
+template <int kVec, class T>
+__device__ void copy_values(const RopeKernelArgs<T>& a, int64_t t, int64_t row) {
   const int64_t chunks = a.D / kVec;
   const int64_t first = (blockIdx.y - a.rope_groups) * static_cast<int64_t>(blockDim.x);
   const int64_t stride = (gridDim.y - a.rope_groups) * static_cast<int64_t>(blockDim.x);
   for (int64_t c = first + threadIdx.x; c < a.Hkv * chunks; c += stride) {
     const int64_t h = c / chunks, i = c % chunks * kVec;
     float f[kVec];
-    load_bf16<kVec>(a.v + t * a.v_ld_t + h * a.v_ld_h + i, f);
-    store_bf16<kVec>(a.vc + row * a.vc_ld_l + h * a.vc_ld_h + i, f);
+    load_vec<T, kVec>(a.v + t * a.v_ld_t + h * a.v_ld_h + i, f);
+    store_vec<T, kVec>(a.vc + row * a.vc_ld_l + h * a.vc_ld_h + i, f);
   }
 }
 
@@ -79,8 +79,8 @@ __device__ __forceinline__ void rotate(float& a, float& b, float c, float s) {
 
 // kPairs consecutive pairs per thread: HalfSplit loads kPairs elements from each half,
 // Adjacent loads 2 * kPairs interleaved elements.
-template <bool kHalfSplit, int kPairs>
-__global__ void rope_kernel(const __grid_constant__ RopeKernelArgs a) {
+template <class T, bool kHalfSplit, int kPairs>
+__global__ void rope_kernel(const __grid_constant__ RopeKernelArgs<T> a) {
   grid_dependency_wait();
   __shared__ float2 cs[kMaxRopePairs];  // (cos, sin) per pair
   const int64_t t = blockIdx.x;
@@ -100,40 +100,40 @@ __global__ void rope_kernel(const __grid_constant__ RopeKernelArgs a) {
   for (int64_t item = threadIdx.x; item < heads * chunks; item += blockDim.x) {
     const int64_t h = h0 + item / chunks;
     const int i0 = static_cast<int>(item % chunks) * kPairs;
-    bf16* v = a.x + t * a.ld_t + h * a.ld_h;
+    T* v = a.x + t * a.ld_t + h * a.ld_h;
     // The key's cache row, where this head is a key and the token has a row.
-    bf16* kc =
+    T* kc =
         row >= 0 && h >= a.k_head0 ? a.kc + row * a.kc_ld_l + (h - a.k_head0) * a.kc_ld_h : nullptr;
     if constexpr (kHalfSplit) {
       float lo[kPairs], hi[kPairs];
-      load_bf16<kPairs>(v + i0, lo);
-      load_bf16<kPairs>(v + i0 + a.half, hi);
+      load_vec<T, kPairs>(v + i0, lo);
+      load_vec<T, kPairs>(v + i0 + a.half, hi);
 #pragma unroll
       for (int k = 0; k < kPairs; ++k) rotate(lo[k], hi[k], cs[i0 + k].x, cs[i0 + k].y);
-      store_bf16<kPairs>(v + i0, lo);
-      store_bf16<kPairs>(v + i0 + a.half, hi);
+      store_vec<T, kPairs>(v + i0, lo);
+      store_vec<T, kPairs>(v + i0 + a.half, hi);
       if (kc) {
-        store_bf16<kPairs>(kc + i0, lo);
-        store_bf16<kPairs>(kc + i0 + a.half, hi);
+        store_vec<T, kPairs>(kc + i0, lo);
+        store_vec<T, kPairs>(kc + i0 + a.half, hi);
       }
     } else if constexpr (kPairs == 1) {  // any alignment: element by element
       float p0[1], p1[1];
-      load_bf16<1>(v + 2 * i0, p0);
-      load_bf16<1>(v + 2 * i0 + 1, p1);
+      load_vec<T, 1>(v + 2 * i0, p0);
+      load_vec<T, 1>(v + 2 * i0 + 1, p1);
       rotate(p0[0], p1[0], cs[i0].x, cs[i0].y);
-      store_bf16<1>(v + 2 * i0, p0);
-      store_bf16<1>(v + 2 * i0 + 1, p1);
+      store_vec<T, 1>(v + 2 * i0, p0);
+      store_vec<T, 1>(v + 2 * i0 + 1, p1);
       if (kc) {
-        store_bf16<1>(kc + 2 * i0, p0);
-        store_bf16<1>(kc + 2 * i0 + 1, p1);
+        store_vec<T, 1>(kc + 2 * i0, p0);
+        store_vec<T, 1>(kc + 2 * i0 + 1, p1);
       }
     } else {
       float p[2 * kPairs];
-      load_bf16<2 * kPairs>(v + 2 * i0, p);
+      load_vec<T, 2 * kPairs>(v + 2 * i0, p);
 #pragma unroll
       for (int k = 0; k < kPairs; ++k) rotate(p[2 * k], p[2 * k + 1], cs[i0 + k].x, cs[i0 + k].y);
-      store_bf16<2 * kPairs>(v + 2 * i0, p);
-      if (kc) store_bf16<2 * kPairs>(kc + 2 * i0, p);
+      store_vec<T, 2 * kPairs>(v + 2 * i0, p);
+      if (kc) store_vec<T, 2 * kPairs>(kc + 2 * i0, p);
     }
   }
   // Keys' dims past rot_dim are not rotated: copied as they are.
@@ -147,26 +147,24 @@ __global__ void rope_kernel(const __grid_constant__ RopeKernelArgs a) {
   }
 }
 
-template <bool kHalfSplit, int kPairs>
-void launch(RopeKernelArgs& k, int64_t T) {
+template <class T, bool kHalfSplit, int kPairs>
+void launch(RopeKernelArgs<T>& k, int64_t tokens) {
   const int64_t chunks = k.half / kPairs;
   k.rope_groups = static_cast<int>(ceil_div(k.H, k.heads_per_block));
   const int threads = block_threads_for(k.heads_per_block * chunks, 256);
   // Value blocks: about one element chunk per thread (the chunk as wide as a rotated group).
   const int64_t value_groups = k.kc ? ceil_div(k.Hkv * (k.D / kValueVec<kPairs>), threads) : 0;
   launch_dependent(
-      rope_kernel<kHalfSplit, kPairs>,
-      dim3(static_cast<unsigned>(T), static_cast<unsigned>(k.rope_groups + value_groups)),
+      rope_kernel<T, kHalfSplit, kPairs>,
+      dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(k.rope_groups + value_groups)),
       dim3(threads), 0, k);
 }
 
-}  // namespace
-
-void rope(const RopeArgs& a) {
+template <class T>
+void rope_typed(const RopeArgs& a) {
   const int half = a.rot_dim / 2;
-  if (half == 0 || a.T == 0 || a.H == 0) return;
-  RopeKernelArgs k{};
-  k.x = static_cast<bf16*>(a.x);
+  RopeKernelArgs<T> k{};
+  k.x = static_cast<T*>(a.x);
   k.H = a.H;
   k.ld_t = a.ld_t;
   k.ld_h = a.ld_h;
@@ -179,13 +177,13 @@ void rope(const RopeArgs& a) {
   // 16-byte accesses where every row start is 16-byte aligned and the halves split evenly.
   bool rows_aligned = is_aligned(a.x, 16) && a.ld_t % 8 == 0 && a.ld_h % 8 == 0;
   if (const KvAppendArgs* ap = a.append) {
-    k.kc = static_cast<bf16*>(ap->k_cache);
-    k.vc = static_cast<bf16*>(ap->v_cache);
+    k.kc = static_cast<T*>(ap->k_cache);
+    k.vc = static_cast<T*>(ap->v_cache);
     k.kc_ld_l = ap->k_cache_ld_l;
     k.kc_ld_h = ap->k_cache_ld_h;
     k.vc_ld_l = ap->v_cache_ld_l;
     k.vc_ld_h = ap->v_cache_ld_h;
-    k.v = static_cast<const bf16*>(ap->v);
+    k.v = static_cast<const T*>(ap->v);
     k.v_ld_t = ap->v_ld_t;
     k.v_ld_h = ap->v_ld_h;
     k.rows = ap->positions;
@@ -212,17 +210,24 @@ void rope(const RopeArgs& a) {
   k.heads_per_block = static_cast<int>(std::min<int64_t>(a.H, std::max(1, 2048 / half)));
   if (a.half_split) {
     if (rows_aligned && half % 8 == 0) {
-      launch<true, 8>(k, a.T);
+      launch<T, true, 8>(k, a.T);
     } else {
-      launch<true, 1>(k, a.T);
+      launch<T, true, 1>(k, a.T);
     }
   } else {
     if (rows_aligned && half % 4 == 0) {
-      launch<false, 4>(k, a.T);
+      launch<T, false, 4>(k, a.T);
     } else {
-      launch<false, 1>(k, a.T);
+      launch<T, false, 1>(k, a.T);
     }
   }
+}
+
+}  // namespace
+
+void rope(const RopeArgs& a) {
+  if (a.rot_dim / 2 == 0 || a.T == 0 || a.H == 0) return;
+  with_float_type(a.dtype, [&](auto t) { rope_typed<decltype(t)>(a); });
   check_launch("rope");
 }
 

@@ -1,4 +1,4 @@
-// Rotary position embedding on the GPU, in place on bf16.
+// Rotary position embedding on the GPU, in place on bf16, fp16 or f32.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,8 @@
 namespace llmk::cuda {
 
 struct RopeArgs {
-  void* x = nullptr;  // [T, H, D] bf16; strides (ld_t, ld_h, 1)
+  void* x = nullptr;          // [T, H, D] of dtype; strides (ld_t, ld_h, 1)
+  DType dtype = DType::BF16;  // BF16, F16 or F32
   int64_t T = 0, H = 0, D = 0;
   int64_t ld_t = 0, ld_h = 0;
   const int32_t* positions = nullptr;  // [T] i32 in device memory, pos_stride apart
@@ -20,7 +21,7 @@ struct RopeArgs {
   const float* freq_factors = nullptr;  // optional [rot_dim/2] f32 in device memory: inv_freq /=
   // Optional, in the same launch: the last append->H heads of x are keys; once rotated they are
   // written to append->k_cache, and append->v to append->v_cache, at the rows append->positions
-  // names (as kv_append; append->k is ignored, v must be bf16).
+  // names (as kv_append; append->k is ignored; the caches and v must be of x's dtype).
   const KvAppendArgs* append = nullptr;
 };
 

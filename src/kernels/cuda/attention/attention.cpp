@@ -69,6 +69,9 @@ bool attention_head_dim_supported(int D) {
 
 void attention_prefill(const AttentionArgs& a) {
   if (a.T <= 0 || a.Hq <= 0) return;
+  LLMK_CHECK(!a.fp32,
+             "attention prefill: the prefill kernels take bf16 or fp16 (f32: "
+             "attention_generic)");
   LLMK_CHECK(a.page_table == nullptr,
              "attention prefill: a paged KV cache (page_table) is read by the decode kernel only");
   LLMK_CHECK((a.cu_q == nullptr) == (a.cu_k == nullptr),
@@ -211,7 +214,11 @@ attn::DecodePlan decode_plan(const AttentionArgs& a) {
 }
 
 void check_decode_args(const AttentionArgs& a) {
-  LLMK_CHECK(!a.fp16, "attention decode: fp16 is not supported by the decode kernel (bf16 only)");
+  LLMK_CHECK(!a.fp32,
+             "attention decode: the decode kernel takes bf16 or fp16 (f32: attention_generic)");
+  LLMK_CHECK(!a.fp16 || a.kv_format == 0,
+             "attention decode: 8-bit caches are read with bf16 queries only (fp16: "
+             "attention_generic)");
   LLMK_CHECK(a.Hkv > 0 && a.Hq % a.Hkv == 0 && a.B >= 1,
              "attention decode: {} query heads, {} KV heads, {} sequences", a.Hq, a.Hkv, a.B);
   if (a.cu_q != nullptr) {

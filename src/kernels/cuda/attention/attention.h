@@ -1,5 +1,5 @@
-// Causal grouped-query attention on the GPU: bf16 or fp16 q, KV caches and output, fp32
-// accumulation.
+// Causal grouped-query attention on the GPU: bf16 or fp16 q, KV caches and output (f32 in the
+// fallback kernel), fp32 accumulation.
 //
 // Kernels behind one argument struct:
 //   prefill: flash attention (online softmax, O(T) memory) for T > 8, in two builds of one
@@ -33,9 +33,10 @@ struct AttentionArgs {
   int64_t k_t = 0, k_h = 0;
   const __nv_bfloat16* v = nullptr;  // [L, Hkv, D]
   int64_t v_t = 0, v_h = 0;
-  // Element type of q, k, v and out: bf16 (default) or fp16 (the pointers above then hold
-  // __half data).
+  // Element type of q, k, v and out: bf16 (default), fp16 or f32 (the pointers above then hold
+  // __half or float data). f32 runs the fallback kernel only (attention_generic).
   bool fp16 = false;
+  bool fp32 = false;
   // 8-bit K and V (the fallback kernel only): 1 E4M3, 2 int8 (kernels/kv_quant.h), k and v then
   // holding bytes (strides in bytes), row j's head h scaled by k_scale / v_scale[j * Hkv + h].
   // 0: k and v are of q's type.

@@ -12,19 +12,19 @@
 // 64-dim panel, on an mbarrier per stage). Pool rows are looked up in the page table, from a
 // copy of the block's page-table entries in shared memory when they fit.
 // In a tile warp w takes 16 keys: S = Q K^T and O += P V on the tensor cores (mma.sync
-// m16n8k16, bf16 in, fp32 accumulate, P rounded to bf16 as in the prefill kernel), with the
-// warp's own online softmax in registers. At the end the 4 warps merge through shared memory.
-// With split > 1 each block writes an unnormalised partial and its (max, sum) to a workspace;
-// the last block of a (sequence, KV head, row group) to arrive (an acquire-release atomic
-// counter) combines them and resets the counter: one launch, no host sync.
-// 8-bit caches (AttentionArgs::kv_format; head dims 64 and 128): cp.async copies each tile's
-// codes and its keys' scales into the stage, and each warp decodes its 16 keys of K and V
-// (scaled, to bf16) into an area of its own before the same products read them.
-// Memory traffic: K/V tiles are read with an L2 evict-first policy (read once per launch, they
-// should not push out what is reused: the partials, page table, q), the partials are written
-// evict-last. Under programmatic dependent launch the next kernel's blocks are released early:
-// at the first tile when a block streams 8 tiles or more, else when 3 tiles remain (an earlier
-// release costs short launches more than their next launch's early reads gain).
+// m16n8k16, bf16 (or fp16) in, fp32 accumulate, P rounded to 16 bits as in the prefill kernel),
+// with the warp's own online softmax in registers. At the end the 4 warps merge through shared
+// memory. With split > 1 each block writes an unnormalised partial and its (max, sum) to a
+// workspace; the last block of a (sequence, KV head, row group) to arrive (an acquire-release
+// atomic counter) combines them and resets the counter: one launch, no host sync. 8-bit caches
+// (AttentionArgs::kv_format; head dims 64 and 128): cp.async copies each tile's codes and its keys'
+// scales into the stage, and each warp decodes its 16 keys of K and V (scaled, to bf16) into an
+// area of its own before the same products read them. Memory traffic: K/V tiles are read with an L2
+// evict-first policy (read once per launch, they should not push out what is reused: the partials,
+// page table, q), the partials are written evict-last. Under programmatic dependent launch the next
+// kernel's blocks are released early: at the first tile when a block streams 8 tiles or more, else
+// when 3 tiles remain (an earlier release costs short launches more than their next launch's early
+// reads gain).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -153,8 +153,8 @@ __device__ __forceinline__ int atomic_add_acq_rel(int* counter) {
   return old;
 }
 
-// 16 8-bit codes (raw, in memory order) times s as 16 bf16: lo the first 8, hi the last 8.
-template <int kFmt>
+// 16 8-bit codes (raw, in memory order) times s as 16 of T: lo the first 8, hi the last 8.
+template <int kFmt, class T>
 __device__ __forceinline__ void convert16(uint4 raw, float s, uint4& lo, uint4& hi) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
   uint32_t out[8];
@@ -171,14 +171,15 @@ __device__ __forceinline__ void convert16(uint4 raw, float s, uint4& lo, uint4& 
         f = make_float2(static_cast<float>(static_cast<int8_t>(pair & 0xFF)),
                         static_cast<float>(static_cast<int8_t>(pair >> 8)));
       }
-      out[2 * i + h] = pack_bf16x2(f.x * s, f.y * s);
+      out[2 * i + h] = MmaElem<T>::pack(f.x * s, f.y * s);
     }
   }
   lo = make_uint4(out[0], out[1], out[2], out[3]);
   hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
-template <int kD, bool kTma, int kFmt = 0>
+// T: the element type of q, the cache (kFmt 0) and out: bf16 or fp16.
+template <int kD, bool kTma, int kFmt = 0, class T = bf16>
 __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     decode_kernel(const AttentionArgs a, const DecodePlan plan,
                   const __grid_constant__ DecodeMaps maps) {
@@ -189,8 +190,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   // TMA: the window re-aligned to the 1024-byte swizzle period (C::kAlign spare bytes).
   unsigned char* smem = smem_raw;
   if constexpr (C::kAlign > 0) smem += (C::kAlign - smem_addr(smem_raw) % C::kAlign) % C::kAlign;
-  bf16* tiles = reinterpret_cast<bf16*>(smem);                               // [kS][K|V][tile]
-  bf16* sQ = reinterpret_cast<bf16*>(smem + C::kTileBytes + C::kConvBytes);  // [kR][kP]
+  T* tiles = reinterpret_cast<T*>(smem);                               // [kS][K|V][tile]
+  T* sQ = reinterpret_cast<T*>(smem + C::kTileBytes + C::kConvBytes);  // [kR][kP]
   const uint32_t tiles_at = smem_addr(tiles);
   __shared__ __align__(8) uint64_t full[kTma ? kS : 1];  // TMA: stage landed (one per stage)
 
@@ -265,8 +266,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   static_assert(kIters * kRowsPW == 16, "each warp copies 16 distinct rows of a tile");
   const int my_key =
       warp * kRowsPW + (lane % 16) % kRowsPW + (lane % 16) / kRowsPW * C::kWarps * kRowsPW;
-  const bf16* k_head = a.k + hk * a.k_h;
-  const bf16* v_head = a.v + hk * a.v_h;
+  const T* k_head = reinterpret_cast<const T*>(a.k) + hk * a.k_h;
+  const T* v_head = reinterpret_cast<const T*>(a.v) + hk * a.v_h;
   // Pool row of tile it's key my_key (0 for keys past my_hi, which are not copied).
   auto lookup_row = [&](int it, bool cached) -> int64_t {
     const int64_t j = my_lo + static_cast<int64_t>(it) * kBN + my_key;
@@ -300,8 +301,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
       }
       return;
     }
-    bf16* sK = tiles + (it % kS) * 2 * kBN * kP;
-    bf16* sV = sK + kBN * kP;
+    T* sK = tiles + (it % kS) * 2 * kBN * kP;
+    T* sV = sK + kBN * kP;
     const int col = (threadIdx.x % kChunks) * 8;
     const bool copies = kChunks * 8 == kD || col < kD;  // false: a padding column
 #pragma unroll
@@ -428,7 +429,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     uint4 x = make_uint4(0, 0, 0, 0);
     if (r < n_rows) {
       const int t = (row0 + r) / G, g = (row0 + r) % G;
-      x = *reinterpret_cast<const uint4*>(a.q + (sv.q0 + t) * a.q_t + (hk * G + g) * a.q_h + d);
+      x = *reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(a.q) + (sv.q0 + t) * a.q_t +
+                                          (hk * G + g) * a.q_h + d);
     }
     *reinterpret_cast<uint4*>(sQ + r * kP + d) = x;
   }
@@ -500,12 +502,12 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     fetch(it + kS - 1, next_row);    // into the stage tile it - 1 used
     next_row = lookup(it + kS, pc);  // used one iteration later
 
-    const bf16* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // cp.async: warp's keys
-    const bf16* sV = sK + kBN * kP;
+    const T* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // cp.async: warp's keys
+    const T* sV = sK + kBN * kP;
     if constexpr (C::k8) {  // the warp's 16 keys of K and V, decoded and scaled, to its own area
       const unsigned char* st = smem + (it % kS) * C::kStageBytes;
       const float* sc = reinterpret_cast<const float*>(st + 2 * C::kTensorBytes);
-      bf16* conv = reinterpret_cast<bf16*>(smem + C::kTileBytes) + warp * 2 * 16 * kP;
+      T* conv = reinterpret_cast<T*>(smem + C::kTileBytes) + warp * 2 * 16 * kP;
       constexpr int kC16 = kD / 16;  // 16-byte chunks of a row
       __syncwarp();                  // the warp's products on the previous tile are done
 #pragma unroll
@@ -514,8 +516,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
         const uint4 raw = *reinterpret_cast<const uint4*>(st + t * C::kTensorBytes +
                                                           (warp * 16 + r) * C::kPitch8 + c * 16);
         uint4 lo4, hi4;
-        convert16<kFmt>(raw, sc[t * kBN + warp * 16 + r], lo4, hi4);
-        bf16* dst = conv + (t * 16 + r) * kP + c * 16;
+        convert16<kFmt, T>(raw, sc[t * kBN + warp * 16 + r], lo4, hi4);
+        T* dst = conv + (t * 16 + r) * kP + c * 16;
         *reinterpret_cast<uint4*>(dst) = lo4;
         *reinterpret_cast<uint4*>(dst + 8) = hi4;
       }
@@ -544,8 +546,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
       } else {
         ldmatrix_x4(kb, sK + (lane % 8 + (lane / 16) * 8) * kP + kk * 16 + ((lane / 8) % 2) * 8);
       }
-      mma_bf16_16816(s[0], qf, kb[0], kb[1]);
-      mma_bf16_16816(s[1], qf, kb[2], kb[3]);
+      MmaElem<T>::mma(s[0], qf, kb[0], kb[1]);
+      MmaElem<T>::mma(s[1], qf, kb[2], kb[3]);
     }
 
     // Logits (log2 domain), masked; online softmax per row over the warp's keys.
@@ -591,10 +593,10 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
 
     // O += P V: P (bf16) straight from the S accumulators as the A fragment.
     uint32_t pa[4];
-    pa[0] = pack_bf16x2(s[0][0], s[0][1]);
-    pa[1] = pack_bf16x2(s[0][2], s[0][3]);
-    pa[2] = pack_bf16x2(s[1][0], s[1][1]);
-    pa[3] = pack_bf16x2(s[1][2], s[1][3]);
+    pa[0] = MmaElem<T>::pack(s[0][0], s[0][1]);
+    pa[1] = MmaElem<T>::pack(s[0][2], s[0][3]);
+    pa[2] = MmaElem<T>::pack(s[1][0], s[1][1]);
+    pa[3] = MmaElem<T>::pack(s[1][2], s[1][3]);
 #pragma unroll
     for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
       uint32_t vb[4];
@@ -604,8 +606,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
         ldmatrix_x4_trans(vb,
                           sV + (lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 + (lane / 16) * 8);
       }
-      mma_bf16_16816(o[2 * dn2], pa, vb[0], vb[1]);
-      mma_bf16_16816(o[2 * dn2 + 1], pa, vb[2], vb[3]);
+      MmaElem<T>::mma(o[2 * dn2], pa, vb[0], vb[1]);
+      MmaElem<T>::mma(o[2 * dn2 + 1], pa, vb[2], vb[3]);
     }
   }
   if constexpr (!kTma) cp_async_wait<0>();  // (TMA: every issued tile was waited for)
@@ -640,7 +642,10 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     const int t = (row0 + r) / G, g = (row0 + r) % G;
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
     const float v[4] = {o4[0] * inv, o4[1] * inv, o4[2] * inv, o4[3] * inv};
-    store_bf16<4>(a.out + (sv.q0 + t) * a.out_t + (hk * G + g) * a.out_h + d, v);
+    T* dst = reinterpret_cast<T*>(a.out) + (sv.q0 + t) * a.out_t + (hk * G + g) * a.out_h + d;
+    const auto p = reinterpret_cast<uint32_t*>(dst);  // 8-byte aligned: d % 4 == 0, rows of 8
+    p[0] = MmaElem<T>::pack(v[0], v[1]);
+    p[1] = MmaElem<T>::pack(v[2], v[3]);
     if (a.lse != nullptr && d == 0) {
       a.lse[static_cast<int64_t>(hk * G + g) * a.T + sv.q0 + t] =
           den > 0.0f ? (m_all + log2f(den)) * 0.6931471805599453f : -INFINITY;
@@ -728,13 +733,13 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (stream order)
 }
 
-template <int kD, bool kTma, int kFmt = 0>
+template <int kD, bool kTma, int kFmt = 0, class T = bf16>
 void set_smem_limit_once() {
   static const bool done = [] {  // once per kernel, so capture sees no attribute calls
     // Exactly what the launch uses: the kernel's static shared memory counts against the
     // opt-in limit too, so asking for the whole limit would be refused.
     LLMK_CUDA_CHECK(cudaFuncSetAttribute(
-        decode_kernel<kD, kTma, kFmt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        decode_kernel<kD, kTma, kFmt, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
         static_cast<int>(DecodeConfig<kD, kTma, kFmt>::kSmemBytes)));
     return true;
   }();
@@ -743,7 +748,7 @@ void set_smem_limit_once() {
 
 template <int kD, bool kTma, int kFmt = 0>
 int blocks_per_sm() {
-  static const int blocks = [] {  // once per kernel: no API call per launch
+  static const int blocks = [] {  // once per kernel: no API call per launch (fp16's the same)
     set_smem_limit_once<kD, kTma, kFmt>();
     int b = 0;
     LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -770,9 +775,9 @@ bool encode_cache_map(CUtensorMap* map, const void* base, int64_t t_stride, int6
                              plan.tma_head_outer ? static_cast<cuuint32_t>(plan.tma_box_rows) : 1u,
                              plan.tma_head_outer ? 1u : static_cast<cuuint32_t>(plan.tma_box_rows)};
   const cuuint32_t unit[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides,
-                box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  return encode(map, a.fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -873,14 +878,23 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
       return true;
     }
   }
-  if (plan.tma) {
-    set_smem_limit_once<kD, true>();
-    cfg.dynamicSmemBytes = DecodeConfig<kD, true>::kSmemBytes;
-    LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, true>, a, plan, maps));
+  // bf16 or fp16 (8-bit caches: bf16 queries only, attention_decode checks).
+  const auto launch = [&](auto t) {
+    using T = decltype(t);
+    if (plan.tma) {
+      set_smem_limit_once<kD, true, 0, T>();
+      cfg.dynamicSmemBytes = DecodeConfig<kD, true>::kSmemBytes;
+      LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, true, 0, T>, a, plan, maps));
+    } else {
+      set_smem_limit_once<kD, false, 0, T>();
+      cfg.dynamicSmemBytes = DecodeConfig<kD, false>::kSmemBytes;
+      LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, false, 0, T>, a, plan, maps));
+    }
+  };
+  if (a.fp16) {
+    launch(__half{});
   } else {
-    set_smem_limit_once<kD, false>();
-    cfg.dynamicSmemBytes = DecodeConfig<kD, false>::kSmemBytes;
-    LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, false>, a, plan, maps));
+    launch(bf16{});
   }
   check_launch("attention decode");
   return true;

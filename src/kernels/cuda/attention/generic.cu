@@ -1,5 +1,5 @@
 // The fallback attention kernel: any even head dim up to kGenericMaxD, every feature of
-// AttentionArgs (bf16/fp16, GQA, positions or varlen batches with bottom-right causal masks,
+// AttentionArgs (bf16/fp16/f32, GQA, positions or varlen batches with bottom-right causal masks,
 // batched decode by positions, non-causal, paged KV, sliding window, softcap, LSE), and no
 // tensor cores. ops::attention runs it for the
 // shapes the prefill and decode kernels are not built for (head dims other than
@@ -45,6 +45,13 @@ struct Pair<__half> {
   }
   static __device__ void store(__half* p, float a, float b) {
     *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  }
+};
+template <>
+struct Pair<float> {
+  static __device__ float2 load(const float* p) { return *reinterpret_cast<const float2*>(p); }
+  static __device__ void store(float* p, float a, float b) {
+    *reinterpret_cast<float2*>(p) = float2{a, b};
   }
 };
 
@@ -201,18 +208,27 @@ __global__ void __launch_bounds__(kWarps* kWarp) generic_kernel(const AttentionA
   }
 }
 
+template <typename T>
+void launch_typed(const AttentionArgs& a) {
+  const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>(a.Hq));
+  if (a.kv_format == 1) {
+    generic_kernel<T, 1><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+  } else if (a.kv_format == 2) {
+    generic_kernel<T, 2><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+  } else {
+    generic_kernel<T, 0><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+  }
+}
+
 }  // namespace
 
 void launch_generic(const AttentionArgs& a) {
-  const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>(a.Hq));
-  if (a.fp16) {
-    generic_kernel<__half, 0><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
-  } else if (a.kv_format == 1) {
-    generic_kernel<__nv_bfloat16, 1><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
-  } else if (a.kv_format == 2) {
-    generic_kernel<__nv_bfloat16, 2><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+  if (a.fp32) {
+    launch_typed<float>(a);
+  } else if (a.fp16) {
+    launch_typed<__half>(a);
   } else {
-    generic_kernel<__nv_bfloat16, 0><<<grid, kWarps * kWarp, 0, current_stream()>>>(a);
+    launch_typed<__nv_bfloat16>(a);
   }
   LLMK_CUDA_CHECK(cudaGetLastError());
 }

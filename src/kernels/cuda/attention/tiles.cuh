@@ -57,11 +57,11 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-// The same with generic pointers to shared memory.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+// The same with generic pointers to shared memory (of any 16-bit elements).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   ldsm_x4(r, smem_addr(p));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
   ldsm_x4_t(r, smem_addr(p));
 }
 

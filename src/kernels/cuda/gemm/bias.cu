@@ -1,7 +1,7 @@
 #include <algorithm>
 
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm/bias.h"
+#include "kernels/cuda/vec.cuh"
 
 namespace llmk::cuda {
 
@@ -43,17 +43,12 @@ void launch(void* out, int64_t ldo, const void* bias, int64_t M, int64_t N, bool
 bool add_bias_rows(void* out, DType out_dtype, int64_t ldo, const void* bias, DType bias_dtype,
                    int64_t M, int64_t N, bool assign, cudaStream_t stream) {
   if (M == 0 || N == 0) return true;
-  if (out_dtype == DType::BF16 && bias_dtype == DType::BF16) {
-    launch<__nv_bfloat16, __nv_bfloat16>(out, ldo, bias, M, N, assign, stream);
-  } else if (out_dtype == DType::BF16 && bias_dtype == DType::F32) {
-    launch<__nv_bfloat16, float>(out, ldo, bias, M, N, assign, stream);
-  } else if (out_dtype == DType::F32 && bias_dtype == DType::BF16) {
-    launch<float, __nv_bfloat16>(out, ldo, bias, M, N, assign, stream);
-  } else if (out_dtype == DType::F32 && bias_dtype == DType::F32) {
-    launch<float, float>(out, ldo, bias, M, N, assign, stream);
-  } else {
-    return false;
-  }
+  if (!is_float_type(out_dtype) || !is_float_type(bias_dtype)) return false;
+  with_float_type(out_dtype, [&](auto to) {
+    with_float_type(bias_dtype, [&](auto tb) {
+      launch<decltype(to), decltype(tb)>(out, ldo, bias, M, N, assign, stream);
+    });
+  });
   return true;
 }
 

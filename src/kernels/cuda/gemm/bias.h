@@ -10,10 +10,10 @@
 
 namespace llmk::cuda {
 
-// out: [M, N] bf16 or f32, rows ldo elements apart; bias: [N] bf16 or f32, contiguous. The sum is
-// taken in fp32 and rounded once to out's dtype. Enqueued on `stream`. Returns false (and does
-// nothing) for any other dtype. This file is compiled by nvcc, which cannot parse fmt: errors are
-// the caller's to raise.
+// out: [M, N] bf16, f16 or f32, rows ldo elements apart; bias: [N] bf16, f16 or f32, contiguous.
+// The sum is taken in fp32 and rounded once to out's dtype. Enqueued on `stream`. Returns false
+// (and does nothing) for any other dtype. This file is compiled by nvcc, which cannot parse fmt:
+// errors are the caller's to raise.
 bool add_bias_rows(void* out, DType out_dtype, int64_t ldo, const void* bias, DType bias_dtype,
                    int64_t M, int64_t N, bool assign, cudaStream_t stream);
 

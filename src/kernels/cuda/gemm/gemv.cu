@@ -42,13 +42,18 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
-// Sum of the 8 products of two chunks of 8 bf16.
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
+
+// Sum of the 8 products of two chunks of 8 elements of TIn (bf16 or fp16).
+template <typename TIn>
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc) {
-  const auto* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const auto* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
+  using Pair = std::conditional_t<std::is_same_v<TIn, __half>, __half2, __nv_bfloat162>;
+  const auto* pa = reinterpret_cast<const Pair*>(&a);
+  const auto* pb = reinterpret_cast<const Pair*>(&b);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
+    const float2 fa = to_float2(pa[i]), fb = to_float2(pb[i]);
     acc = fmaf(fa.x, fb.x, acc);
     acc = fmaf(fa.y, fb.y, acc);
   }
@@ -60,7 +65,7 @@ struct RopeQkv {};
 
 // The plain output (Act = void), the gated one (Act = SiluMul or GeluTanhMul) or the RoPE
 // epilogue (Act = RopeQkv).
-template <typename TOut, typename TBias, class Act>
+template <typename TIn, typename TOut, typename TBias, class Act>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(TOut* __restrict__ out, const uint16_t* __restrict__ x,
                 const uint16_t* __restrict__ w, int64_t ldw, const TBias* __restrict__ bias, int N,
@@ -129,14 +134,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[r] = dot8(wc[g][r], xc[g], acc[r]);
+      for (int r = 0; r < kRows; ++r) acc[r] = dot8<TIn>(wc[g][r], xc[g], acc[r]);
     }
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
   if (lane == 0) {
     if constexpr (kGated) {
-      // Each product rounded to bf16 as the linear's output would be, then the activation.
+      // Each product rounded to TOut (= TIn) as the linear's output would be, then the activation.
       float v[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -144,8 +149,8 @@ __global__ void __launch_bounds__(kThreads)
       }
       out[row0] = from_float<TOut>(Act{}(v[0], v[1]));
     } else if constexpr (kRope) {
-      // The products rounded to bf16 as the linear's output would be; then the rotation (query
-      // and key heads), rounded again, as cuda::rope does; then the key or value cache row.
+      // The products rounded to TOut (= TIn) as the linear's output would be; then the rotation
+      // (query and key heads), rounded again, as cuda::rope does; then the key or value cache row.
       float v[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -183,9 +188,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename TOut, typename TBias, class Act>
+template <typename TIn, typename TOut, typename TBias, class Act>
 void launch(const GemvArgs& a) {
-  launch_dependent(gemv_kernel<TOut, TBias, Act>, dim3(gemv_blocks(a)), dim3(kThreads), 0,
+  launch_dependent(gemv_kernel<TIn, TOut, TBias, Act>, dim3(gemv_blocks(a)), dim3(kThreads), 0,
                    static_cast<TOut*>(a.out), static_cast<const uint16_t*>(a.x),
                    static_cast<const uint16_t*>(a.w), a.ldw, static_cast<const TBias*>(a.bias),
                    static_cast<int>(a.N), static_cast<int>(a.K / 8), a.rope ? *a.rope : GemvRope{},
@@ -193,35 +198,42 @@ void launch(const GemvArgs& a) {
   check_launch("cuda::gemv");
 }
 
-template <typename TOut, typename TBias>
+template <typename TIn, typename TOut, typename TBias>
 void launch_act(const GemvArgs& a) {
-  if constexpr (std::is_same_v<TOut, __nv_bfloat16>) {
+  if constexpr (std::is_same_v<TOut, TIn>) {
     if (a.rope) {
-      launch<TOut, TBias, RopeQkv>(a);
+      launch<TIn, TOut, TBias, RopeQkv>(a);
       return;
     }
     if (a.gated) {
       if (a.act == Activation::SiLU) {
-        launch<TOut, TBias, SiluMul>(a);
+        launch<TIn, TOut, TBias, SiluMul>(a);
       } else {
-        launch<TOut, TBias, GeluTanhMul>(a);
+        launch<TIn, TOut, TBias, GeluTanhMul>(a);
       }
       return;
     }
   }
-  launch<TOut, TBias, void>(a);
+  launch<TIn, TOut, TBias, void>(a);
 }
 
-template <typename TOut>
+template <typename TIn, typename TOut>
 bool launch_out(const GemvArgs& a) {
-  if (a.bias == nullptr || a.bias_dtype == DType::BF16) {
-    launch_act<TOut, __nv_bfloat16>(a);
+  if (a.bias == nullptr || a.bias_dtype == a.in_dtype) {
+    launch_act<TIn, TOut, TIn>(a);
   } else if (a.bias_dtype == DType::F32) {
-    launch_act<TOut, float>(a);
+    launch_act<TIn, TOut, float>(a);
   } else {
     return false;
   }
   return true;
+}
+
+template <typename TIn>
+bool launch_in(const GemvArgs& a) {
+  if (a.out_dtype == a.in_dtype) return launch_out<TIn, TIn>(a);
+  if (a.out_dtype == DType::F32) return launch_out<TIn, float>(a);
+  return false;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -234,19 +246,19 @@ unsigned gemv_blocks(const GemvArgs& a) {
 }
 
 bool gemv_applies(const GemvArgs& a) {
-  const bool bf16_out = a.out_dtype == DType::BF16;
-  return a.K > 0 && a.K % 8 == 0 && a.ldw % 8 == 0 && a.N > 0 && a.N < (int64_t{1} << 31) &&
-         a.K / 8 < (int64_t{1} << 31) && aligned16(a.x) && aligned16(a.w) &&
-         (!a.gated || (a.N % 2 == 0 && bf16_out)) &&
-         (!a.rope || (bf16_out && !a.gated && a.rope->D > 0 && a.rope->D % 2 == 0 &&
+  const bool in16 = a.in_dtype == DType::BF16 || a.in_dtype == DType::F16;
+  const bool same_out = a.out_dtype == a.in_dtype;
+  return in16 && (same_out || a.out_dtype == DType::F32) && a.K > 0 && a.K % 8 == 0 &&
+         a.ldw % 8 == 0 && a.N > 0 && a.N < (int64_t{1} << 31) && a.K / 8 < (int64_t{1} << 31) &&
+         aligned16(a.x) && aligned16(a.w) && (!a.gated || (a.N % 2 == 0 && same_out)) &&
+         (!a.rope || (same_out && !a.gated && a.rope->D > 0 && a.rope->D % 2 == 0 &&
                       a.N == int64_t{a.rope->Hq + 2 * a.rope->Hkv} * a.rope->D));
 }
 
 bool gemv(const GemvArgs& a) {
   if (!gemv_applies(a)) return false;
-  if (a.out_dtype == DType::BF16) return launch_out<__nv_bfloat16>(a);
-  if (a.out_dtype == DType::F32) return launch_out<float>(a);
-  return false;
+  if (a.in_dtype == DType::BF16) return launch_in<__nv_bfloat16>(a);
+  return launch_in<__half>(a);
 }
 
 }  // namespace llmk::cuda

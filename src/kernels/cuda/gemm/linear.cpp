@@ -29,8 +29,9 @@ namespace {
 
 // "M=7 N=896 K=896 (x bf16 ld 896, w bf16 ld 896, out f32 ld 896, bias bf16)"
 std::string describe(const LinearArgs& a) {
-  return fmt::format("M={} N={} K={} (x bf16{} ld {}, w bf16{} ld {}, out {} ld {}, bias {})", a.M,
-                     a.N, a.K, a.x_trans ? " transposed" : "", a.ldx,
+  const std::string_view in = dtype_name(a.in_dtype);
+  return fmt::format("M={} N={} K={} (x {}{} ld {}, w {}{} ld {}, out {} ld {}, bias {})", a.M, a.N,
+                     a.K, in, a.x_trans ? " transposed" : "", a.ldx, in,
                      a.w_trans ? " transposed" : "", a.ldw, dtype_name(a.out_dtype), a.ldo,
                      a.bias ? dtype_name(a.bias_dtype) : std::string_view("none")) +
          (a.gelu ? (a.aux ? ", GELU epilogue with aux" : ", GELU epilogue") : "") +
@@ -50,10 +51,12 @@ cudaDataType_t cuda_type(DType t) {
   switch (t) {
     case DType::BF16:
       return CUDA_R_16BF;
+    case DType::F16:
+      return CUDA_R_16F;
     case DType::F32:
       return CUDA_R_32F;
     default:
-      LLMK_FAIL("cuda::linear: dtype {} is not supported (bf16 or f32)", dtype_name(t));
+      LLMK_FAIL("cuda::linear: dtype {} is not supported (bf16, f16 or f32)", dtype_name(t));
   }
 }
 
@@ -124,13 +127,13 @@ Counters& counters() {
   return c;
 }
 
-enum class BiasKind : uint8_t { None, BF16, F32 };
+enum class BiasKind : uint8_t { None, BF16, F16, F32 };
 
 // Everything the chosen algorithm depends on. Pointers enter only through their alignment.
 struct PlanKey {
   int64_t M, N, K, ldx, ldw, ldo;
   bool x_trans, w_trans;
-  DType out_dtype;
+  DType in_dtype, out_dtype;
   BiasKind bias;
   bool bias_aligned;
   uint32_t align_x, align_w, align_out;
@@ -304,8 +307,7 @@ size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos
   // The timed runs write over their output: an accumulating call's out holds what it adds to,
   // so those runs write a scratch matrix of out's layout instead (beta = 0 there too: cuBLASLt's
   // algorithms do not depend on beta).
-  const size_t out_bytes =
-      static_cast<size_t>((a.M - 1) * a.ldo + a.N) * (a.out_dtype == DType::F32 ? 4 : 2);
+  const size_t out_bytes = static_cast<size_t>((a.M - 1) * a.ldo + a.N) * element_size(a.out_dtype);
   const std::unique_ptr<void, void (*)(void*)> scratch(
       a.accumulate ? allocator().allocate(out_bytes) : nullptr, [](void* q) {
         if (q) allocator().deallocate(q);
@@ -396,17 +398,17 @@ const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
   if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
 
   Plan p;
-  p.w_layout = a.w_trans ? make_layout(CUDA_R_16BF, a.N, a.K, a.ldw, a)
-                         : make_layout(CUDA_R_16BF, a.K, a.N, a.ldw, a);
-  p.x_layout = a.x_trans ? make_layout(CUDA_R_16BF, a.M, a.K, a.ldx, a)
-                         : make_layout(CUDA_R_16BF, a.K, a.M, a.ldx, a);
+  const cudaDataType_t in = cuda_type(a.in_dtype);
+  p.w_layout =
+      a.w_trans ? make_layout(in, a.N, a.K, a.ldw, a) : make_layout(in, a.K, a.N, a.ldw, a);
+  p.x_layout =
+      a.x_trans ? make_layout(in, a.M, a.K, a.ldx, a) : make_layout(in, a.K, a.M, a.ldx, a);
   p.out_layout = make_layout(cuda_type(a.out_dtype), a.N, a.M, a.ldo, a);
   // The bias goes in the epilogue when it has the output's dtype, the only bias dtype cuBLASLt
-  // documents for bf16/f32 outputs (asking for the other through BIAS_DATA_TYPE makes the
-  // heuristic answer CUBLAS_STATUS_INVALID_VALUE on cuBLASLt 13 / H100). Any other bias, an
-  // under-aligned one, or one whose epilogue the heuristic rejects, is added by a separate kernel.
-  const bool same_dtype = (key.bias == BiasKind::BF16 && a.out_dtype == DType::BF16) ||
-                          (key.bias == BiasKind::F32 && a.out_dtype == DType::F32);
+  // documents for these outputs (asking for another through BIAS_DATA_TYPE makes the heuristic
+  // answer CUBLAS_STATUS_INVALID_VALUE on cuBLASLt 13 / H100). Any other bias, an under-aligned
+  // one, or one whose epilogue the heuristic rejects, is added by a separate kernel.
+  const bool same_dtype = key.bias != BiasKind::None && a.bias_dtype == a.out_dtype;
   // Tuning: a bucket's first problem met outside capture times the candidates; the bucket's
   // later problems take its choice where cuBLASLt accepts it for their shape.
   const bool tunable = g_tune.load(std::memory_order_relaxed) && a.M >= kTuneMinRows;
@@ -464,9 +466,11 @@ bool Lt::run(const LinearArgs& a) {
                     a.ldo,
                     a.x_trans,
                     a.w_trans,
+                    a.in_dtype,
                     a.out_dtype,
                     !a.bias                       ? BiasKind::None
                     : a.bias_dtype == DType::BF16 ? BiasKind::BF16
+                    : a.bias_dtype == DType::F16  ? BiasKind::F16
                                                   : BiasKind::F32,
                     alignment(a.bias) >= kBiasEpilogueAlignment,
                     alignment(a.x),
@@ -506,10 +510,15 @@ bool Lt::run(const LinearArgs& a) {
 
 void check_args(const LinearArgs& a) {
   LLMK_CHECK(a.M >= 0 && a.N >= 0 && a.K >= 0, "cuda::linear: negative size in {}", describe(a));
-  LLMK_CHECK(a.out_dtype == DType::BF16 || a.out_dtype == DType::F32,
-             "cuda::linear: out must be bf16 or f32 in {}", describe(a));
-  LLMK_CHECK(!a.bias || a.bias_dtype == DType::BF16 || a.bias_dtype == DType::F32,
-             "cuda::linear: bias must be bf16 or f32 in {}", describe(a));
+  const auto float_type = [](DType t) {
+    return t == DType::BF16 || t == DType::F16 || t == DType::F32;
+  };
+  LLMK_CHECK(float_type(a.in_dtype), "cuda::linear: x and w must be bf16, f16 or f32 in {}",
+             describe(a));
+  LLMK_CHECK(float_type(a.out_dtype), "cuda::linear: out must be bf16, f16 or f32 in {}",
+             describe(a));
+  LLMK_CHECK(!a.bias || float_type(a.bias_dtype),
+             "cuda::linear: bias must be bf16, f16 or f32 in {}", describe(a));
   LLMK_CHECK(a.ldx >= (a.x_trans ? a.M : a.K) && a.ldw >= (a.w_trans ? a.N : a.K) && a.ldo >= a.N,
              "cuda::linear: a leading dimension is shorter than its row in {}", describe(a));
   LLMK_CHECK(!(a.accumulate && a.gelu), "cuda::linear: a GELU epilogue does not add to out, in {}",
@@ -518,12 +527,13 @@ void check_args(const LinearArgs& a) {
 
 // The one-row kernel (gemv.h) for a, where M = 1, the kernel is on and takes the operands.
 bool run_one_row(const LinearArgs& a, bool gated, Activation act, const GemvRope* rope = nullptr) {
-  if (a.M != 1 || a.x_trans || a.w_trans || a.accumulate ||
+  if (a.M != 1 || a.x_trans || a.w_trans || a.accumulate || a.in_dtype == DType::F32 ||
       !g_gemv.load(std::memory_order_relaxed)) {
     return false;
   }
   const GemvArgs g{.out = a.out,
                    .out_dtype = a.out_dtype,
+                   .in_dtype = a.in_dtype,
                    .x = a.x,
                    .w = a.w,
                    .ldw = a.ldw,
@@ -560,7 +570,7 @@ void linear(const LinearArgs& args) {
     if (a.bias) {
       add_bias(a, !a.accumulate, current_stream());
     } else if (!a.accumulate) {
-      const size_t es = a.out_dtype == DType::F32 ? 4 : 2;
+      const size_t es = element_size(a.out_dtype);
       LLMK_CUDA_CHECK(cudaMemset2DAsync(a.out, static_cast<size_t>(a.ldo) * es, 0,
                                         static_cast<size_t>(a.N) * es, static_cast<size_t>(a.M),
                                         current_stream()));

@@ -1,6 +1,6 @@
-// Linear layer on the GPU through cuBLASLt: out = x @ w^T (+ bias), bf16 operands, fp32
-// accumulation, bf16 or f32 output. A single row (M = 1) runs llmk's own kernel instead
-// (gemv.h, set_linear_gemv below): one launch, no split-K reduce, the bias fused.
+// Linear layer on the GPU through cuBLASLt: out = x @ w^T (+ bias), bf16 operands (or fp16, or
+// f32: in_dtype), fp32 accumulation, bf16, fp16 or f32 output. A single row (M = 1) runs llmk's own
+// kernel instead (gemv.h, set_linear_gemv below): one launch, no split-K reduce, the bias fused.
 //
 // Bias: cuBLASLt's bias epilogue takes a bias of the output's dtype only (a bf16 bias for a bf16
 // out, f32 for f32; the other pairing is rejected by its heuristic). Such a bias is fused. A bias
@@ -38,18 +38,21 @@ namespace llmk::cuda {
 inline constexpr size_t kLinearWorkspaceBytes = size_t{32} << 20;
 
 struct LinearArgs {
-  void* out = nullptr;  // [M, N] in out_dtype (BF16 or F32), rows ldo elements apart
+  void* out = nullptr;  // [M, N] in out_dtype (BF16, F16 or F32), rows ldo elements apart
   DType out_dtype = DType::BF16;
   int64_t ldo = 0;
-  const void* x = nullptr;  // [M, K] bf16, rows ldx elements apart (x_trans: stored [K, M])
+  // x and w in in_dtype: BF16, F16 or F32 (f32 products in full fp32; the one-row kernel and the
+  // fusions on it take bf16 and fp16).
+  DType in_dtype = DType::BF16;
+  const void* x = nullptr;  // [M, K], rows ldx elements apart (x_trans: stored [K, M])
   int64_t ldx = 0;
-  const void* w = nullptr;  // [N, K] bf16, rows ldw elements apart (w_trans: stored [K, N])
+  const void* w = nullptr;  // [N, K], rows ldw elements apart (w_trans: stored [K, N])
   int64_t ldw = 0;
   // The operands stored transposed, as the backward of a linear reads them (dx = dy w takes w
   // as stored; dw = dy^T x takes both): x as [K, M] and w as [K, N] row-major, ldx >= M and
   // ldw >= N. The one-row kernel takes neither.
   bool x_trans = false, w_trans = false;
-  const void* bias = nullptr;  // [N] in bias_dtype (BF16 or F32), contiguous; or null
+  const void* bias = nullptr;  // [N] in bias_dtype (BF16, F16 or F32), contiguous; or null
   DType bias_dtype = DType::BF16;
   int64_t M = 0, N = 0, K = 0;
   // GELU in cuBLASLt's epilogue (its tanh approximation, torch's approximate="tanh"): out =

@@ -231,6 +231,13 @@ void add_dtype_option(CLI::App& cmd, std::string& dtype) {
       ->default_val("auto");
 }
 
+void add_batch_invariant_flag(CLI::App& cmd, bool& on) {
+  cmd.add_flag("--batch-invariant", on,
+               "On CUDA, compute each sequence the same way whatever runs beside it, so that its "
+               "tokens and logprobs do not depend on the batch (one GEMM algorithm for every "
+               "batch size, one attention block per sequence and KV head); slower");
+}
+
 ProgressFn load_progress() {
   // Only on a terminal: a log or a pipe gets no progress noise, so that an error stays the one
   // line on stderr.

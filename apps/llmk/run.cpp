@@ -23,7 +23,7 @@ Command add_run(CLI::App& cmd) {
     int n_predict = 128, n = 1;
     int64_t ctx = 0, max_running = 64, step_tokens = 512;
     int threads = 0;
-    bool chat = false, echo = false, ignore_eos = false, stats = false;
+    bool chat = false, echo = false, ignore_eos = false, stats = false, batch_invariant = false;
     SamplerOptions s;
   };
   auto a = std::make_shared<Args>();
@@ -68,6 +68,7 @@ Command add_run(CLI::App& cmd) {
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
+  add_batch_invariant_flag(cmd, a->batch_invariant);
   cmd.footer(
       "Examples:\n"
       "  llmk run -p \"The capital of France is\" --temp 0\n"
@@ -93,6 +94,7 @@ Command add_run(CLI::App& cmd) {
                         .kv_memory = parse_kv_memory(a->kv_memory),
                         .kv_dtype = a->kv_dtype,
                         .dtype = a->dtype,
+                        .batch_invariant = a->batch_invariant,
                         .n = a->n,
                         .chat = a->chat,
                         .system = a->system,
@@ -102,6 +104,9 @@ Command add_run(CLI::App& cmd) {
     LLMK_CHECK(a->n == 1, "--n needs --prompts");
     LLMK_CHECK(a->kv_memory.empty(), "--kv-memory needs --prompts");
     LLMK_CHECK(a->kv_dtype == "auto", "--kv-dtype needs --prompts");
+    LLMK_CHECK(!a->batch_invariant,
+               "--batch-invariant needs --prompts (one prompt alone is "
+               "no batch)");
     LLMK_CHECK(a->prompt.empty() || a->prompt_file.empty(), "give -p or -f, not both");
     LLMK_CHECK(a->system.empty() || a->chat,
                "--system needs --chat (it goes into the chat template)");

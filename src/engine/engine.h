@@ -77,11 +77,12 @@ class Engine {
   // `sequences` context-long sequences' worth, or of kv_memory bytes (LoadOptions::kv_memory:
   // LoadOptions::kKvMemoryFree sizes it from the GPU's free memory).
   // kv_type: the cache's element type (LoadOptions::kv_type); dtype: the activations'
-  // (LoadOptions::dtype).
+  // (LoadOptions::dtype); batch_invariant: LoadOptions::batch_invariant.
   static std::unique_ptr<Model> load(const std::string& path, int64_t context, int64_t sequences,
                                      int64_t page_size = 16, Device device = Device::CPU,
                                      int64_t kv_memory = 0, KvType kv_type = KvType::Auto,
-                                     std::optional<DType> dtype = std::nullopt);
+                                     std::optional<DType> dtype = std::nullopt,
+                                     bool batch_invariant = false);
 
   // Queues a prompt; returns its id. The prompt (non-empty, ids inside the vocabulary, at most
   // the context) and the options (1 <= n <= max_running) are checked here.

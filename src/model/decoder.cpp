@@ -61,6 +61,7 @@ class DecoderModel final : public Model {
             : opts.kv_type == KvType::INT8 ? DType::I8
                                            : act_),
         kv8_(opts.kv_type != KvType::Auto),
+        batch_invariant_(opts.batch_invariant),
         page_size_(opts.page_size),
         scratch_(opts.scratch_page ? 1 : 0) {
     LLMK_CHECK(opts.page_size >= 0, "page size {} must be >= 0", opts.page_size);
@@ -122,6 +123,7 @@ class DecoderModel final : public Model {
   DType act_;
   DType kv_;  // the KV pool's elements: act_, or 8-bit (kv8_) with kv_scales_
   bool kv8_;
+  bool batch_invariant_;  // LoadOptions::batch_invariant
   // Bytes of one pool row's K or V: its heads' elements and, 8-bit, their float scales.
   int64_t kv_row_bytes() const {
     const ModelConfig& c = config();
@@ -342,6 +344,8 @@ void DecoderModel::plan_run_attention() {
   lead_runs_ = -1;
   run_attention_.clear();
   if (device() != Device::CUDA || runs_.max_run <= kMaxPagedQueries) return;
+  // Batch-invariant: every run's queries through the decode kernel (longer runs in chunks of 8),
+  // so that a row's attention does not depend on how its prompt was cut into chunks.
   const auto b = static_cast<int64_t>(runs_.pos.size());
   const int64_t ps = page_size();
   const auto cu = [&](int64_t r) {
@@ -358,7 +362,7 @@ void DecoderModel::plan_run_attention() {
   for (int64_t r = lead; r < b; ++r) {
     const int64_t q0 = cu(r), n = cu(r + 1) - q0, pos = runs_.pos[static_cast<size_t>(r)];
     int64_t at = -1;
-    if (n > kMaxPagedQueries && (pos > 0 || kv8_)) {  // 8-bit: its keys as the cache holds them
+    if (n > kMaxPagedQueries && (pos > 0 || kv8_) && !batch_invariant_) {  // 8-bit: as cached
       at = static_cast<int64_t>(host_gather_.size());
       const int32_t* table = runs_.host_table.data() + r * runs_.width;
       for (int64_t j = 0; j < pos + n; ++j)
@@ -408,7 +412,7 @@ void DecoderModel::attention_by_run(Tensor& attn, const Tensor& q, const Tensor&
     Tensor out = attn.slice(0, ra.q0, ra.q0 + ra.n);
     const Tensor qr = q.slice(0, ra.q0, ra.q0 + ra.n);
     const Tensor pr = positions.slice(0, ra.q0, ra.q0 + ra.n);
-    if (ra.n <= kMaxPagedQueries) {
+    if (ra.n <= kMaxPagedQueries || batch_invariant_) {
       ops::attention_paged(out, qr, k_cache_[layer], v_cache_[layer],
                            runs_.table.slice(0, ra.run, ra.run + 1), page_size(), Tensor{}, pr,
                            ra.n, paged_params(ap));
@@ -467,6 +471,7 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   LLMK_CHECK(t > 0 && t == staged_.tokens, "compute: {} tokens requested but {} staged", t,
              staged_.tokens);
   reserve(t, all_logits || staged_.runs);
+  const ops::BatchInvariance invariance(batch_invariant_);
   const int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim;
   const int64_t qd = H * D, kvd = Hkv * D;
   const Tensor ids = staged_ids(), positions = staged_positions();
@@ -502,8 +507,10 @@ Tensor DecoderModel::compute(int64_t t, bool all_logits) {
   // itself where it can (on CUDA in cuBLASLt's epilogue: x is read there instead of the product
   // being written and read back by the add). Not with sandwich norms (the product is normalised
   // before the add), nor for one row on CUDA, whose one-row kernel has no such epilogue: there
-  // the add rides in the norm's launch. On the CPU both orders give the same f32 sums.
-  const bool add_in_linear = !c.sandwich_norms && (t > 1 || device() == Device::CPU);
+  // the add rides in the norm's launch; batch-invariant, one row adds in cuBLASLt too, as more do.
+  // On the CPU both orders give the same f32 sums.
+  const bool add_in_linear =
+      !c.sandwich_norms && (t > 1 || device() == Device::CPU || batch_invariant_);
   auto residual = [&](const Tensor& src, const Tensor& w, const Tensor& post_norm,
                       const Tensor& norm) {
     if (add_in_linear) {

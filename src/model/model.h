@@ -61,6 +61,9 @@ struct LoadOptions {
   // The activations' dtype on CUDA: bf16 (nullopt, the default), f16 or f32; the weights are
   // converted to it at load. The CPU computes in f32 (f32 or nullopt only).
   std::optional<DType> dtype;
+  // CUDA: every forward under ops::BatchInvariance, so that a sequence's logits are the same bits
+  // whatever runs beside it in a batch (and whatever batch runs first); slower.
+  bool batch_invariant = false;
 };
 
 class Model {

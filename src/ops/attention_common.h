@@ -73,6 +73,7 @@ inline cuda::AttentionArgs cuda_attention_args(Tensor& out, const Tensor& q, con
   a.decode_early_reads = p.early_reads;
   a.fp16 = q.dtype() == DType::F16;
   a.fp32 = q.dtype() == DType::F32;
+  if (batch_invariant()) a.decode_split = 1;  // one block reads all of a sequence's keys
   return a;
 }
 #endif

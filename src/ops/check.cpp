@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ops/ops.h"
+
 namespace llmk::ops::detail {
 
 namespace {
@@ -119,3 +121,17 @@ void require_disjoint(std::string_view op, std::string_view out_name, const Tens
 }
 
 }  // namespace llmk::ops::detail
+
+namespace llmk::ops {
+
+namespace {
+thread_local bool t_batch_invariant = false;
+}  // namespace
+
+BatchInvariance::BatchInvariance(bool on) : prev_(t_batch_invariant) {
+  t_batch_invariant = on || prev_;
+}
+BatchInvariance::~BatchInvariance() { t_batch_invariant = prev_; }
+bool batch_invariant() { return t_batch_invariant; }
+
+}  // namespace llmk::ops

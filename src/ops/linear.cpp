@@ -95,6 +95,7 @@ cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w,
   a.M = d.M;
   a.N = d.N;
   a.K = d.K;
+  a.batch_invariant = batch_invariant();
   return a;
 }
 

@@ -126,6 +126,23 @@ void attention_paged(Tensor& out, const Tensor& q, const Tensor& k_pool, const T
                      const Tensor& page_table, int64_t page_size, const Tensor& cu_q,
                      const Tensor& positions, int64_t max_q_per_seq, const AttentionParams& p);
 
+// Batch invariance on CUDA: while a BatchInvariance scope that is on lives on this thread, the
+// ops compute each output row the same way whatever the rows beside it (linear: one cuBLASLt
+// algorithm for every row count, cuda::LinearArgs::batch_invariant; the decode kernel: one key
+// split per sequence), so a sequence's results do not depend on the batch it runs in, bit for
+// bit. Slower (docs/perf.md). No effect on the CPU.
+class BatchInvariance {
+ public:
+  explicit BatchInvariance(bool on);
+  ~BatchInvariance();
+  BatchInvariance(const BatchInvariance&) = delete;
+  BatchInvariance& operator=(const BatchInvariance&) = delete;
+
+ private:
+  bool prev_;
+};
+bool batch_invariant();  // whether a scope that is on is alive on this thread
+
 // How many attention calls (attention, attention_paged, attention_varlen) ran each way since the
 // last reset (process-wide). A CUDA graph replay calls no op: a captured step counts once, when
 // it was captured.

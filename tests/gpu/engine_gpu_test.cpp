@@ -380,6 +380,59 @@ TEST_P(EngineGpu, F32AndF16ActivationsMatchTheCpuModel) {
   }
 }
 
+// LoadOptions::batch_invariant: eight greedy requests with logprobs run together (prompt chunks
+// beside decode tokens, decode steps from graphs of several batch sizes), then each alone on a
+// fresh engine: every token and every logprob the same bits.
+TEST_P(EngineGpu, BatchInvariantRequestsDoNotDependOnTheBatch) {
+  cuda::init();
+  const std::string path = test::family_dir(GetParam());
+  auto model = Engine::load(path, 128, 8, 16, Device::CUDA, 0, KvType::Auto, std::nullopt, true);
+  const auto ps = prompts(23, 8, 45);
+  using Events = std::vector<TokenEvent>;
+  const auto run = [&](const std::vector<size_t>& which) {
+    Engine engine(*model, {.max_running = 8, .max_step_tokens = 64});
+    std::map<int64_t, Events> got;
+    std::map<int64_t, size_t> index;
+    for (size_t i : which) {
+      RequestOptions o;
+      o.max_tokens = 6 + static_cast<int>(i % 3) * 4;  // finishing at different steps
+      o.logprobs = true;
+      o.sampler.temperature = 0;
+      const int64_t id = engine.add_request(ps[i], o, [&](const TokenEvent& e) {
+        got[e.request].push_back(e);
+        return true;
+      });
+      index[id] = i;
+    }
+    for (int n = 0; !engine.idle(); ++n) {
+      engine.step();
+      if (n > 10000) break;
+    }
+    std::map<size_t, Events> by_prompt;
+    for (auto& [id, events] : got) by_prompt[index.at(id)] = events;
+    return by_prompt;
+  };
+  std::vector<size_t> all(ps.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  const auto together = run(all);
+  ASSERT_EQ(together.size(), ps.size());
+  int differ = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Events alone = run({i}).at(i);
+    const Events& batch = together.at(i);
+    ASSERT_EQ(alone.size(), batch.size()) << "prompt " << i;
+    for (size_t k = 0; k < alone.size(); ++k) {
+      const bool same = alone[k].token == batch[k].token && alone[k].logprob == batch[k].logprob;
+      differ += !same;
+      EXPECT_TRUE(same) << "prompt " << i << " token " << k << ": alone " << alone[k].token << " ("
+                        << alone[k].logprob << "), in the batch " << batch[k].token << " ("
+                        << batch[k].logprob << ")";
+    }
+  }
+  std::printf("  %s: batch-invariant, 8 requests alone and together: %d tokens differ\n",
+              GetParam().c_str(), differ);
+}
+
 // 8-bit KV caches through the engine on CUDA (prompt chunks, decode steps from graphs, pages
 // shared and copied) against the CPU model on the same kind of cache, teacher-forced as above.
 // The GPU encodes the bf16-rounded keys, the CPU the float32 ones, so an element can land one

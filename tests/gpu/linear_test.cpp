@@ -688,6 +688,46 @@ TEST_F(Linear, AddAccumulatesIntoOut) {
   expect_within(compare(plus.to(Device::CPU), ref), tolerance_for(DType::BF16), "K=0, bias");
 }
 
+// Under ops::BatchInvariance a row's output is the same bits whatever the other rows and their
+// count (M = 1 takes cuBLASLt too, with the algorithm every M takes); with a bias in the
+// epilogue, f32 out (the LM head's), and added to out (the residual).
+TEST_F(Linear, BatchInvariantRowsDoNotDependOnM) {
+  Rng rng(41);
+  const ops::BatchInvariance invariant(true);
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {4096, 1024}}) {
+    const int64_t big = 77;
+    const Tensor x = random_bf16({big, K}, rng, 1.0f).to(Device::CUDA);
+    const Tensor w = random_bf16({N, K}, rng, 1.0f / 16).to(Device::CUDA);
+    const Tensor b = random_bf16({N}, rng, 0.5f).to(Device::CUDA);
+    for (const DType out_t : {DType::BF16, DType::F32}) {
+      for (const bool add : {false, true}) {
+        const std::string what = "N=" + std::to_string(N) + " K=" + std::to_string(K) + " out " +
+                                 std::string(dtype_name(out_t)) + (add ? " added" : "");
+        const Tensor base = random_bf16({big, N}, rng, 1.0f);
+        Tensor all = Tensor::empty({big, N}, out_t);
+        ops::copy(all, base);
+        all = all.to(Device::CUDA);
+        std::vector<Tensor> rows;
+        for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{16}, big}) {
+          Tensor fresh = Tensor::empty({m, N}, out_t, Device::CUDA);
+          ops::copy(fresh, all.slice(0, 0, m));
+          if (add) {
+            ops::linear_add(fresh, x.slice(0, 0, m), w, &b);
+          } else {
+            ops::linear(fresh, x.slice(0, 0, m), w, &b);
+          }
+          rows.push_back(fresh.slice(0, 0, 1).to(Device::CPU));
+        }
+        const int64_t bytes = rows[0].nbytes();
+        for (size_t i = 1; i < rows.size(); ++i) {
+          EXPECT_EQ(std::memcmp(rows[0].data(), rows[i].data(), static_cast<size_t>(bytes)), 0)
+              << what << ": row 0 of M=1 differs from row 0 of the " << i << "th M";
+        }
+      }
+    }
+  }
+}
+
 TEST_F(Linear, ArgumentErrors) {
   Rng rng(31);
   const Tensor x = random_bf16({3, 64}, rng, 1.0f).to(Device::CUDA);

@@ -201,6 +201,20 @@ def test_dtype_option(tmp_path):
     assert len(got[0]["outputs"][0]["token_ids"]) == 2
 
 
+def test_batch_invariant_flag(tmp_path):
+    # --batch-invariant (CUDA's kernel choices; the CPU is row by row already) runs on the CPU
+    # with the same outputs, and asks for a batch: --prompts (run) or --concurrency (bench).
+    model = fixture("llama3")
+    prompts = ["Hello world", "a"]
+    args = ("--temp", 0, "-n", 4, "--ignore-eos")
+    assert batch(model, prompts, tmp_path, *args, "--batch-invariant") == batch(
+        model, prompts, tmp_path, *args)
+    r = run("run", "-m", model, "-p", "x", "--batch-invariant", check=False)
+    assert r.returncode == 1 and "--batch-invariant needs --prompts" in r.stderr
+    r = run("bench", "-m", model, "--device", "cpu", "--batch-invariant", check=False)
+    assert r.returncode == 1 and "--batch-invariant needs --concurrency" in r.stderr
+
+
 def test_bench_concurrency(tmp_path):
     model = fixture("gemma3")
     out = tmp_path / "b.json"

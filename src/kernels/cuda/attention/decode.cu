@@ -216,12 +216,14 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   const int n_rows = min(kR, sv.tq * G - row0);
   if (n_rows <= 0) return;  // every block of this (sequence, head, group) returns here
 
-  // Keys any of the block's queries sees: [lo, hi]; this block takes a tile-aligned share. The
-  // TMA loader starts the tiles at a multiple of 64 keys (lo_tiles), so that a tile's pages are
-  // whole boxes; the keys before lo are masked (and their V rows zeroed, below).
+  // Keys any of the block's queries sees: [lo, hi]; this block takes a tile-aligned share. Tiles
+  // start at a multiple of 64 keys (lo_tiles): for the TMA loader, so that a tile's pages are
+  // whole boxes; for both, so that a key's tile and warp, and with them a query row's sums, do
+  // not depend on which other queries share the block (ops::BatchInvariance). The keys before
+  // lo are masked (and their V rows zeroed, below).
   const int64_t first_pos = sv.pos0 + row0 / G;
   const int64_t lo = a.window > 0 && first_pos - a.window + 1 > 0 ? first_pos - a.window + 1 : 0;
-  const int64_t lo_tiles = kTma ? lo / kBN * kBN : lo;
+  const int64_t lo_tiles = lo / kBN * kBN;
   const int64_t hi = sv.n_keys - 1;
   const int64_t n_keys = hi >= lo_tiles ? hi - lo_tiles + 1 : 0;
   const int64_t chunk = ceil_div(ceil_div(n_keys, n_split), kBN) * kBN;
@@ -273,7 +275,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     const int64_t j = my_lo + static_cast<int64_t>(it) * kBN + my_key;
     return j > my_hi ? 0 : pool_row(j, cached);
   };
-  // Copies keys [n0, n0 + kBN) of tile it into its stage; keys past my_hi are zero-filled.
+  // Copies keys [n0, n0 + kBN) of tile it into its stage; keys before lo (outside every query's
+  // window) or past my_hi are zero-filled.
   // `row` is this lane's lookup_row(it). All lanes of the block call it (shuffles).
   auto load_tile = [&](int it, int64_t row) {
     const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN;
@@ -288,7 +291,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
       for (int i = 0; i < kIters; ++i) {
         const int r = (threadIdx.x + i * kThreads) / kChunks;
         const int64_t src = __shfl_sync(0xffffffffu, row, i * kRowsPW + lane / kChunks);
-        const bool valid = n0 + r <= my_hi;
+        const bool valid = n0 + r >= lo && n0 + r <= my_hi;
         if (copies) {  // (with the L2 evict-first hint these copies faulted: illegal instruction)
           cp_async_16_at(smem_addr(st + r * C::kPitch8 + col), k8 + src * a.k_t + col, valid);
           cp_async_16_at(smem_addr(st + C::kTensorBytes + r * C::kPitch8 + col),
@@ -309,7 +312,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     for (int i = 0; i < kIters; ++i) {
       const int r = (threadIdx.x + i * kThreads) / kChunks;
       const int64_t src = __shfl_sync(0xffffffffu, row, i * kRowsPW + lane / kChunks);
-      const bool valid = n0 + r <= my_hi;
+      const bool valid = n0 + r >= lo && n0 + r <= my_hi;
       if (copies) {
         cp_async_16_policy(sK + r * kP + col, k_head + src * a.k_t + col, valid, kv_policy);
         cp_async_16_policy(sV + r * kP + col, v_head + src * a.v_t + col, valid, kv_policy);

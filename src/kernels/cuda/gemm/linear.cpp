@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -140,6 +141,7 @@ struct PlanKey {
   bool gelu, aux;
   int64_t ld_aux;
   uint32_t align_aux;
+  bool invariant;  // LinearArgs::batch_invariant
   auto operator<=>(const PlanKey&) const = default;
 };
 
@@ -209,6 +211,9 @@ class Lt {
   }
 
   const Plan& plan(const PlanKey& key, const LinearArgs& a);
+  // LinearArgs::batch_invariant: the algorithm chosen for the problem without M (tuned_'s
+  // sibling invariant_), checked to run at a.M.
+  Plan invariant_plan(const PlanKey& key, const LinearArgs& a);
   std::vector<cublasLtMatmulAlgo_t> candidates(const Plan& p, const PlanKey& key,
                                                const LinearArgs& a, bool lenient, int max);
   bool accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) const;
@@ -232,6 +237,7 @@ class Lt {
     bool bias_in_epilogue;
   };
   std::map<PlanKey, Tuned> tuned_;
+  std::map<PlanKey, Tuned> invariant_;  // by problem with M = 0
 };
 
 // Asks the heuristic for its best algorithms under the plan's descriptor, best first (at most
@@ -394,16 +400,84 @@ MatmulDesc make_desc(bool bias_epilogue, const LinearArgs& a) {
   return desc;
 }
 
-const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
-  if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
-
-  Plan p;
+// The plan's layouts for a's operands.
+void set_layouts(Plan& p, const LinearArgs& a) {
   const cudaDataType_t in = cuda_type(a.in_dtype);
   p.w_layout =
       a.w_trans ? make_layout(in, a.N, a.K, a.ldw, a) : make_layout(in, a.K, a.N, a.ldw, a);
   p.x_layout =
       a.x_trans ? make_layout(in, a.M, a.K, a.ldx, a) : make_layout(in, a.K, a.M, a.ldx, a);
   p.out_layout = make_layout(cuda_type(a.out_dtype), a.N, a.M, a.ldo, a);
+}
+
+// Whether `algo` reduces over K in one pass (no split-K): each output element's sum is then
+// formed in one order whatever the other rows.
+bool single_pass(const cublasLtMatmulAlgo_t& algo) {
+  int32_t splitk = 1;
+  size_t size = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                           sizeof splitk, &size) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  return splitk <= 1;
+}
+
+// The row count the batch-invariant algorithm is chosen for (a prompt chunk's order of size).
+constexpr int64_t kInvariantRows = 256;
+
+Plan Lt::invariant_plan(const PlanKey& key, const LinearArgs& a) {
+  LLMK_CHECK(!a.x_trans, "cuda::linear: batch invariance takes x untransposed, in {}", describe(a));
+  PlanKey canon = key;
+  canon.M = 0;
+  auto it = invariant_.find(canon);
+  if (it == invariant_.end()) {
+    // The heuristic asked at kInvariantRows rows, whatever M this first call has, so that the
+    // choice does not depend on which call comes first; its first single-pass candidate.
+    LinearArgs c = a;
+    c.M = kInvariantRows;
+    c.ldx = std::max(c.ldx, c.K);
+    c.ldo = std::max(c.ldo, c.N);
+    Plan q;
+    set_layouts(q, c);
+    const bool same_dtype = key.bias != BiasKind::None && a.bias_dtype == a.out_dtype;
+    const auto pick = [&](bool bias_epilogue, bool lenient) -> std::optional<Tuned> {
+      q.desc = make_desc(bias_epilogue, c);
+      for (const cublasLtMatmulAlgo_t& algo : candidates(q, key, c, lenient, kTuneCandidates)) {
+        if (single_pass(algo)) return Tuned{algo, bias_epilogue};
+      }
+      return std::nullopt;
+    };
+    std::optional<Tuned> t;
+    if (a.gelu) {
+      if (key.bias == BiasKind::None || (same_dtype && key.bias_aligned)) {
+        t = pick(key.bias != BiasKind::None, true);
+      }
+    } else {
+      if (same_dtype && key.bias_aligned) t = pick(true, true);
+      if (!t) t = pick(false, false);
+    }
+    LLMK_CHECK(t.has_value(),
+               "cuda::linear: cuBLASLt has no single-pass algorithm for {} (batch invariance)",
+               describe(a));
+    it = invariant_.emplace(canon, *t).first;
+  }
+  Plan p;
+  set_layouts(p, a);
+  p.desc = make_desc(it->second.bias_in_epilogue, a);
+  p.algo = it->second.algo;
+  p.bias_in_epilogue = it->second.bias_in_epilogue;
+  LLMK_CHECK(accepts(p, p.algo), "cuda::linear: the batch-invariant algorithm ({}) does not run {}",
+             tile_name(p.algo), describe(a));
+  ++counters().plans;
+  return p;
+}
+
+const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
+  if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
+  if (a.batch_invariant) return plans_.emplace(key, invariant_plan(key, a)).first->second;
+
+  Plan p;
+  set_layouts(p, a);
   // The bias goes in the epilogue when it has the output's dtype, the only bias dtype cuBLASLt
   // documents for these outputs (asking for another through BIAS_DATA_TYPE makes the heuristic
   // answer CUBLAS_STATUS_INVALID_VALUE on cuBLASLt 13 / H100). Any other bias, an under-aligned
@@ -479,7 +553,8 @@ bool Lt::run(const LinearArgs& a) {
                     a.gelu,
                     a.aux != nullptr,
                     a.aux ? a.ld_aux : 0,
-                    a.aux ? alignment(a.aux) : 0u};
+                    a.aux ? alignment(a.aux) : 0u,
+                    a.batch_invariant};
   const cudaStream_t stream = current_stream();
   bool bias_kernel = false;
   {
@@ -528,7 +603,7 @@ void check_args(const LinearArgs& a) {
 // The one-row kernel (gemv.h) for a, where M = 1, the kernel is on and takes the operands.
 bool run_one_row(const LinearArgs& a, bool gated, Activation act, const GemvRope* rope = nullptr) {
   if (a.M != 1 || a.x_trans || a.w_trans || a.accumulate || a.in_dtype == DType::F32 ||
-      !g_gemv.load(std::memory_order_relaxed)) {
+      a.batch_invariant || !g_gemv.load(std::memory_order_relaxed)) {
     return false;
   }
   const GemvArgs g{.out = a.out,

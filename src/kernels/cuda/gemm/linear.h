@@ -65,6 +65,12 @@ struct LinearArgs {
   // place); the sum is rounded once, to out's dtype. Not with gelu; M = 1 then takes cuBLASLt,
   // not the one-row kernel.
   bool accumulate = false;
+  // Every output row computed the same way whatever M (the rows beside it): one cuBLASLt
+  // algorithm per problem without M, the heuristic's first that sums over K in one pass (no
+  // split-K), chosen at 256 rows without timing and used for every M (an M it does not run at
+  // throws); never the one-row kernel. Results also repeat from process to process. Not with
+  // x_trans.
+  bool batch_invariant = false;
 };
 
 // out = x @ w^T + bias, enqueued on cuda::current_stream(). Leading dimensions must hold a row

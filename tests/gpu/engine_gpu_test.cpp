@@ -380,9 +380,10 @@ TEST_P(EngineGpu, F32AndF16ActivationsMatchTheCpuModel) {
   }
 }
 
-// LoadOptions::batch_invariant: eight greedy requests with logprobs run together (prompt chunks
-// beside decode tokens, decode steps from graphs of several batch sizes), then each alone on a
-// fresh engine: every token and every logprob the same bits.
+// LoadOptions::batch_invariant: eight requests with logprobs, half greedy and half sampled with
+// a seed of their own (temperature, top-p, penalties on the device), run together (prompt
+// chunks beside decode tokens, decode steps from graphs of several batch sizes), then each
+// alone on a fresh engine: every token and every logprob the same bits.
 TEST_P(EngineGpu, BatchInvariantRequestsDoNotDependOnTheBatch) {
   cuda::init();
   const std::string path = test::family_dir(GetParam());
@@ -398,6 +399,12 @@ TEST_P(EngineGpu, BatchInvariantRequestsDoNotDependOnTheBatch) {
       o.max_tokens = 6 + static_cast<int>(i % 3) * 4;  // finishing at different steps
       o.logprobs = true;
       o.sampler.temperature = 0;
+      if (i % 2 == 1) {  // sampled, seeded
+        o.sampler.temperature = 0.8f;
+        o.sampler.top_p = 0.9f;
+        o.sampler.presence_penalty = 0.5f;
+        o.sampler.seed = 100 + i;
+      }
       const int64_t id = engine.add_request(ps[i], o, [&](const TokenEvent& e) {
         got[e.request].push_back(e);
         return true;
@@ -429,8 +436,9 @@ TEST_P(EngineGpu, BatchInvariantRequestsDoNotDependOnTheBatch) {
                         << batch[k].logprob << ")";
     }
   }
-  std::printf("  %s: batch-invariant, 8 requests alone and together: %d tokens differ\n",
-              GetParam().c_str(), differ);
+  std::printf(
+      "  %s: batch-invariant, 8 requests (4 sampled) alone and together: %d tokens differ\n",
+      GetParam().c_str(), differ);
 }
 
 // 8-bit KV caches through the engine on CUDA (prompt chunks, decode steps from graphs, pages

@@ -50,6 +50,10 @@ const DTypeInfo& dtype_info(DType t);
 inline std::string_view dtype_name(DType t) { return dtype_info(t).name; }
 inline bool is_quantized(DType t) { return dtype_info(t).quantized; }
 inline int64_t block_size(DType t) { return dtype_info(t).block_size; }
+// f32, f16 or bf16: the plain float types (activations, conversions between them).
+inline bool is_float_type(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
 // Bytes of one element for plain types; throws for block types.
 size_t element_size(DType t);
 // Bytes taken by `n` consecutive elements (n must be a multiple of the block size).

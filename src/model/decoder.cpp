@@ -27,8 +27,8 @@ DType checked_activations(const LoadOptions& opts) {
     const DType t = *opts.dtype;
     LLMK_CHECK(opts.device != Device::CPU || t == DType::F32,
                "load: dtype {}: the CPU computes in f32", dtype_name(t));
-    LLMK_CHECK(t == DType::BF16 || t == DType::F16 || t == DType::F32,
-               "load: dtype {}: the GPU computes in bf16, f16 or f32", dtype_name(t));
+    LLMK_CHECK(is_float_type(t), "load: dtype {}: the GPU computes in bf16, f16 or f32",
+               dtype_name(t));
   }
   return activation_dtype(opts.device, opts.dtype);
 }

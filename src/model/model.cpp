@@ -281,10 +281,11 @@ KvType parse_kv_type(const std::string& name, Device device, std::optional<DType
   if (name == "auto") return KvType::Auto;
   if (name == "fp8") return KvType::FP8;
   if (name == "int8") return KvType::INT8;
-  const std::string_view act = dtype_name(activation_dtype(device, dtype));
+  const DType act_type = activation_dtype(device, dtype);
+  const std::string_view act = dtype_name(act_type);
   const std::optional<DType> t = float_type_named(name);
   LLMK_CHECK(t.has_value(), "kv dtype '{}': expected auto, {}, fp8 or int8", name, act);
-  LLMK_CHECK(*t == activation_dtype(device, dtype),
+  LLMK_CHECK(*t == act_type,
              "kv dtype '{}': the {} computes in {}; its cache is {} (or fp8, int8), not {}", name,
              device == Device::CPU ? "CPU" : "GPU", act, act, name);
   return KvType::Auto;

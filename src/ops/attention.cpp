@@ -107,11 +107,10 @@ void attention_cuda(Tensor& out, const Tensor& q, const Tensor& k, const Tensor&
   cuda::AttentionArgs a = cuda_attention_args(out, q, k, v, p);
   a.positions = positions.data<const int32_t>();
   // The tensor-core kernels take bf16 and fp16; f32 falls back.
-  const bool decode = d.T <= cuda::kDecodeMaxQueries;
   if (!fast || dt == DType::F32) {
     cuda::attention_generic(a);
     count_attention(AttentionPath::kFallback);
-  } else if (decode) {
+  } else if (d.T <= cuda::kDecodeMaxQueries) {
     cuda::attention_decode(a);
     count_attention(AttentionPath::kDecode);
   } else {
@@ -409,8 +408,9 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
   }
   // The decode kernel takes bf16 and fp16 queries (8-bit caches: bf16 ones); the rest go to the
   // fallback kernel.
-  if (!fast || dt == DType::F32 || (scales != nullptr && dt != DType::BF16) ||
-      (scales != nullptr && !cuda::attention_decode_8bit_supported(static_cast<int>(d.D)))) {
+  if (!fast || dt == DType::F32 ||
+      (scales != nullptr &&
+       (dt != DType::BF16 || !cuda::attention_decode_8bit_supported(static_cast<int>(d.D))))) {
     // One launch for the batch: the fallback kernel finds each row's sequence in cu_q and its
     // keys through the page table, up to the sequence's last position.
     a.positions = positions.data<const int32_t>();

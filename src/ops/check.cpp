@@ -74,9 +74,8 @@ DType require_activations(std::string_view op, bool cuda,
   const auto& [first_name, first] = *tensors.begin();
   const DType dt = first->dtype();
   if (cuda) {
-    LLMK_CHECK(dt == DType::BF16 || dt == DType::F16 || dt == DType::F32,
-               "ops::{}: {} is {} but must be bf16, f16 or f32 on CUDA", op, first_name,
-               first->str());
+    LLMK_CHECK(is_float_type(dt), "ops::{}: {} is {} but must be bf16, f16 or f32 on CUDA", op,
+               first_name, first->str());
   } else {
     require_dtype(op, first_name, *first, DType::F32);
   }

@@ -12,8 +12,8 @@ void dequantize(Tensor& out, const Tensor& src) {
   constexpr std::string_view op = "dequantize";
   detail::require_cpu(op, "out", out);
   detail::require_cpu(op, "src", src);
-  LLMK_CHECK(out.dtype() == DType::F32 || out.dtype() == DType::BF16 || out.dtype() == DType::F16,
-             "ops::dequantize: out is {}, expected f32, bf16 or f16", out.str());
+  LLMK_CHECK(is_float_type(out.dtype()), "ops::dequantize: out is {}, expected f32, bf16 or f16",
+             out.str());
   LLMK_CHECK(cpu::can_dequantize(src.dtype()), "ops::dequantize: cannot read dtype {} of src {}",
              dtype_name(src.dtype()), src.str());
   detail::require_shape(op, "out", out, src.shape());

@@ -46,8 +46,8 @@ Dims check_shapes(const Tensor& out, const Tensor& x, const Tensor& w, const Ten
 
 #ifdef LLMK_HAS_CUDA
 void require_float_type(std::string_view name, const Tensor& t) {
-  LLMK_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F16 || t.dtype() == DType::F32,
-             "ops::linear: {} is {} but must be bf16, f16 or f32 on CUDA", name, t.str());
+  LLMK_CHECK(is_float_type(t.dtype()), "ops::linear: {} is {} but must be bf16, f16 or f32 on CUDA",
+             name, t.str());
 }
 
 // Rows of a matrix with more than one row must not overlap: the row stride covers a row.
@@ -164,9 +164,8 @@ void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act,
   const int64_t F = w.dim(0) / 2;
   require_shape(op, "out", out, {x.dim(0), F});
 #ifdef LLMK_HAS_CUDA
-  // One row of bf16 or fp16: the one-row kernel with the activation in its epilogue.
-  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1 &&
-      (x.dtype() == DType::BF16 || x.dtype() == DType::F16) && out.dtype() == x.dtype()) {
+  // One row: the one-row kernel with the activation in its epilogue, where it takes the operands.
+  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1) {
     const bool cuda = on_cuda(op, {{"out", &out}, {"x", &x}, {"w", &w}, {"scratch", &scratch}});
     const cuda::LinearArgs a = linear_cuda_args(out, x, w, bias, true);
     if (cuda && cuda::linear_gated_row(a, cuda_activation(act))) return;

@@ -133,11 +133,10 @@ void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const 
       qkv.slice(1, (n_heads + Hkv) * D, (n_heads + 2 * Hkv) * D).unflatten(1, {Hkv, D});
 #ifdef LLMK_HAS_CUDA
   // One token on CUDA, every dim rotated: the one-row linear with the rotation and the append in
-  // its epilogue, where it takes the operands.
+  // its epilogue, where it takes the operands (gemv_applies; the epilogue writes the cache rows
+  // in the output's type, so a plain cache of that type).
   if (scales == nullptr && x.defined() && x.device() == Device::CUDA && x.ndim() == 2 &&
-      x.dim(0) == 1 && (p.rot_dim == 0 || p.rot_dim == D) &&
-      (x.dtype() == DType::BF16 || x.dtype() == DType::F16) && qkv.dtype() == x.dtype() &&
-      k_cache.dtype() == x.dtype()) {
+      x.dim(0) == 1 && (p.rot_dim == 0 || p.rot_dim == D) && k_cache.dtype() == qkv.dtype()) {
     const bool cuda = check_rope(op, qk, positions, p);
     const Tensor keys = qk.slice(1, n_heads, n_heads + Hkv);
     check_kv_append(op, k_cache, v_cache, keys, v, cache_rows);

@@ -65,9 +65,8 @@ Where check_float(std::string_view op, std::initializer_list<NamedTensor> tensor
              op);
   const DType dt = tensors.begin()->second->dtype();
   if (cuda) {
-    LLMK_CHECK(dt == DType::BF16 || dt == DType::F16 || dt == DType::F32,
-               "ops::{}: {} is {}; CUDA takes bf16, f16 or f32", op, tensors.begin()->first,
-               tensors.begin()->second->str());
+    LLMK_CHECK(is_float_type(dt), "ops::{}: {} is {}; CUDA takes bf16, f16 or f32", op,
+               tensors.begin()->first, tensors.begin()->second->str());
   } else {
     LLMK_CHECK(dt == DType::F32 || dt == DType::F64, "ops::{}: {} is {}; the CPU takes f32 or f64",
                op, tensors.begin()->first, tensors.begin()->second->str());

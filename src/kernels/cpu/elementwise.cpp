@@ -31,8 +31,6 @@ void scale(float* x, int64_t x_ld, int64_t rows, int64_t D, float s) {
 
 namespace {
 
-bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
-
 float load_as_f32(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::F32:

@@ -3,8 +3,8 @@
 // (coalesced where its stride is 1) and the outer dimensions with grid rows.
 #include <algorithm>
 
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/copy.h"
+#include "kernels/cuda/vec.cuh"
 
 namespace llmk::cuda {
 
@@ -56,20 +56,6 @@ void launch(void* dst, const void* src, const CopyDims& d) {
                   static_cast<unsigned>(std::min(rows, kMaxGridY)));
   copy_kernel<TD, TS><<<grid, kThreads, 0, current_stream()>>>(
       static_cast<TD*>(dst), static_cast<const TS*>(src), d, rows);
-}
-
-bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
-
-template <class TD>
-void launch_from(DType src_type, void* dst, const void* src, const CopyDims& d) {
-  switch (src_type) {
-    case DType::F32:
-      return launch<TD, float>(dst, src, d);
-    case DType::F16:
-      return launch<TD, __half>(dst, src, d);
-    default:
-      return launch<TD, __nv_bfloat16>(dst, src, d);
-  }
 }
 
 }  // namespace
@@ -130,12 +116,10 @@ bool copy(void* dst, DType dst_type, const int64_t* dst_strides, const void* src
         launch<uint64_t, uint64_t>(dst, src, d);
         break;
     }
-  } else if (dst_type == DType::F32) {
-    launch_from<float>(src_type, dst, src, d);
-  } else if (dst_type == DType::F16) {
-    launch_from<__half>(src_type, dst, src, d);
   } else {
-    launch_from<__nv_bfloat16>(src_type, dst, src, d);
+    with_float_type(dst_type, [&](auto td) {
+      with_float_type(src_type, [&](auto ts) { launch<decltype(td), decltype(ts)>(dst, src, d); });
+    });
   }
   check_launch("copy");
   return true;

@@ -129,6 +129,18 @@ template <class TS, int K>
 __device__ __forceinline__ void store_vec(TS* p, const float (&f)[K]) {
   store_chunk(p, pack<TS, K>(f));
 }
+// Two consecutive elements (4- or 8-byte aligned) as a float2, and back.
+template <class TS>
+__device__ __forceinline__ float2 load_pair(const TS* p) {
+  float f[2];
+  load_vec<TS, 2>(p, f);
+  return float2{f[0], f[1]};
+}
+template <class TS>
+__device__ __forceinline__ void store_pair(TS* p, float a, float b) {
+  const float f[2] = {a, b};
+  store_vec<TS, 2>(p, f);
+}
 
 // Rounds each value to TS and back, as storing and reloading would (nothing for f32).
 template <class TS, int N>
@@ -139,13 +151,8 @@ __device__ __forceinline__ void round_to(float (&f)[N]) {
   }
 }
 
-// The activation dtypes the CUDA kernels take.
-inline bool is_float_type(DType t) {
-  return t == DType::BF16 || t == DType::F16 || t == DType::F32;
-}
-
 // Calls fn(T{}) with T the element type of dt (__nv_bfloat16, __half or float); any other dtype
-// is a broken precondition of the caller (the ops check dtypes first).
+// (is_float_type false) is a broken precondition of the caller (the ops check dtypes first).
 template <class Fn>
 void with_float_type(DType dt, Fn&& fn) {
   switch (dt) {

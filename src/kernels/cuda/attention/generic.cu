@@ -16,7 +16,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/attention.h"
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/vec.cuh"
 #include "kernels/kv_quant.h"
 
 namespace llmk::cuda::attn {
@@ -25,35 +25,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kPairs = kGenericMaxD / 64;  // element pairs per lane
-
-template <typename T>
-struct Pair;
-template <>
-struct Pair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ float2 load(const __nv_bfloat16* p) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-  }
-  static __device__ void store(__nv_bfloat16* p, float a, float b) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-  }
-};
-template <>
-struct Pair<__half> {
-  static __device__ float2 load(const __half* p) {
-    return __half22float2(*reinterpret_cast<const __half2*>(p));
-  }
-  static __device__ void store(__half* p, float a, float b) {
-    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
-  }
-};
-template <>
-struct Pair<float> {
-  static __device__ float2 load(const float* p) { return *reinterpret_cast<const float2*>(p); }
-  static __device__ void store(float* p, float a, float b) {
-    *reinterpret_cast<float2*>(p) = float2{a, b};
-  }
-};
 
 // Where query row r sits: its sequence's key count, its position among those keys, and the
 // sequence (for the page table; key rows start at k_row0 without one).
@@ -101,7 +72,7 @@ __device__ __forceinline__ int64_t key_row(const AttentionArgs& a, const RowInfo
 template <typename T, int kFmt>
 __device__ __forceinline__ float2 kv_pair(const void* base, int64_t off) {
   if constexpr (kFmt == 0) {
-    return Pair<T>::load(static_cast<const T*>(base) + off);
+    return load_pair(static_cast<const T*>(base) + off);
   } else if constexpr (kFmt == 1) {  // the conversion instruction: kvq's values exactly
     const auto pair =
         *reinterpret_cast<const __nv_fp8x2_storage_t*>(static_cast<const uint8_t*>(base) + off);
@@ -115,7 +86,6 @@ __device__ __forceinline__ float2 kv_pair(const void* base, int64_t off) {
 
 template <typename T, int kFmt>
 __global__ void __launch_bounds__(kWarps* kWarp) generic_kernel(const AttentionArgs a) {
-  using P = Pair<T>;
   const int r = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int hk = h / (a.Hq / a.Hkv);
@@ -130,7 +100,7 @@ __global__ void __launch_bounds__(kWarps* kWarp) generic_kernel(const AttentionA
 #pragma unroll
   for (int p = 0; p < kPairs; ++p) {
     const int e = 2 * lane + 64 * p;
-    const float2 f = e < a.D ? P::load(q + e) : float2{0.0f, 0.0f};
+    const float2 f = e < a.D ? load_pair(q + e) : float2{0.0f, 0.0f};
     qv[p][0] = f.x * a.scale;
     qv[p][1] = f.y * a.scale;
   }
@@ -201,7 +171,7 @@ __global__ void __launch_bounds__(kWarps* kWarp) generic_kernel(const AttentionA
       x += sacc[w][e] * scale[w];
       y += sacc[w][e + 1] * scale[w];
     }
-    P::store(out + e, x * inv, y * inv);
+    store_pair(out + e, x * inv, y * inv);
   }
   if (a.lse != nullptr && threadIdx.x == 0) {
     a.lse[static_cast<int64_t>(h) * a.T + r] = l_all > 0.0f ? m_all + logf(l_all) : -INFINITY;

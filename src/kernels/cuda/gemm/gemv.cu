@@ -21,9 +21,9 @@
 #include <type_traits>
 
 #include "kernels/cuda/activation.cuh"
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm/gemv.h"
 #include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/vec.cuh"
 
 namespace llmk::cuda {
 
@@ -42,18 +42,15 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
-__device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
-
 // Sum of the 8 products of two chunks of 8 elements of TIn (bf16 or fp16).
 template <typename TIn>
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc) {
-  using Pair = std::conditional_t<std::is_same_v<TIn, __half>, __half2, __nv_bfloat162>;
+  using Pair = typename PairOf<TIn>::type;
   const auto* pa = reinterpret_cast<const Pair*>(&a);
   const auto* pb = reinterpret_cast<const Pair*>(&b);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 fa = to_float2(pa[i]), fb = to_float2(pb[i]);
+    const float2 fa = pair_to_float2(pa[i]), fb = pair_to_float2(pb[i]);
     acc = fmaf(fa.x, fb.x, acc);
     acc = fmaf(fa.y, fb.y, acc);
   }

@@ -128,14 +128,13 @@ Counters& counters() {
   return c;
 }
 
-enum class BiasKind : uint8_t { None, BF16, F16, F32 };
-
 // Everything the chosen algorithm depends on. Pointers enter only through their alignment.
 struct PlanKey {
   int64_t M, N, K, ldx, ldw, ldo;
   bool x_trans, w_trans;
   DType in_dtype, out_dtype;
-  BiasKind bias;
+  bool bias;
+  DType bias_dtype;  // (F32 without a bias)
   bool bias_aligned;
   uint32_t align_x, align_w, align_out;
   bool gelu, aux;
@@ -211,6 +210,11 @@ class Lt {
   }
 
   const Plan& plan(const PlanKey& key, const LinearArgs& a);
+  // The heuristic's algorithms for a (at most `max`; with single_pass_only, those without
+  // split-K), with p.desc and p.bias_in_epilogue set to match them. Empty for a GELU epilogue
+  // cuBLASLt has none for.
+  std::vector<cublasLtMatmulAlgo_t> search(Plan& p, const PlanKey& key, const LinearArgs& a,
+                                           int max, bool single_pass_only);
   // LinearArgs::batch_invariant: the algorithm chosen for the problem without M (tuned_'s
   // sibling invariant_), checked to run at a.M.
   Plan invariant_plan(const PlanKey& key, const LinearArgs& a);
@@ -425,6 +429,31 @@ bool single_pass(const cublasLtMatmulAlgo_t& algo) {
 // The row count the batch-invariant algorithm is chosen for (a prompt chunk's order of size).
 constexpr int64_t kInvariantRows = 256;
 
+std::vector<cublasLtMatmulAlgo_t> Lt::search(Plan& p, const PlanKey& key, const LinearArgs& a,
+                                             int max, bool single_pass_only) {
+  const auto ask = [&](bool bias_epilogue, bool lenient) {
+    p.desc = make_desc(bias_epilogue, a);
+    p.bias_in_epilogue = bias_epilogue;
+    std::vector<cublasLtMatmulAlgo_t> algos = candidates(p, key, a, lenient, max);
+    if (single_pass_only) std::erase_if(algos, [](const auto& x) { return !single_pass(x); });
+    return algos;
+  };
+  // The bias goes in the epilogue when it has the output's dtype, the only bias dtype cuBLASLt
+  // documents for these outputs (asking for another through BIAS_DATA_TYPE makes the heuristic
+  // answer CUBLAS_STATUS_INVALID_VALUE on cuBLASLt 13 / H100). Any other bias, an under-aligned
+  // one, or one whose epilogue the heuristic rejects, is added by a separate kernel.
+  const bool bias_epilogue = key.bias && key.bias_dtype == key.out_dtype && key.bias_aligned;
+  if (a.gelu) {  // the bias must be added before the activation: in the epilogue, or not at all
+    if (key.bias && !bias_epilogue) return {};
+    return ask(key.bias, /*lenient=*/true);
+  }
+  if (bias_epilogue) {
+    std::vector<cublasLtMatmulAlgo_t> algos = ask(true, /*lenient=*/true);
+    if (!algos.empty()) return algos;
+  }
+  return ask(false, /*lenient=*/false);
+}
+
 Plan Lt::invariant_plan(const PlanKey& key, const LinearArgs& a) {
   LLMK_CHECK(!a.x_trans, "cuda::linear: batch invariance takes x untransposed, in {}", describe(a));
   PlanKey canon = key;
@@ -439,27 +468,11 @@ Plan Lt::invariant_plan(const PlanKey& key, const LinearArgs& a) {
     c.ldo = std::max(c.ldo, c.N);
     Plan q;
     set_layouts(q, c);
-    const bool same_dtype = key.bias != BiasKind::None && a.bias_dtype == a.out_dtype;
-    const auto pick = [&](bool bias_epilogue, bool lenient) -> std::optional<Tuned> {
-      q.desc = make_desc(bias_epilogue, c);
-      for (const cublasLtMatmulAlgo_t& algo : candidates(q, key, c, lenient, kTuneCandidates)) {
-        if (single_pass(algo)) return Tuned{algo, bias_epilogue};
-      }
-      return std::nullopt;
-    };
-    std::optional<Tuned> t;
-    if (a.gelu) {
-      if (key.bias == BiasKind::None || (same_dtype && key.bias_aligned)) {
-        t = pick(key.bias != BiasKind::None, true);
-      }
-    } else {
-      if (same_dtype && key.bias_aligned) t = pick(true, true);
-      if (!t) t = pick(false, false);
-    }
-    LLMK_CHECK(t.has_value(),
+    const std::vector<cublasLtMatmulAlgo_t> algos = search(q, key, c, kTuneCandidates, true);
+    LLMK_CHECK(!algos.empty(),
                "cuda::linear: cuBLASLt has no single-pass algorithm for {} (batch invariance)",
                describe(a));
-    it = invariant_.emplace(canon, *t).first;
+    it = invariant_.emplace(canon, Tuned{algos[0], q.bias_in_epilogue}).first;
   }
   Plan p;
   set_layouts(p, a);
@@ -478,11 +491,6 @@ const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
 
   Plan p;
   set_layouts(p, a);
-  // The bias goes in the epilogue when it has the output's dtype, the only bias dtype cuBLASLt
-  // documents for these outputs (asking for another through BIAS_DATA_TYPE makes the heuristic
-  // answer CUBLAS_STATUS_INVALID_VALUE on cuBLASLt 13 / H100). Any other bias, an under-aligned
-  // one, or one whose epilogue the heuristic rejects, is added by a separate kernel.
-  const bool same_dtype = key.bias != BiasKind::None && a.bias_dtype == a.out_dtype;
   // Tuning: a bucket's first problem met outside capture times the candidates; the bucket's
   // later problems take its choice where cuBLASLt accepts it for their shape.
   const bool tunable = g_tune.load(std::memory_order_relaxed) && a.M >= kTuneMinRows;
@@ -501,25 +509,10 @@ const Plan& Lt::plan(const PlanKey& key, const LinearArgs& a) {
   }
   const bool tune = tunable && !capturing();
   const int max = tune ? kTuneCandidates : 1;
-  std::vector<cublasLtMatmulAlgo_t> algos;
-  if (a.gelu) {  // the bias must be added before the activation: in the epilogue, or not at all
-    if (key.bias == BiasKind::None || (same_dtype && key.bias_aligned)) {
-      p.desc = make_desc(key.bias != BiasKind::None, a);
-      algos = candidates(p, key, a, /*lenient=*/true, max);
-      p.bias_in_epilogue = key.bias != BiasKind::None;
-    }
-    if (algos.empty()) {
-      p.none = true;
-      return plans_.emplace(key, std::move(p)).first->second;
-    }
-  } else if (same_dtype && key.bias_aligned) {
-    p.desc = make_desc(true, a);
-    algos = candidates(p, key, a, /*lenient=*/true, max);
-    p.bias_in_epilogue = !algos.empty();
-  }
-  if (algos.empty()) {
-    p.desc = make_desc(false, a);
-    algos = candidates(p, key, a, /*lenient=*/false, max);
+  const std::vector<cublasLtMatmulAlgo_t> algos = search(p, key, a, max, false);
+  if (algos.empty() && a.gelu) {
+    p.none = true;
+    return plans_.emplace(key, std::move(p)).first->second;
   }
   LLMK_CHECK(!algos.empty(),
              "cuda::linear: cuBLASLt has no algorithm for {} (pointer alignments x {} B, w {} B, "
@@ -542,10 +535,8 @@ bool Lt::run(const LinearArgs& a) {
                     a.w_trans,
                     a.in_dtype,
                     a.out_dtype,
-                    !a.bias                       ? BiasKind::None
-                    : a.bias_dtype == DType::BF16 ? BiasKind::BF16
-                    : a.bias_dtype == DType::F16  ? BiasKind::F16
-                                                  : BiasKind::F32,
+                    a.bias != nullptr,
+                    a.bias ? a.bias_dtype : DType::F32,
                     alignment(a.bias) >= kBiasEpilogueAlignment,
                     alignment(a.x),
                     alignment(a.w),
@@ -585,14 +576,11 @@ bool Lt::run(const LinearArgs& a) {
 
 void check_args(const LinearArgs& a) {
   LLMK_CHECK(a.M >= 0 && a.N >= 0 && a.K >= 0, "cuda::linear: negative size in {}", describe(a));
-  const auto float_type = [](DType t) {
-    return t == DType::BF16 || t == DType::F16 || t == DType::F32;
-  };
-  LLMK_CHECK(float_type(a.in_dtype), "cuda::linear: x and w must be bf16, f16 or f32 in {}",
+  LLMK_CHECK(is_float_type(a.in_dtype), "cuda::linear: x and w must be bf16, f16 or f32 in {}",
              describe(a));
-  LLMK_CHECK(float_type(a.out_dtype), "cuda::linear: out must be bf16, f16 or f32 in {}",
+  LLMK_CHECK(is_float_type(a.out_dtype), "cuda::linear: out must be bf16, f16 or f32 in {}",
              describe(a));
-  LLMK_CHECK(!a.bias || float_type(a.bias_dtype),
+  LLMK_CHECK(!a.bias || is_float_type(a.bias_dtype),
              "cuda::linear: bias must be bf16, f16 or f32 in {}", describe(a));
   LLMK_CHECK(a.ldx >= (a.x_trans ? a.M : a.K) && a.ldw >= (a.w_trans ? a.N : a.K) && a.ldo >= a.N,
              "cuda::linear: a leading dimension is shorter than its row in {}", describe(a));

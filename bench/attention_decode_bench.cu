@@ -18,11 +18,11 @@
 // ("kind":"decode_split" for the sweep lines). bench/attention.py merges them with SDPA's.
 //   attention_decode_bench [--samples N] [--shape B L PAGE SPLIT [--heads HQ HKV D]]
 //                          [--no-early-reads] [--loader auto|tma|cp-async]
-//                          [--kv bf16-and-8bit]
+//                          [--kv bf16-and-8bit|bf16|f8e4m3|i8]
 // --kv bf16-and-8bit: instead, each of B1 L4096, B8 L4096, B32 L4096 and B1 L32768 (16-key
 // pages) with a bf16 cache, then E4M3 and int8 caches (kernels/kv_quant.h: bytes and a float
 // scale per row and head; random codes, no NaN), in turn; "kv" names the cache, and GB/s counts
-// the bytes each reads (codes and scales for 8-bit).
+// the bytes each reads (codes and scales for 8-bit). --kv bf16|f8e4m3|i8: the cache of --shape.
 // --loader: which build of the kernel reads K/V (cuda::DecodeLoader; default auto).
 // --shape: that one shape alone (page 0: contiguous; split 0: the heuristic), no copy rate and
 // no floor (for a profiler, e.g. ncu -k regex:decode_kernel); --heads: its query heads, KV heads
@@ -232,9 +232,17 @@ int main_impl(int argc, char** argv) {
   bool kv_compare = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
-      kv_compare = std::strcmp(argv[++i], "bf16-and-8bit") == 0;
-      if (!kv_compare) {
-        std::fprintf(stderr, "attention_decode_bench: --kv %s: expected bf16-and-8bit\n", argv[i]);
+      const char* kv = argv[++i];
+      kv_compare = std::strcmp(kv, "bf16-and-8bit") == 0;
+      if (std::strcmp(kv, "f8e4m3") == 0) {
+        one.kv_format = 1;
+      } else if (std::strcmp(kv, "i8") == 0) {
+        one.kv_format = 2;
+      } else if (!kv_compare && std::strcmp(kv, "bf16") != 0) {
+        std::fprintf(stderr,
+                     "attention_decode_bench: --kv %s: expected bf16-and-8bit, bf16, f8e4m3 or "
+                     "i8\n",
+                     kv);
         return 2;
       }
     }

@@ -406,11 +406,10 @@ void attention_paged_cuda(Tensor& out, const Tensor& q, const Tensor& k_pool, co
     a.k_scale = scales->k.data<const float>();
     a.v_scale = scales->v.data<const float>();
   }
-  // The decode kernel takes bf16 and fp16 queries (8-bit caches: bf16 ones); the rest go to the
-  // fallback kernel.
+  // The decode kernel takes bf16 and fp16 queries (over 8-bit caches at the head dims it is built
+  // for); the rest go to the fallback kernel.
   if (!fast || dt == DType::F32 ||
-      (scales != nullptr &&
-       (dt != DType::BF16 || !cuda::attention_decode_8bit_supported(static_cast<int>(d.D))))) {
+      (scales != nullptr && !cuda::attention_decode_8bit_supported(static_cast<int>(d.D)))) {
     // One launch for the batch: the fallback kernel finds each row's sequence in cu_q and its
     // keys through the page table, up to the sequence's last position.
     a.positions = positions.data<const int32_t>();

@@ -3,9 +3,11 @@
 // - kv_gather decodes them to what the CPU decodes, rounded to bf16;
 // - attention_paged over 8-bit pools (the decode kernel's 8-bit build at head dims 64 and 128,
 //   the fallback kernel at 96) equals the CPU's over the same bytes within the attention
-//   tolerance, and stays within a stated bound of attention over bf16 pools of the same keys.
+//   tolerance, and stays within a stated bound of attention over bf16 pools of the same keys;
+// - the decode kernel's 8-bit build on awkward shapes and magnitudes, bf16 and fp16 queries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -120,6 +122,78 @@ TEST_P(Kv8bitGpu, PagedAttentionAgainstTheCpuAndBf16Pools) {
     std::printf("  %s D %lld: against bf16 pools rel L2 %.4f, max abs %.4f of max |ref| %.4f\n",
                 dtype_name(dt).data(), static_cast<long long>(D), d.rel_l2, d.max_abs, d.max_ref);
     expect_within(d, kEightBitVsBf16, "8-bit pools against bf16 pools");
+  }
+}
+
+// The decode kernel's 8-bit build (fp16 products on codes turned into operands in registers, the
+// scales applied per key, q and the V sums rescaled to fp16's range) against the CPU on the same
+// bytes where that arithmetic could go wrong: bf16 and fp16 queries; 1 to 8 queries a sequence
+// (with 7 query heads a KV head, several row groups); key counts around the 64-key tiles and
+// long enough to split; a window and a softcap; q and V of very large and very small magnitude.
+TEST_P(Kv8bitGpu, DecodeKernelOnAwkwardShapes) {
+  cuda::init();
+  const DType dt = GetParam();
+  struct Case {
+    int64_t D, Hq, Hkv;
+    std::vector<int64_t> keys, queries;  // per sequence
+    int window;
+    float softcap, q_mag, v_mag;
+    DType qdt;
+  };
+  const std::vector<Case> cases = {
+      {128, 32, 8, {1, 63, 64, 65, 3000}, {1, 1, 1, 1, 1}, 0, 0.0f, 1.0f, 1.0f, DType::BF16},
+      {128, 28, 4, {9, 130, 700}, {8, 3, 5}, 0, 0.0f, 1.0f, 1.0f, DType::F16},
+      {64, 7, 1, {17, 300}, {2, 8}, 100, 30.0f, 1.0f, 1.0f, DType::BF16},
+      {128, 8, 8, {500, 1}, {1, 1}, 0, 0.0f, 3.0e3f, 1.0e-5f, DType::F16},
+      {64, 16, 4, {256, 1200}, {4, 1}, 0, 0.0f, 1.0e-6f, 3.0e3f, DType::BF16},
+  };
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    const int64_t B = static_cast<int64_t>(c.keys.size()), page = 16;
+    const int64_t P = (*std::max_element(c.keys.begin(), c.keys.end()) + page - 1) / page;
+    const int64_t L = B * P * page;
+    std::vector<int32_t> table(static_cast<size_t>(B * P));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(seed));
+    std::vector<int32_t> all(static_cast<size_t>(L));
+    std::iota(all.begin(), all.end(), 0);
+    const Tensor rows = i32_host(all).to(Device::CUDA);
+    const Tensor kh = random_host({L, c.Hkv, c.D}, DType::BF16, ++seed, -3.0f, 3.0f);
+    const Tensor vh = random_host({L, c.Hkv, c.D}, DType::BF16, ++seed, -c.v_mag, c.v_mag);
+    Pools e = pools(L, c.Hkv, c.D, dt, Device::CUDA);
+    ops::kv_append(e.k, e.v, kh.to(Device::CUDA), vh.to(Device::CUDA), rows, &e.s);
+    std::vector<int32_t> cu = {0}, posv;
+    int64_t max_q = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t tq = c.queries[static_cast<size_t>(b)], n = c.keys[static_cast<size_t>(b)];
+      for (int64_t i = 0; i < tq; ++i) posv.push_back(static_cast<int32_t>(n - tq + i));
+      cu.push_back(cu.back() + static_cast<int32_t>(tq));
+      max_q = std::max(max_q, tq);
+    }
+    const int64_t T = cu.back();
+    const Tensor q = random_host({T, c.Hq, c.D}, c.qdt, ++seed, -c.q_mag, c.q_mag);
+    ops::AttentionParams ap;
+    ap.window = c.window;
+    ap.softcap = c.softcap;
+    ap.kv_scales = &e.s;
+    Tensor out = poisoned_cuda({T, c.Hq, c.D}, c.qdt);
+    ops::reset_attention_stats();
+    ops::attention_paged(out, q.to(Device::CUDA), e.k, e.v,
+                         i32_host(table).view({B, P}).to(Device::CUDA), page,
+                         i32_host(cu).to(Device::CUDA), i32_host(posv).to(Device::CUDA), max_q, ap);
+    EXPECT_EQ(ops::attention_stats().decode, 1u);
+    ops::KvScales cs{e.s.k.to(Device::CPU), e.s.v.to(Device::CPU)};
+    ops::AttentionParams cap = ap;
+    cap.kv_scales = &cs;
+    Tensor cpu_out = Tensor::empty({T, c.Hq, c.D}, DType::F32);
+    ops::attention_paged(cpu_out, to_f32(q), e.k.to(Device::CPU), e.v.to(Device::CPU),
+                         i32_host(table).view({B, P}), page, i32_host(cu), i32_host(posv), max_q,
+                         cap);
+    expect_close(out.to(Device::CPU), cpu_out, kAttentionOut,
+                 "D " + std::to_string(c.D) + ", " + std::to_string(c.Hq) + "/" +
+                     std::to_string(c.Hkv) + " heads, " + std::string(dtype_name(c.qdt)) +
+                     " q of magnitude " + std::to_string(c.q_mag) + ", V " +
+                     std::to_string(c.v_mag));
   }
 }
 

@@ -18,8 +18,9 @@
 // workspace; the last block of a (sequence, KV head, row group) to arrive (an acquire-release
 // atomic counter) combines them and resets the counter: one launch, no host sync. 8-bit caches
 // (AttentionArgs::kv_format; head dims 64 and 128): cp.async copies each tile's codes and its keys'
-// scales into the stage, and each warp decodes its 16 keys of K and V (scaled, to bf16) into an
-// area of its own before the same products read them. Memory traffic: K/V tiles are read with an L2
+// scales into the stage, and the products run on fp16 tensor cores with the codes turned into
+// their operand fragments in registers (decode_8bit_products below); the scales are applied per
+// key to S and to P, not to every element. Memory traffic: K/V tiles are read with an L2
 // evict-first policy (read once per launch, they should not push out what is reused: the partials,
 // page table, q), the partials are written evict-last. Under programmatic dependent launch the next
 // kernel's blocks are released early: at the first tile when a block streams 8 tiles or more, else
@@ -30,6 +31,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -39,6 +41,7 @@
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/launch.h"
 #include "kernels/cuda/attention/tiles.cuh"
+#include "kernels/cuda/vec.cuh"
 
 namespace llmk::cuda::attn {
 
@@ -51,8 +54,7 @@ namespace {
 // fill of a box that reaches past the row); else cp.async 16-byte copies by every thread into
 // rows padded to kD + 8 elements. kD: any multiple of 16 up to 256.
 // kFmt: the cache's elements: 0 bf16; 1 E4M3, 2 int8 (kernels/kv_quant.h; cp.async only): a tile
-// lands in 8-bit rows of kPitch8 bytes with its keys' scales after the K and V rows, and each warp
-// converts its 16 keys to bf16 (scaled) in its own area before the products read them there.
+// lands in 8-bit rows of kPitch8 bytes with its keys' scales after the K and V rows.
 template <int kD, bool kTma, int kFmt = 0>
 struct DecodeConfig {
   static constexpr int kRows = 16;    // query rows per block: one m16n8k16 m-tile
@@ -65,26 +67,26 @@ struct DecodeConfig {
   static constexpr int kStages = kD <= 128 ? 3 : 2;
   static constexpr bool kQRegs = kD <= 128;  // q fragments kept in registers (else ldmatrix)
   static constexpr bool k8 = kFmt != 0;
-  static constexpr int kPitch8 = kD + 16;  // bytes of an 8-bit staging row
-  static constexpr size_t kTensorBytes =   // one K or V tile
+  // Bytes of an 8-bit staging row: at head dim 128 the lanes' 16-byte fragment loads
+  // (decode_8bit_products) then fall on distinct banks.
+  static constexpr int kPitch8 = kD + 16;
+  static constexpr size_t kTensorBytes =  // one K or V tile
       k8 ? static_cast<size_t>(kBlockN) * kPitch8
          : static_cast<size_t>(kBlockN) * (kTma ? kPanels * 64 : kPitch) * sizeof(bf16);
   static constexpr size_t kScaleBytes = k8 ? 2 * kBlockN * sizeof(float) : 0;  // K's, then V's
   static constexpr size_t kStageBytes = 2 * kTensorBytes + kScaleBytes;
   static constexpr size_t kTileBytes = kStages * kStageBytes;
-  // 8-bit: each warp's converted keys, [warp][K|V][16][kPitch] bf16.
-  static constexpr size_t kConvBytes = k8 ? sizeof(bf16) * kWarps * 2 * 16 * kPitch : 0;
   // (TMA: 1024 bytes to re-align the dynamic window to the swizzle period.) Tiles, then q (bf16)
   // for the block's rows. The warps' final states reuse the tiles.
   static constexpr size_t kAlign = kTma ? 1024 : 0;
-  static constexpr size_t kSmemBytes =
-      kAlign + kTileBytes + kConvBytes + sizeof(bf16) * kRows * kPitch;
+  static constexpr size_t kSmemBytes = kAlign + kTileBytes + sizeof(bf16) * kRows * kPitch;
   // Merge rows [kD accumulators | max | sum | pad]: kD + 8 floats, so that the float2 stores of
-  // a half-warp (4 rows x 4 lanes) land on 16 distinct bank pairs.
-  static constexpr int kMergePitch = kD + 8;
+  // a half-warp (4 rows x 4 lanes) land on 16 distinct bank pairs. 8-bit: kD + kD / 8, so that
+  // the float4 stores of a quarter-warp (2 rows x 4 lanes, swizzled: merge_at) do.
+  static constexpr int kMergePitch = k8 ? kD + kD / 8 : kD + 8;
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kRows * kMergePitch;
   static_assert(kKeysPerWarp == 16, "one k16 step of P V per warp and tile");
-  static_assert(kMergeBytes <= kTileBytes + kConvBytes, "merge area must fit in the tiles");
+  static_assert(kMergeBytes <= kTileBytes, "merge area must fit in the tiles");
   static_assert(!k8 || !kTma, "8-bit tiles come by cp.async");
   static_assert(kD % 16 == 0 && kD <= 256, "k16 steps of the products; 8 warps' accumulators");
 };
@@ -153,29 +155,75 @@ __device__ __forceinline__ int atomic_add_acq_rel(int* counter) {
   return old;
 }
 
-// 16 8-bit codes (raw, in memory order) times s as 16 of T: lo the first 8, hi the last 8.
-template <int kFmt, class T>
-__device__ __forceinline__ void convert16(uint4 raw, float s, uint4& lo, uint4& hi) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-  uint32_t out[8];
+// ---- 8-bit caches: codes straight into the operands of fp16 m16n8k16 products. Every E4M3 and
+// int8 value is an fp16 value, so the operands are exact and unscaled; a key's scale multiplies
+// its logit (K) and its probability (V) instead. With g = lane / 4 and t = lane % 4:
+// - S = Q K^T sums over dims in any order, so lane t's k16 step kk takes dims t kD/4 + 4 kk
+//   + {0, 1} (fragment k 2t, 2t + 1) and + {2, 3} (k 2t + 8, 2t + 9): one 32-bit word of a key's
+//   codes per step, the lane's kD/4 bytes of a row read as whole 16-byte vectors. The q fragments
+//   follow the same order.
+// - O += P V: n-block nb's column g is dim (kD/8) g + nb, so a lane reads bytes [(kD/8) g,
+//   (kD/8)(g + 1)) of keys 2t, 2t + 1, 2t + 8, 2t + 9 and pairs them up byte by byte (the k
+//   order of the fragment); its accumulator column 2t + c then holds dims (kD/8)(2t + c) + nb.
+// E4M3 pairs go through the hardware conversion (cvt.rn.f16x2.e4m3x2); int8 ones by the
+// magic-number trick: the code offset by 128 (c ^ 0x80) as the low byte of 0x64xx is the fp16
+// 1024 + 128 + c, less 1152.
+// Codes 0, 1 and 2, 3 of a word as two fp16 pairs (the halves of w taken as they are: no shift).
+__device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+// Bytes sel's nibbles pick from `flipped` (codes ^ 0x80) as the low bytes of an int8 fp16 pair.
+__device__ __forceinline__ uint32_t i8x2_to_f16x2(uint32_t flipped, uint32_t sel) {
+  const uint32_t magic = __byte_perm(flipped, 0x64646464u, sel);
+  __half2 h = *reinterpret_cast<const __half2*>(&magic);
+  h = __hsub2(h, __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));  // 1152
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// A key's 4 consecutive codes (word w) as the K fragment's b0 (codes 0, 1) and b1 (2, 3).
+template <int kFmt>
+__device__ __forceinline__ void k_frags(uint32_t w, uint32_t& b0, uint32_t& b1) {
+  if constexpr (kFmt == 1) {
+    e4m3x4_to_f16x2(w, b0, b1);
+  } else {
+    const uint32_t f = w ^ 0x80808080u;
+    b0 = i8x2_to_f16x2(f, 0x4140);
+    b1 = i8x2_to_f16x2(f, 0x4342);
+  }
+}
+// Words a and b (the same 4 dims of two keys) as 4 pairs: out[i] = (a's code i, b's code i).
+template <int kFmt>
+__device__ __forceinline__ void v_frags(uint32_t a, uint32_t b, uint32_t (&out)[4]) {
+  const uint32_t lo = __byte_perm(a, b, 0x5140), hi = __byte_perm(a, b, 0x7362);
+  if constexpr (kFmt == 1) {
+    e4m3x4_to_f16x2(lo, out[0], out[1]);
+    e4m3x4_to_f16x2(hi, out[2], out[3]);
+  } else {
+    out[0] = i8x2_to_f16x2(lo ^ 0x80808080u, 0x4140);
+    out[1] = i8x2_to_f16x2(lo ^ 0x80808080u, 0x4342);
+    out[2] = i8x2_to_f16x2(hi ^ 0x80808080u, 0x4140);
+    out[3] = i8x2_to_f16x2(hi ^ 0x80808080u, 0x4342);
+  }
+}
+// N 32-bit words from shared memory at p (aligned to 4 N bytes) in 8- or 16-byte loads.
+template <int N>
+__device__ __forceinline__ void load_words(const unsigned char* p, uint32_t (&w)[N]) {
+  static_assert(N % 2 == 0, "whole 8-byte loads");
+  if constexpr (N % 4 == 0) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < N; i += 4) {
+      const uint4 x = *reinterpret_cast<const uint4*>(p + 4 * i);
+      w[i] = x.x, w[i + 1] = x.y, w[i + 2] = x.z, w[i + 3] = x.w;
+    }
+  } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const auto pair = static_cast<uint16_t>(w[i] >> (16 * h));
-      float2 f;
-      if constexpr (kFmt == 1) {
-        const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-        f = __half22float2(*reinterpret_cast<const __half2*>(&r));
-      } else {
-        f = make_float2(static_cast<float>(static_cast<int8_t>(pair & 0xFF)),
-                        static_cast<float>(static_cast<int8_t>(pair >> 8)));
-      }
-      out[2 * i + h] = MmaElem<T>::pack(f.x * s, f.y * s);
+    for (int i = 0; i < N; i += 2) {
+      const uint2 x = *reinterpret_cast<const uint2*>(p + 4 * i);
+      w[i] = x.x, w[i + 1] = x.y;
     }
   }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
 }
 
 // T: the element type of q, the cache (kFmt 0) and out: bf16 or fp16.
@@ -190,8 +238,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   // TMA: the window re-aligned to the 1024-byte swizzle period (C::kAlign spare bytes).
   unsigned char* smem = smem_raw;
   if constexpr (C::kAlign > 0) smem += (C::kAlign - smem_addr(smem_raw) % C::kAlign) % C::kAlign;
-  T* tiles = reinterpret_cast<T*>(smem);                               // [kS][K|V][tile]
-  T* sQ = reinterpret_cast<T*>(smem + C::kTileBytes + C::kConvBytes);  // [kR][kP]
+  T* tiles = reinterpret_cast<T*>(smem);               // [kS][K|V][tile]
+  T* sQ = reinterpret_cast<T*>(smem + C::kTileBytes);  // [kR][kP]
   const uint32_t tiles_at = smem_addr(tiles);
   __shared__ __align__(8) uint64_t full[kTma ? kS : 1];  // TMA: stage landed (one per stage)
 
@@ -243,12 +291,17 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   auto fill_page_cache = [&] {  // visible to the lookups after the loop's first barrier
     for (int i = threadIdx.x; i < pc_n; i += kThreads) page_cache[i] = pages[pc_lo + i];
   };
-  // Pool row of key j (< capacity), from the page cache or the page table.
+  // Pool row of key j (< capacity), from the page cache or the page table; pages of a power of
+  // two keys by shifts (no integer division in the loop).
+  const int page_shift =
+      paged && (a.page_size & (a.page_size - 1)) == 0 ? __ffs(a.page_size) - 1 : -1;
   auto pool_row = [&](int64_t j, bool cached) -> int64_t {
     if (!paged) return sv.key0 + j;
     const int j32 = static_cast<int>(j);  // < capacity <= INT32_MAX
-    const int page = cached ? page_cache[j32 / a.page_size - pc_lo] : pages[j32 / a.page_size];
-    return static_cast<int64_t>(page) * a.page_size + j32 % a.page_size;
+    const int pi = page_shift >= 0 ? j32 >> page_shift : j32 / a.page_size;
+    const int off = page_shift >= 0 ? j32 & (a.page_size - 1) : j32 % a.page_size;
+    const int page = cached ? page_cache[pi - pc_lo] : pages[pi];
+    return static_cast<int64_t>(page) * a.page_size + off;
   };
 
   // ---- cp.async loader. Chunk c = threadIdx.x + i * kThreads (16 bytes) of a tile is row
@@ -278,9 +331,12 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   // Copies keys [n0, n0 + kBN) of tile it into its stage; keys before lo (outside every query's
   // window) or past my_hi are zero-filled.
   // `row` is this lane's lookup_row(it). All lanes of the block call it (shuffles).
+  // Keys lo..my_hi relative to my_lo (my_hi - my_lo < the share, an int), for the copies' checks.
+  const int lo_rel = lo > my_lo ? static_cast<int>(lo - my_lo) : 0;
+  const int hi_rel = static_cast<int>(my_hi - my_lo);
   auto load_tile = [&](int it, int64_t row) {
-    const int64_t n0 = my_lo + static_cast<int64_t>(it) * kBN;
-    if constexpr (C::k8) {  // 8-bit rows, and each key's scales by the lane of its chunk 0
+    const int n0_rel = it * kBN;
+    if constexpr (C::k8) {  // 8-bit rows; each lane copies one scale (below)
       unsigned char* st = smem + (it % kS) * C::kStageBytes;
       float* sc = reinterpret_cast<float*>(st + 2 * C::kTensorBytes);
       const int col = (threadIdx.x % kChunks) * 16;
@@ -291,17 +347,19 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
       for (int i = 0; i < kIters; ++i) {
         const int r = (threadIdx.x + i * kThreads) / kChunks;
         const int64_t src = __shfl_sync(0xffffffffu, row, i * kRowsPW + lane / kChunks);
-        const bool valid = n0 + r >= lo && n0 + r <= my_hi;
+        const bool valid = n0_rel + r >= lo_rel && n0_rel + r <= hi_rel;
         if (copies) {  // (with the L2 evict-first hint these copies faulted: illegal instruction)
           cp_async_16_at(smem_addr(st + r * C::kPitch8 + col), k8 + src * a.k_t + col, valid);
           cp_async_16_at(smem_addr(st + C::kTensorBytes + r * C::kPitch8 + col),
                          v8 + src * a.v_t + col, valid);
         }
-        if (col == 0) {
-          cp_async_4_at(smem_addr(sc + r), a.k_scale + src * a.Hkv + hk, valid);
-          cp_async_4_at(smem_addr(sc + kBN + r), a.v_scale + src * a.Hkv + hk, valid);
-        }
       }
+      // The scale of this lane's own lookup, key my_key (the warp's 16 keys, twice over): K's
+      // from lanes 0-15, V's from lanes 16-31.
+      const bool v_half = lane >= 16;
+      const bool valid = n0_rel + my_key >= lo_rel && n0_rel + my_key <= hi_rel;
+      cp_async_4_at(smem_addr(sc + (v_half ? kBN : 0) + my_key),
+                    (v_half ? a.v_scale : a.k_scale) + row * a.Hkv + hk, valid);
       return;
     }
     T* sK = tiles + (it % kS) * 2 * kBN * kP;
@@ -312,7 +370,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     for (int i = 0; i < kIters; ++i) {
       const int r = (threadIdx.x + i * kThreads) / kChunks;
       const int64_t src = __shfl_sync(0xffffffffu, row, i * kRowsPW + lane / kChunks);
-      const bool valid = n0 + r >= lo && n0 + r <= my_hi;
+      const bool valid = n0_rel + r >= lo_rel && n0_rel + r <= hi_rel;
       if (copies) {
         cp_async_16_policy(sK + r * kP + col, k_head + src * a.k_t + col, valid, kv_policy);
         cp_async_16_policy(sV + r * kP + col, v_head + src * a.v_t + col, valid, kv_policy);
@@ -440,7 +498,43 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   if (pc && !early) fill_page_cache();
   __syncthreads();
   uint32_t qa[C::kQRegs ? kD / 16 : 1][4];
-  if constexpr (C::kQRegs) {
+  // 8-bit: 2^-e of the lane's rows lane / 4 and + 8, whose q went to fp16 times 2^e, e chosen so
+  // that the row's largest |q| lies in [2^13, 2^14) (fp16's range and full precision whatever q's
+  // scale); the logits are multiplied back.
+  float q_unit[2] = {1.0f, 1.0f};
+  if constexpr (C::k8) {
+    constexpr int kQ = kD / 4;  // dims of a row in this lane's fragments
+    const T* rows[2] = {sQ + (lane / 4) * kP + (lane % 4) * kQ,
+                        sQ + (lane / 4 + 8) * kP + (lane % 4) * kQ};
+    float q_mul[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kQ; i += 2) {
+        const float2 x = load_pair(rows[h] + i);
+        mx = fmaxf(mx, fmaxf(fabsf(x.x), fabsf(x.y)));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      int e = 0;
+      if (mx > 0.0f && mx <= 3.0e38f) {
+        int x = 0;
+        (void)frexpf(mx, &x);  // mx < 2^x
+        e = max(-100, min(100, 14 - x));
+      }
+      q_mul[h] = ldexpf(1.0f, e);
+      q_unit[h] = ldexpf(1.0f, -e);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {  // rows (x % 2) * 8 + lane / 4, dims 4 kk + 2 (x / 2) + {0, 1}
+        const float2 v = load_pair(rows[x % 2] + 4 * kk + 2 * (x / 2));
+        qa[kk][x] = pack_f16x2(v.x * q_mul[x % 2], v.y * q_mul[x % 2]);
+      }
+    }
+  } else if constexpr (C::kQRegs) {
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       ldmatrix_x4(qa[kk], sQ + (lane % 16) * kP + kk * 16 + (lane / 16) * 8);
@@ -453,6 +547,9 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  // 8-bit: o holds the sums in units of v_unit (the largest V scale of the warp's keys in the
+  // latest tile), so that P times a key's scale over it, in fp16, stays in [0, 1].
+  float v_unit = 0.0f;
   int pos[2];  // query position of the lane's rows (-1: padding row, sees nothing)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -507,67 +604,107 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
 
     const T* sK = tiles + (it % kS) * 2 * kBN * kP + warp * 16 * kP;  // cp.async: warp's keys
     const T* sV = sK + kBN * kP;
-    if constexpr (C::k8) {  // the warp's 16 keys of K and V, decoded and scaled, to its own area
-      const unsigned char* st = smem + (it % kS) * C::kStageBytes;
-      const float* sc = reinterpret_cast<const float*>(st + 2 * C::kTensorBytes);
-      T* conv = reinterpret_cast<T*>(smem + C::kTileBytes) + warp * 2 * 16 * kP;
-      constexpr int kC16 = kD / 16;  // 16-byte chunks of a row
-      __syncwarp();                  // the warp's products on the previous tile are done
-#pragma unroll
-      for (int e = lane; e < 2 * 16 * kC16; e += kWarp) {
-        const int t = e / (16 * kC16), r = (e / kC16) % 16, c = e % kC16;
-        const uint4 raw = *reinterpret_cast<const uint4*>(st + t * C::kTensorBytes +
-                                                          (warp * 16 + r) * C::kPitch8 + c * 16);
-        uint4 lo4, hi4;
-        convert16<kFmt, T>(raw, sc[t * kBN + warp * 16 + r], lo4, hi4);
-        T* dst = conv + (t * 16 + r) * kP + c * 16;
-        *reinterpret_cast<uint4*>(dst) = lo4;
-        *reinterpret_cast<uint4*>(dst + 8) = hi4;
-      }
-      __syncwarp();
-      sK = conv;
-      sV = conv + 16 * kP;
-    }
     const uint32_t sK_at = tiles_at + (it % kS) * static_cast<uint32_t>(C::kStageBytes);  // TMA
     const uint32_t sV_at = sK_at + static_cast<uint32_t>(C::kTensorBytes);
+    // 8-bit: the stage's codes and the scales of this lane's keys 8 j + 2 (lane % 4) + {0, 1}.
+    const unsigned char* st8 = smem + (it % kS) * C::kStageBytes;
+    float2 k_sc[2], v_sc[2];
+    if constexpr (C::k8) {
+      const float* sc =
+          reinterpret_cast<const float*>(st8 + 2 * C::kTensorBytes) + warp * 16 + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        k_sc[j] = *reinterpret_cast<const float2*>(sc + 8 * j);
+        v_sc[j] = *reinterpret_cast<const float2*>(sc + kBN + 8 * j);
+      }
+    }
 
     // S = Q K^T for the warp's 16 keys: s[j][x] is row lane / 4 + 8 (x / 2), key 8 j +
     // 2 (lane % 4) + x % 2.
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    if constexpr (C::k8) {  // key 8 j + lane / 4's codes, this lane's kD / 4 of them
+      const unsigned char* kr = st8 + (warp * 16 + lane / 4) * C::kPitch8 + (lane % 4) * (kD / 4);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t qf[4];
-      if constexpr (C::kQRegs) {
+      for (int j = 0; j < 2; ++j) {
+        uint32_t w[kD / 16];
+        load_words(kr + 8 * j * C::kPitch8, w);
 #pragma unroll
-        for (int x = 0; x < 4; ++x) qf[x] = qa[kk][x];
-      } else {
-        ldmatrix_x4(qf, sQ + (lane % 16) * kP + kk * 16 + (lane / 16) * 8);
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          uint32_t b0, b1;
+          k_frags<kFmt>(w[kk], b0, b1);
+          mma_f16_16816(s[j], qa[kk], b0, b1);
+        }
       }
-      uint32_t kb[4];
-      if constexpr (kTma) {
-        ldsm_x4(kb, sK_at + (kk / 4) * (kBN * 128) + k_row + ((((kk % 4) * 2) ^ k_xor) << 4));
-      } else {
-        ldmatrix_x4(kb, sK + (lane % 8 + (lane / 16) * 8) * kP + kk * 16 + ((lane / 8) % 2) * 8);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t qf[4];
+        if constexpr (C::kQRegs) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) qf[x] = qa[kk][x];
+        } else {
+          ldmatrix_x4(qf, sQ + (lane % 16) * kP + kk * 16 + (lane / 16) * 8);
+        }
+        uint32_t kb[4];
+        if constexpr (kTma) {
+          ldsm_x4(kb, sK_at + (kk / 4) * (kBN * 128) + k_row + ((((kk % 4) * 2) ^ k_xor) << 4));
+        } else {
+          ldmatrix_x4(kb, sK + (lane % 8 + (lane / 16) * 8) * kP + kk * 16 + ((lane / 8) % 2) * 8);
+        }
+        MmaElem<T>::mma(s[0], qf, kb[0], kb[1]);
+        MmaElem<T>::mma(s[1], qf, kb[2], kb[3]);
       }
-      MmaElem<T>::mma(s[0], qf, kb[0], kb[1]);
-      MmaElem<T>::mma(s[1], qf, kb[2], kb[3]);
     }
 
-    // Logits (log2 domain), masked; online softmax per row over the warp's keys.
+    // 8-bit: the warp's V unit, and what o's sums are multiplied by when it changes. It is the
+    // largest V scale of a tile's keys, kept while later tiles' stay within a factor 256 of it
+    // (P times a key's scale over the unit then stays within fp16's range and precision).
+    float v_ratio = 1.0f;
+    float2 v_mul[2];
+    if constexpr (C::k8) {
+      float cv = fmaxf(fmaxf(v_sc[0].x, v_sc[0].y), fmaxf(v_sc[1].x, v_sc[1].y));
+      cv = fmaxf(cv, __shfl_xor_sync(0xffffffffu, cv, 1));
+      cv = fmaxf(cv, __shfl_xor_sync(0xffffffffu, cv, 2));  // the same in every lane
+      if (cv > 0.0f && (v_unit == 0.0f || cv > 256.0f * v_unit || 256.0f * cv < v_unit)) {
+        v_ratio = __fdividef(v_unit, cv);  // 0 before the first keys: o is 0 then
+        v_unit = cv;
+      }
+      const float inv = v_unit > 0.0f ? __fdividef(1.0f, v_unit) : 0.0f;  // (all scales 0: 0)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) v_mul[j] = make_float2(v_sc[j].x * inv, v_sc[j].y * inv);
+    }
+
+    // Logits (log2 domain), masked; online softmax per row over the warp's keys. Rows 8-15 of
+    // a block with at most 8 (one query's heads of a group up to 8) are padding: P = 0 there,
+    // and no softmax. A row that sees all 16 keys skips the masks. o is rescaled only where
+    // some lane's factor is not 1 (multiplying by 1 would change nothing).
+    const int n_h = n_rows > 8 ? 2 : 1;  // the same in the whole block
+    float o_scale[2] = {v_ratio, v_ratio};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      if (h >= n_h) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) s[j][2 * h] = s[j][2 * h + 1] = 0.0f;
+        continue;
+      }
+      const bool all_visible =
+          n0 + 15 <= my_hi && n0 + 15 <= pos[h] && (a.window <= 0 || n0 > pos[h] - a.window);
       float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int64_t key = n0 + 8 * j + 2 * (lane % 4) + c;
-          const bool visible =
-              key <= my_hi && key <= pos[h] && (a.window <= 0 || key > pos[h] - a.window);
-          const float raw = s[j][2 * h + c];
-          const float x = a.softcap > 0.0f ? logit_log2(raw, a.scale, a.softcap) : raw * scale_log2;
-          s[j][2 * h + c] = visible ? x : -INFINITY;
-          mx = fmaxf(mx, s[j][2 * h + c]);
+          float raw = s[j][2 * h + c];
+          if constexpr (C::k8) raw *= (c == 0 ? k_sc[j].x : k_sc[j].y) * q_unit[h];
+          float x = a.softcap > 0.0f ? logit_log2(raw, a.scale, a.softcap) : raw * scale_log2;
+          if (!all_visible) {
+            const int64_t key = n0 + 8 * j + 2 * (lane % 4) + c;
+            const bool visible =
+                key <= my_hi && key <= pos[h] && (a.window <= 0 || key > pos[h] - a.window);
+            x = visible ? x : -INFINITY;
+          }
+          s[j][2 * h + c] = x;
+          mx = fmaxf(mx, x);
         }
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -587,30 +724,60 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
       }
       l[h] = l[h] * alpha + sum;
       m[h] = m_new;
+      o_scale[h] = alpha * v_ratio;
+    }
+    if (__any_sync(0xffffffffu, o_scale[0] != 1.0f || o_scale[1] != 1.0f)) {
 #pragma unroll
       for (int nb = 0; nb < kNB; ++nb) {
-        o[nb][2 * h] *= alpha;
-        o[nb][2 * h + 1] *= alpha;
+        o[nb][0] *= o_scale[0];
+        o[nb][1] *= o_scale[0];
+        o[nb][2] *= o_scale[1];
+        o[nb][3] *= o_scale[1];
       }
     }
 
-    // O += P V: P (bf16) straight from the S accumulators as the A fragment.
+    // O += P V: P (16-bit) straight from the S accumulators as the A fragment.
     uint32_t pa[4];
-    pa[0] = MmaElem<T>::pack(s[0][0], s[0][1]);
-    pa[1] = MmaElem<T>::pack(s[0][2], s[0][3]);
-    pa[2] = MmaElem<T>::pack(s[1][0], s[1][1]);
-    pa[3] = MmaElem<T>::pack(s[1][2], s[1][3]);
+    if constexpr (C::k8) {  // P times the key's V scale, in units of v_unit
 #pragma unroll
-    for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
-      uint32_t vb[4];
-      if constexpr (kTma) {
-        ldsm_x4_t(vb, sV_at + (dn2 / 4) * (kBN * 128) + v_row + ((((dn2 % 4) * 2) ^ v_xor) << 4));
-      } else {
-        ldmatrix_x4_trans(vb,
-                          sV + (lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 + (lane / 16) * 8);
+      for (int x = 0; x < 4; ++x) {
+        const int j = x / 2, h = x % 2;
+        pa[x] = pack_f16x2(s[j][2 * h] * v_mul[j].x, s[j][2 * h + 1] * v_mul[j].y);
       }
-      MmaElem<T>::mma(o[2 * dn2], pa, vb[0], vb[1]);
-      MmaElem<T>::mma(o[2 * dn2 + 1], pa, vb[2], vb[3]);
+      // Keys 2t, 2t + 1, 2t + 8, 2t + 9 (t = lane % 4), this lane's kD / 8 dims of each.
+      constexpr int kW = kD / 32;
+      const unsigned char* vr =
+          st8 + C::kTensorBytes + (warp * 16 + 2 * (lane % 4)) * C::kPitch8 + (lane / 4) * (kD / 8);
+      uint32_t r0[kW], r1[kW], r8[kW], r9[kW];
+      load_words(vr, r0);
+      load_words(vr + C::kPitch8, r1);
+      load_words(vr + 8 * C::kPitch8, r8);
+      load_words(vr + 9 * C::kPitch8, r9);
+#pragma unroll
+      for (int w = 0; w < kW; ++w) {
+        uint32_t lo[4], hi[4];
+        v_frags<kFmt>(r0[w], r1[w], lo);
+        v_frags<kFmt>(r8[w], r9[w], hi);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) mma_f16_16816(o[4 * w + i], pa, lo[i], hi[i]);
+      }
+    } else {
+      pa[0] = MmaElem<T>::pack(s[0][0], s[0][1]);
+      pa[1] = MmaElem<T>::pack(s[0][2], s[0][3]);
+      pa[2] = MmaElem<T>::pack(s[1][0], s[1][1]);
+      pa[3] = MmaElem<T>::pack(s[1][2], s[1][3]);
+#pragma unroll
+      for (int dn2 = 0; dn2 < kD / 16; ++dn2) {
+        uint32_t vb[4];
+        if constexpr (kTma) {
+          ldsm_x4_t(vb, sV_at + (dn2 / 4) * (kBN * 128) + v_row + ((((dn2 % 4) * 2) ^ v_xor) << 4));
+        } else {
+          ldmatrix_x4_trans(
+              vb, sV + (lane % 8 + ((lane / 8) % 2) * 8) * kP + dn2 * 16 + (lane / 16) * 8);
+        }
+        MmaElem<T>::mma(o[2 * dn2], pa, vb[0], vb[1]);
+        MmaElem<T>::mma(o[2 * dn2 + 1], pa, vb[2], vb[3]);
+      }
     }
   }
   if constexpr (!kTma) cp_async_wait<0>();  // (TMA: every issued tile was waited for)
@@ -619,15 +786,40 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   // Merge the 4 warps: [kWarps][kR][kMS] = accumulator, then (max, sum).
   float* merge = reinterpret_cast<float*>(smem);
   constexpr int kMS = C::kMergePitch;
+  // Where dims d..d + 3 (d % 4 == 0) sit in a merge row. 8-bit: chunk k = d / (kD / 8) (one lane's
+  // accumulator column) has its float4s in the order q ^ (k Q / 8) % Q (Q = kD / 32 of them), so
+  // that with the pitch a quarter-warp's stores fall on distinct banks.
+  auto merge_col = [](int d) {
+    if constexpr (C::k8) {
+      constexpr int kQ4 = kD / 32;
+      const int k = d / (kD / 8), q = (d % (kD / 8)) / 4;
+      return k * (kD / 8) + 4 * (q ^ ((k * kQ4 / 8) % kQ4));
+    } else {
+      return d;
+    }
+  };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     float* dst = merge + (warp * kR + lane / 4 + 8 * h) * kMS;
+    if constexpr (C::k8) {  // column 2t + c holds dims (kD / 8)(2t + c) + nb, in v_unit units
 #pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) {
-      *reinterpret_cast<float2*>(dst + nb * 8 + 2 * (lane % 4)) =
-          make_float2(o[nb][2 * h], o[nb][2 * h + 1]);
+      for (int c = 0; c < 2; ++c) {
+#pragma unroll
+        for (int q = 0; q < kD / 32; ++q) {
+          const int d = (kD / 8) * (2 * (lane % 4) + c) + 4 * q;
+          *reinterpret_cast<float4*>(dst + merge_col(d)) =
+              make_float4(o[4 * q][2 * h + c] * v_unit, o[4 * q + 1][2 * h + c] * v_unit,
+                          o[4 * q + 2][2 * h + c] * v_unit, o[4 * q + 3][2 * h + c] * v_unit);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) {
+        *reinterpret_cast<float2*>(dst + nb * 8 + 2 * (lane % 4)) =
+            make_float2(o[nb][2 * h], o[nb][2 * h + 1]);
+      }
     }
     if (lane % 4 == 0) {
       dst[kD] = m[h];
@@ -668,7 +860,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
       const float* src = merge + (w * kR + r) * kMS;
       const float wt = exp2f(src[kD] - m_use);
       den += src[kD + 1] * wt;
-      const float4 x = *reinterpret_cast<const float4*>(src + d);
+      const float4 x = *reinterpret_cast<const float4*>(src + merge_col(d));
       o4[0] += x.x * wt;
       o4[1] += x.y * wt;
       o4[2] += x.z * wt;
@@ -736,17 +928,45 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (stream order)
 }
 
+// The kernel's dynamic shared memory limit, set once (so capture sees no attribute calls): what
+// it needs, or for the 8-bit builds as much as the device allows (DecodePlan::per_sm_cap asks
+// for more); and its static shared memory, which counts against the opt-in limit too.
+struct SmemLimit {
+  size_t dynamic_bytes, static_bytes;
+};
 template <int kD, bool kTma, int kFmt = 0, class T = bf16>
-void set_smem_limit_once() {
-  static const bool done = [] {  // once per kernel, so capture sees no attribute calls
-    // Exactly what the launch uses: the kernel's static shared memory counts against the
-    // opt-in limit too, so asking for the whole limit would be refused.
-    LLMK_CUDA_CHECK(cudaFuncSetAttribute(
-        decode_kernel<kD, kTma, kFmt, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(DecodeConfig<kD, kTma, kFmt>::kSmemBytes)));
-    return true;
+SmemLimit set_smem_limit_once() {
+  static const SmemLimit limit = [] {
+    cudaFuncAttributes fa{};
+    LLMK_CUDA_CHECK(cudaFuncGetAttributes(&fa, decode_kernel<kD, kTma, kFmt, T>));
+    size_t bytes = DecodeConfig<kD, kTma, kFmt>::kSmemBytes;
+    if constexpr (kFmt != 0) {
+      bytes = std::max(bytes, device_info().max_smem_per_block_optin - fa.sharedSizeBytes);
+    }
+    LLMK_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<kD, kTma, kFmt, T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+    return SmemLimit{bytes, fa.sharedSizeBytes};
   }();
-  (void)done;
+  return limit;
+}
+
+// Dynamic shared memory for a launch that needs `need` bytes, so that at most `cap` blocks share
+// an SM (cap 0: `need`): a grid of fewer blocks than all SMs hold otherwise ran as if some SMs
+// took 3 blocks and others none (attention.cpp, decode_plan).
+size_t capped_smem(size_t need, const SmemLimit& limit, int cap) {
+  if (cap <= 0) return need;
+  static const size_t reserved = [] {
+    int r = 0;
+    LLMK_CUDA_CHECK(
+        cudaDeviceGetAttribute(&r, cudaDevAttrReservedSharedMemoryPerBlock, device_info().id));
+    return static_cast<size_t>(r);
+  }();
+  // cap + 1 blocks of (dynamic + static + reserved) bytes no longer fit in the SM's memory.
+  const size_t block = device_info().smem_per_sm / (cap + 1) + 1;
+  const size_t fixed = limit.static_bytes + reserved;
+  const size_t dyn = block > fixed ? block - fixed : 0;
+  return std::min(std::max(need, dyn), limit.dynamic_bytes);
 }
 
 template <int kD, bool kTma, int kFmt = 0>
@@ -865,33 +1085,31 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   cfg.stream = current_stream();
   cfg.attrs = attr;
   cfg.numAttrs = dependent_launch_supported() ? 1 : 0;
-  if constexpr (kBuilt8<kD>) {
-    if (a.kv_format == 1 || a.kv_format == 2) {
-      const bool e4m3 = a.kv_format == 1;
-      if (e4m3) {
-        set_smem_limit_once<kD, false, 1>();
-        cfg.dynamicSmemBytes = DecodeConfig<kD, false, 1>::kSmemBytes;
-        LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, false, 1>, a, plan, maps));
-      } else {
-        set_smem_limit_once<kD, false, 2>();
-        cfg.dynamicSmemBytes = DecodeConfig<kD, false, 2>::kSmemBytes;
-        LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, false, 2>, a, plan, maps));
-      }
-      check_launch("attention decode (8-bit)");
-      return true;
-    }
-  }
-  // bf16 or fp16 (8-bit caches: bf16 queries only, attention_decode checks).
+  // q and out in bf16 or fp16; the cache in the same, or 8-bit (kv_format 1, 2).
   const auto launch = [&](auto t) {
     using T = decltype(t);
+    const auto go = [&](auto kernel, size_t smem) {
+      cfg.dynamicSmemBytes = smem;
+      LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, plan, maps));
+    };
+    if constexpr (kBuilt8<kD>) {
+      if (a.kv_format == 1) {
+        const SmemLimit lim = set_smem_limit_once<kD, false, 1, T>();
+        return go(decode_kernel<kD, false, 1, T>,
+                  capped_smem(DecodeConfig<kD, false, 1>::kSmemBytes, lim, plan.per_sm_cap));
+      }
+      if (a.kv_format == 2) {
+        const SmemLimit lim = set_smem_limit_once<kD, false, 2, T>();
+        return go(decode_kernel<kD, false, 2, T>,
+                  capped_smem(DecodeConfig<kD, false, 2>::kSmemBytes, lim, plan.per_sm_cap));
+      }
+    }
     if (plan.tma) {
       set_smem_limit_once<kD, true, 0, T>();
-      cfg.dynamicSmemBytes = DecodeConfig<kD, true>::kSmemBytes;
-      LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, true, 0, T>, a, plan, maps));
+      go(decode_kernel<kD, true, 0, T>, DecodeConfig<kD, true>::kSmemBytes);
     } else {
       set_smem_limit_once<kD, false, 0, T>();
-      cfg.dynamicSmemBytes = DecodeConfig<kD, false>::kSmemBytes;
-      LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<kD, false, 0, T>, a, plan, maps));
+      go(decode_kernel<kD, false, 0, T>, DecodeConfig<kD, false>::kSmemBytes);
     }
   };
   if (a.fp16) {

@@ -46,6 +46,9 @@ struct DecodePlan {
   bool tma = false;
   bool tma_head_outer = false;
   int tma_box_rows = 0;
+  // > 0: the launch asks for enough shared memory that at most this many blocks share an SM
+  // (decode_plan sets it for the 8-bit builds when the grid is smaller than the SMs hold).
+  int per_sm_cap = 0;
 };
 constexpr int kDecodeMaxSplit = 64;
 // Largest `rows` the kernels are built for at head dim kD.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu/ops_gpu_util.h"
+#include "kernels/cuda/attention/attention.h"
 #include "ops/ops.h"
 
 namespace llmk {
@@ -130,6 +131,8 @@ TEST_P(Kv8bitGpu, PagedAttentionAgainstTheCpuAndBf16Pools) {
 // bytes where that arithmetic could go wrong: bf16 and fp16 queries; 1 to 8 queries a sequence
 // (with 7 query heads a KV head, several row groups); key counts around the 64-key tiles and
 // long enough to split; a window and a softcap; q and V of very large and very small magnitude.
+// Each case with each loader (at head dim 128 with KV heads a multiple of 4 the TMA one reads
+// the codes and scales; elsewhere forcing it falls back to cp.async).
 TEST_P(Kv8bitGpu, DecodeKernelOnAwkwardShapes) {
   cuda::init();
   const DType dt = GetParam();
@@ -176,12 +179,19 @@ TEST_P(Kv8bitGpu, DecodeKernelOnAwkwardShapes) {
     ap.window = c.window;
     ap.softcap = c.softcap;
     ap.kv_scales = &e.s;
-    Tensor out = poisoned_cuda({T, c.Hq, c.D}, c.qdt);
-    ops::reset_attention_stats();
-    ops::attention_paged(out, q.to(Device::CUDA), e.k, e.v,
-                         i32_host(table).view({B, P}).to(Device::CUDA), page,
-                         i32_host(cu).to(Device::CUDA), i32_host(posv).to(Device::CUDA), max_q, ap);
-    EXPECT_EQ(ops::attention_stats().decode, 1u);
+    std::vector<Tensor> outs;
+    for (const auto loader :
+         {cuda::DecodeLoader::kAuto, cuda::DecodeLoader::kCpAsync, cuda::DecodeLoader::kTma}) {
+      cuda::set_decode_loader(loader);
+      Tensor out = poisoned_cuda({T, c.Hq, c.D}, c.qdt);
+      ops::reset_attention_stats();
+      ops::attention_paged(
+          out, q.to(Device::CUDA), e.k, e.v, i32_host(table).view({B, P}).to(Device::CUDA), page,
+          i32_host(cu).to(Device::CUDA), i32_host(posv).to(Device::CUDA), max_q, ap);
+      EXPECT_EQ(ops::attention_stats().decode, 1u);
+      outs.push_back(out.to(Device::CPU));
+    }
+    cuda::set_decode_loader(cuda::DecodeLoader::kAuto);
     ops::KvScales cs{e.s.k.to(Device::CPU), e.s.v.to(Device::CPU)};
     ops::AttentionParams cap = ap;
     cap.kv_scales = &cs;
@@ -189,11 +199,14 @@ TEST_P(Kv8bitGpu, DecodeKernelOnAwkwardShapes) {
     ops::attention_paged(cpu_out, to_f32(q), e.k.to(Device::CPU), e.v.to(Device::CPU),
                          i32_host(table).view({B, P}), page, i32_host(cu), i32_host(posv), max_q,
                          cap);
-    expect_close(out.to(Device::CPU), cpu_out, kAttentionOut,
-                 "D " + std::to_string(c.D) + ", " + std::to_string(c.Hq) + "/" +
-                     std::to_string(c.Hkv) + " heads, " + std::string(dtype_name(c.qdt)) +
-                     " q of magnitude " + std::to_string(c.q_mag) + ", V " +
-                     std::to_string(c.v_mag));
+    const char* names[] = {"auto", "cp.async", "tma"};
+    for (size_t l = 0; l < outs.size(); ++l) {
+      expect_close(outs[l], cpu_out, kAttentionOut,
+                   std::string(names[l]) + " loader, D " + std::to_string(c.D) + ", " +
+                       std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) + " heads, " +
+                       std::string(dtype_name(c.qdt)) + " q of magnitude " +
+                       std::to_string(c.q_mag) + ", V " + std::to_string(c.v_mag));
+    }
   }
 }
 

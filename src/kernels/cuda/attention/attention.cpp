@@ -197,7 +197,13 @@ bool decode_tma_possible(const AttentionArgs& a, attn::DecodePlan& p) {
 template <int kD>
 attn::DecodePlan decode_plan(const AttentionArgs& a) {
   attn::DecodePlan p = decode_shape<kD>(a);
-  p.tma = a.kv_format == 0 && decode_tma_possible(a, p);  // 8-bit tiles: cp.async
+  // 8-bit tiles by TMA: head dim 128 (one 128-byte panel), caches [rows][Hkv][D], and scales
+  // whose rows of Hkv floats a tensor map can step (Hkv a multiple of 4; 16-byte aligned).
+  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool eight_tma = attn::decode_8bit_tma_supported(kD) && a.Hkv % 4 == 0 && aligned(a.k) &&
+                         aligned(a.v) && aligned(a.k_scale) && aligned(a.v_scale);
+  p.tma = (a.kv_format == 0 || eight_tma) && decode_tma_possible(a, p) &&
+          (a.kv_format == 0 || !p.tma_head_outer);
   p.split = decode_split<kD>(a, p);
   if (p.tma && decode_loader() == DecodeLoader::kAuto) {
     const int64_t blocks = static_cast<int64_t>(a.B) * a.Hkv * p.groups * p.split;
@@ -205,7 +211,13 @@ attn::DecodePlan decode_plan(const AttentionArgs& a) {
     // of 64, whose last panel's boxes are half zero fill: on an H100 at head dim 96 (32/32 heads,
     // 16-key pages) cp.async ran B1 L32768 at 2,624 GB/s against TMA's 2,259, B8 L4096 at 2,650
     // against 2,527.
-    if (blocks <= device_info().sm_count || kD % 64 != 0) {
+    // 8-bit: the TMA build holds 2 blocks an SM to cp.async's 3. On an H100 (E4M3, 32/8 heads)
+    // it ran B32 L4096 in 108.0-109.4 us against 113.4-113.8, but B8 L4096 and B1 L32768, whose
+    // keys are split, in 33.3-33.5 and 34.2-34.5 against 31.1 and 33.5: TMA only where the
+    // sequences' KV heads alone give every SM a block.
+    const int64_t sms = device_info().sm_count;
+    const bool eight_split = a.kv_format != 0 && static_cast<int64_t>(a.B) * a.Hkv * p.groups < sms;
+    if (blocks <= sms || kD % 64 != 0 || eight_split) {
       p.tma = false;
       p.split = decode_split<kD>(a, p);
     }
@@ -213,11 +225,12 @@ attn::DecodePlan decode_plan(const AttentionArgs& a) {
   if (a.kv_format != 0) {
     // A grid of fewer blocks than all SMs hold ran as if some SMs took 3 blocks and others none:
     // at most ceil(blocks / SMs) an SM instead. On an H100 at B32 L4096 (256 blocks, 3 fit an SM)
-    // the E4M3 build ran 130.0 us as launched, 112.5-113.6 us capped at 2 an SM (docs/perf.md).
+    // the E4M3 cp.async build ran 130.0 us as launched, 112.5-113.6 us capped at 2 an SM
+    // (docs/perf.md).
     const int64_t blocks = static_cast<int64_t>(a.B) * a.Hkv * p.groups * p.split;
     const int64_t sms = device_info().sm_count;
     const int64_t per_sm = (blocks + sms - 1) / sms;
-    if (per_sm < attn::decode_blocks_per_sm<kD>(false, a.kv_format)) {
+    if (per_sm < attn::decode_blocks_per_sm<kD>(p.tma, a.kv_format)) {
       p.per_sm_cap = static_cast<int>(per_sm);
     }
   }

@@ -17,15 +17,15 @@
 // memory. With split > 1 each block writes an unnormalised partial and its (max, sum) to a
 // workspace; the last block of a (sequence, KV head, row group) to arrive (an acquire-release
 // atomic counter) combines them and resets the counter: one launch, no host sync. 8-bit caches
-// (AttentionArgs::kv_format; head dims 64 and 128): cp.async copies each tile's codes and its keys'
-// scales into the stage, and the products run on fp16 tensor cores with the codes turned into
-// their operand fragments in registers (decode_8bit_products below); the scales are applied per
-// key to S and to P, not to every element. Memory traffic: K/V tiles are read with an L2
-// evict-first policy (read once per launch, they should not push out what is reused: the partials,
-// page table, q), the partials are written evict-last. Under programmatic dependent launch the next
-// kernel's blocks are released early: at the first tile when a block streams 8 tiles or more, else
-// when 3 tiles remain (an earlier release costs short launches more than their next launch's early
-// reads gain).
+// (AttentionArgs::kv_format; head dims 64 and 128): cp.async (or at head dim 128 TMA) copies each
+// tile's codes and its keys' scales into the stage, and the products run on fp16 tensor cores
+// with the codes turned into their operand fragments in registers (e4m3x4_to_f16x2 and the
+// helpers below it); the scales are applied per key to S and to P, not to every element. Memory
+// traffic: K/V tiles are read with an L2 evict-first policy (read once per launch, they should not
+// push out what is reused: the partials, page table, q), the partials are written evict-last. Under
+// programmatic dependent launch the next kernel's blocks are released early: at the first tile when
+// a block streams 8 tiles or more, else when 3 tiles remain (an earlier release costs short
+// launches more than their next launch's early reads gain).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -53,8 +53,11 @@ namespace {
 // where kD is not a multiple of 64, the last panel's columns past kD are the copy engine's zero
 // fill of a box that reaches past the row); else cp.async 16-byte copies by every thread into
 // rows padded to kD + 8 elements. kD: any multiple of 16 up to 256.
-// kFmt: the cache's elements: 0 bf16; 1 E4M3, 2 int8 (kernels/kv_quant.h; cp.async only): a tile
-// lands in 8-bit rows of kPitch8 bytes with its keys' scales after the K and V rows.
+// kFmt: the cache's elements: 0 bf16; 1 E4M3, 2 int8 (kernels/kv_quant.h): a tile lands in 8-bit
+// rows with its keys' scales after the K and V rows: by cp.async in rows of kPitch8 bytes and one
+// scale per key; by TMA (head dim 128) in one 128-byte-swizzle panel of 128-byte rows, and the
+// scales of 4 KV heads per key (a box's inner extent is at least 16 bytes), this head's among
+// them.
 template <int kD, bool kTma, int kFmt = 0>
 struct DecodeConfig {
   static constexpr int kRows = 16;    // query rows per block: one m16n8k16 m-tile
@@ -63,17 +66,19 @@ struct DecodeConfig {
   static constexpr int kThreads = kWarps * kWarp;
   static constexpr int kKeysPerWarp = kBlockN / kWarps;
   static constexpr int kPitch = kD + 8;  // smem row pitch (elements) of q and cp.async tiles
-  static constexpr int kPanels = (kD + 63) / 64;
+  static constexpr bool k8 = kFmt != 0;
+  static constexpr int kPanels = k8 ? (kD + 127) / 128 : (kD + 63) / 64;  // 128-byte TMA panels
   static constexpr int kStages = kD <= 128 ? 3 : 2;
   static constexpr bool kQRegs = kD <= 128;  // q fragments kept in registers (else ldmatrix)
-  static constexpr bool k8 = kFmt != 0;
   // Bytes of an 8-bit staging row: at head dim 128 the lanes' 16-byte fragment loads
-  // (decode_8bit_products) then fall on distinct banks.
+  // (the 8-bit products in the main loop) then fall on distinct banks.
   static constexpr int kPitch8 = kD + 16;
   static constexpr size_t kTensorBytes =  // one K or V tile
-      k8 ? static_cast<size_t>(kBlockN) * kPitch8
+      k8 ? static_cast<size_t>(kBlockN) * (kTma ? 128 : kPitch8)
          : static_cast<size_t>(kBlockN) * (kTma ? kPanels * 64 : kPitch) * sizeof(bf16);
-  static constexpr size_t kScaleBytes = k8 ? 2 * kBlockN * sizeof(float) : 0;  // K's, then V's
+  static constexpr int kScaleHeads = kTma ? 4 : 1;  // scales per key in the stage
+  static constexpr size_t kScaleBytes =             // K's, then V's
+      k8 ? 2 * kBlockN * kScaleHeads * sizeof(float) : 0;
   static constexpr size_t kStageBytes = 2 * kTensorBytes + kScaleBytes;
   static constexpr size_t kTileBytes = kStages * kStageBytes;
   // (TMA: 1024 bytes to re-align the dynamic window to the swizzle period.) Tiles, then q (bf16)
@@ -87,15 +92,16 @@ struct DecodeConfig {
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kRows * kMergePitch;
   static_assert(kKeysPerWarp == 16, "one k16 step of P V per warp and tile");
   static_assert(kMergeBytes <= kTileBytes, "merge area must fit in the tiles");
-  static_assert(!k8 || !kTma, "8-bit tiles come by cp.async");
+  static_assert(!k8 || !kTma || kD == 128, "8-bit TMA tiles: one 128-byte panel");
   static_assert(kD % 16 == 0 && kD <= 256, "k16 steps of the products; 8 warps' accumulators");
 };
 
 // The K and V tensor maps of the TMA loader (unused by the cp.async one): 3-d views of the cache
 // [dim, KV head, row] (or [dim, row, KV head] for a head-major cache, DecodePlan::tma_head_outer)
-// with boxes of 64 dims x DecodePlan::tma_box_rows rows.
+// with boxes of 128 bytes (64 dims; 8-bit: 128) x DecodePlan::tma_box_rows rows. 8-bit: also the
+// scales, 3-d views [4 heads, Hkv / 4, row] with boxes of 4 heads x tma_box_rows rows.
 struct DecodeMaps {
-  CUtensorMap k, v;
+  CUtensorMap k, v, k_scale, v_scale;
 };
 
 // Where sequence b's queries and keys are, read from the device.
@@ -387,7 +393,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   // once. Boxes wholly past my_hi are not copied (their rows, like those before lo, get zero V
   // below).
   const int box_rows = plan.tma_box_rows;
-  constexpr int kMaxCopies = (kBN / 8) * C::kPanels * 2;  // 8-row pages
+  constexpr int kTensors = C::k8 ? 4 : 2;                        // K, V (8-bit: and their scales)
+  constexpr int kMaxCopies = (kBN / 8) * C::kPanels * kTensors;  // 8-row pages
   static_assert(kMaxCopies <= kThreads, "at most one copy per thread and tile");
   const int my_copy = lane * C::kWarps + warp;
   // Worked out once, so that the loop has no divisions: the boxes of a full tile (a power of
@@ -398,7 +405,7 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   };
   auto tma_copy = [&](int n_box) {
     return TmaCopy{n_box, my_copy % n_box, (my_copy / n_box) % C::kPanels,
-                   my_copy / (n_box * C::kPanels), my_copy < n_box * C::kPanels * 2};
+                   my_copy / (n_box * C::kPanels), my_copy < n_box * C::kPanels * kTensors};
   };
   const TmaCopy full_copy = tma_copy(kTma ? kBN / box_rows : 1);
   const TmaCopy last_copy = tma_copy(
@@ -425,18 +432,28 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
   auto issue_tile = [&](int it, int64_t row) {
     const TmaCopy c = it == n_tiles - 1 ? last_copy : full_copy;
     const uint32_t bar = smem_addr(&full[it % kS]);
-    if (threadIdx.x == 0) {
-      mbar_arrive_expect_tx(bar, static_cast<uint32_t>(c.n_box * C::kPanels * 2 * box_rows * 128));
-    }
+    // Bytes per key: K and V rows of 128-byte panels (8-bit: and 4 heads' scales of each).
+    constexpr uint32_t kKeyBytes = C::k8 ? 2 * (128 + 16) : C::kPanels * 2 * 128;
+    if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, c.n_box * box_rows * kKeyBytes);
     if (row < 0) return;
-    const uint32_t dst = tiles_at + (it % kS) * static_cast<uint32_t>(C::kStageBytes) +
-                         c.tensor * static_cast<uint32_t>(C::kTensorBytes) + c.panel * (kBN * 128) +
-                         c.bx * box_rows * 128;
+    const uint32_t stage = tiles_at + (it % kS) * static_cast<uint32_t>(C::kStageBytes);
+    if constexpr (C::k8) {
+      if (c.tensor >= 2) {  // scales: the 4 heads hk belongs to, [key][4] floats
+        const uint32_t dst = stage + 2 * static_cast<uint32_t>(C::kTensorBytes) +
+                             (c.tensor - 2) * (kBN * 16) + c.bx * box_rows * 16;
+        tma_load_3d(dst, c.tensor == 2 ? &maps.k_scale : &maps.v_scale, 0, hk / 4,
+                    static_cast<int>(row), bar, kv_policy);
+        return;
+      }
+    }
+    const uint32_t dst = stage + c.tensor * static_cast<uint32_t>(C::kTensorBytes) +
+                         c.panel * (kBN * 128) + c.bx * box_rows * 128;
     const void* map = c.tensor == 0 ? &maps.k : &maps.v;
+    const int col = c.panel * (C::k8 ? 128 : 64);  // the panel's first element
     if (plan.tma_head_outer) {
-      tma_load_3d(dst, map, c.panel * 64, static_cast<int>(row), hk, bar, kv_policy);
+      tma_load_3d(dst, map, col, static_cast<int>(row), hk, bar, kv_policy);
     } else {
-      tma_load_3d(dst, map, c.panel * 64, hk, static_cast<int>(row), bar, kv_policy);
+      tma_load_3d(dst, map, col, hk, static_cast<int>(row), bar, kv_policy);
     }
   };
 
@@ -591,6 +608,15 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
                          : "memory");
           }
         }
+        if constexpr (C::k8) {  // and their V scales (a stale one would set the V unit)
+          if (lane < 16 && (n0 + lane < lo || n0 + lane > my_hi)) {
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
+                             sv_at + static_cast<uint32_t>(C::kTensorBytes) + kBN * 16 +
+                             (warp * 16 + lane) * 16),
+                         "r"(0)
+                         : "memory");
+          }
+        }
         fence_proxy_async_shared();  // before the copy engine refills this stage
         __syncwarp();
       }
@@ -610,12 +636,18 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     const unsigned char* st8 = smem + (it % kS) * C::kStageBytes;
     float2 k_sc[2], v_sc[2];
     if constexpr (C::k8) {
-      const float* sc =
-          reinterpret_cast<const float*>(st8 + 2 * C::kTensorBytes) + warp * 16 + 2 * (lane % 4);
+      const float* sc = reinterpret_cast<const float*>(st8 + 2 * C::kTensorBytes);
+      const int key = warp * 16 + 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        k_sc[j] = *reinterpret_cast<const float2*>(sc + 8 * j);
-        v_sc[j] = *reinterpret_cast<const float2*>(sc + kBN + 8 * j);
+        if constexpr (kTma) {  // [K|V][key][4 heads]
+          const int at = (key + 8 * j) * 4 + hk % 4;
+          k_sc[j] = make_float2(sc[at], sc[at + 4]);
+          v_sc[j] = make_float2(sc[kBN * 4 + at], sc[kBN * 4 + at + 4]);
+        } else {
+          k_sc[j] = *reinterpret_cast<const float2*>(sc + key + 8 * j);
+          v_sc[j] = *reinterpret_cast<const float2*>(sc + kBN + key + 8 * j);
+        }
       }
     }
 
@@ -627,7 +659,17 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         uint32_t w[kD / 16];
-        load_words(kr + 8 * j * C::kPitch8, w);
+        if constexpr (kTma) {  // 16-byte chunks 2t, 2t + 1 of row 16 warp + 8 j + g, swizzled
+          const unsigned char* row = st8 + (warp * 16 + 8 * j + lane / 4) * 128;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const uint4 x =
+                *reinterpret_cast<const uint4*>(row + (((2 * (lane % 4) + i) ^ (lane / 4)) << 4));
+            w[4 * i] = x.x, w[4 * i + 1] = x.y, w[4 * i + 2] = x.z, w[4 * i + 3] = x.w;
+          }
+        } else {
+          load_words(kr + 8 * j * C::kPitch8, w);
+        }
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) {
           uint32_t b0, b1;
@@ -749,10 +791,23 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
       const unsigned char* vr =
           st8 + C::kTensorBytes + (warp * 16 + 2 * (lane % 4)) * C::kPitch8 + (lane / 4) * (kD / 8);
       uint32_t r0[kW], r1[kW], r8[kW], r9[kW];
-      load_words(vr, r0);
-      load_words(vr + C::kPitch8, r1);
-      load_words(vr + 8 * C::kPitch8, r8);
-      load_words(vr + 9 * C::kPitch8, r9);
+      if constexpr (kTma) {  // 16-byte chunk g of each row, swizzled (row % 8 = 2t or 2t + 1)
+        const unsigned char* v0 = st8 + C::kTensorBytes + (warp * 16 + 2 * (lane % 4)) * 128;
+        const int g = lane / 4, t2 = 2 * (lane % 4);
+        const auto load = [&](const unsigned char* row, int r8, uint32_t(&w)[kW]) {
+          const uint4 x = *reinterpret_cast<const uint4*>(row + ((g ^ r8) << 4));
+          w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+        };
+        load(v0, t2, r0);
+        load(v0 + 128, t2 + 1, r1);
+        load(v0 + 8 * 128, t2, r8);
+        load(v0 + 9 * 128, t2 + 1, r9);
+      } else {
+        load_words(vr, r0);
+        load_words(vr + C::kPitch8, r1);
+        load_words(vr + 8 * C::kPitch8, r8);
+        load_words(vr + 9 * C::kPitch8, r9);
+      }
 #pragma unroll
       for (int w = 0; w < kW; ++w) {
         uint32_t lo[4], hi[4];
@@ -990,17 +1045,37 @@ bool encode_cache_map(CUtensorMap* map, const void* base, int64_t t_stride, int6
   const cuuint64_t rows = static_cast<cuuint64_t>(a.L), heads = static_cast<cuuint64_t>(a.Hkv);
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.D), plan.tma_head_outer ? rows : heads,
                               plan.tma_head_outer ? heads : rows};
-  const cuuint64_t t_bytes = static_cast<cuuint64_t>(t_stride) * sizeof(bf16),
-                   h_bytes = static_cast<cuuint64_t>(h_stride) * sizeof(bf16);
+  const cuuint64_t elem = a.kv_format != 0 ? 1 : sizeof(bf16);  // bytes
+  const cuuint64_t t_bytes = static_cast<cuuint64_t>(t_stride) * elem,
+                   h_bytes = static_cast<cuuint64_t>(h_stride) * elem;
   const cuuint64_t strides[2] = {plan.tma_head_outer ? t_bytes : h_bytes,
                                  plan.tma_head_outer ? h_bytes : t_bytes};
-  const cuuint32_t box[3] = {64,
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / elem),
                              plan.tma_head_outer ? static_cast<cuuint32_t>(plan.tma_box_rows) : 1u,
                              plan.tma_head_outer ? 1u : static_cast<cuuint32_t>(plan.tma_box_rows)};
   const cuuint32_t unit[3] = {1, 1, 1};
-  return encode(map, a.fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
-                const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  const CUtensorMapDataType type = a.kv_format != 0 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : a.fp16         ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The 3-d view [4 heads, Hkv / 4, row] of an 8-bit cache's scales ([rows][Hkv] floats, Hkv a
+// multiple of 4) that DecodeMaps describes; false if the driver refused it.
+bool encode_scale_map(CUtensorMap* map, const float* base, const AttentionArgs& a,
+                      const DecodePlan& plan) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {4, static_cast<cuuint64_t>(a.Hkv / 4), static_cast<cuuint64_t>(a.L)};
+  const cuuint64_t strides[2] = {16, static_cast<cuuint64_t>(a.Hkv) * sizeof(float)};
+  const cuuint32_t box[3] = {4, 1, static_cast<cuuint32_t>(plan.tma_box_rows)};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(base), dims, strides,
+                box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -1049,6 +1124,10 @@ constexpr bool kBuilt8 = kD == 64 || kD == 128;
 template <int kD>
 size_t decode_smem_bytes(bool tma, int fmt) {
   if constexpr (kBuilt8<kD>) {
+    if constexpr (decode_8bit_tma_supported(kD)) {
+      if (tma && fmt == 1) return DecodeConfig<kD, true, 1>::kSmemBytes;
+      if (tma && fmt == 2) return DecodeConfig<kD, true, 2>::kSmemBytes;
+    }
     if (fmt == 1) return DecodeConfig<kD, false, 1>::kSmemBytes;
     if (fmt == 2) return DecodeConfig<kD, false, 2>::kSmemBytes;
   }
@@ -1058,6 +1137,10 @@ size_t decode_smem_bytes(bool tma, int fmt) {
 template <int kD>
 int decode_blocks_per_sm(bool tma, int fmt) {
   if constexpr (kBuilt8<kD>) {
+    if constexpr (decode_8bit_tma_supported(kD)) {
+      if (tma && fmt == 1) return blocks_per_sm<kD, true, 1>();
+      if (tma && fmt == 2) return blocks_per_sm<kD, true, 2>();
+    }
     if (fmt == 1) return blocks_per_sm<kD, false, 1>();
     if (fmt == 2) return blocks_per_sm<kD, false, 2>();
   }
@@ -1069,6 +1152,11 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
   DecodeMaps maps = {};
   if (plan.tma && !(encode_cache_map(&maps.k, a.k, a.k_t, a.k_h, a, plan) &&
                     encode_cache_map(&maps.v, a.v, a.v_t, a.v_h, a, plan))) {
+    return false;
+  }
+  if (plan.tma && a.kv_format != 0 &&
+      !(encode_scale_map(&maps.k_scale, a.k_scale, a, plan) &&
+        encode_scale_map(&maps.v_scale, a.v_scale, a, plan))) {
     return false;
   }
   const dim3 grid(static_cast<unsigned>(plan.split), static_cast<unsigned>(a.Hkv * plan.groups),
@@ -1092,6 +1180,18 @@ bool launch_decode(const AttentionArgs& a, const DecodePlan& plan) {
       cfg.dynamicSmemBytes = smem;
       LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, plan, maps));
     };
+    if constexpr (decode_8bit_tma_supported(kD)) {
+      if (plan.tma && a.kv_format == 1) {
+        const SmemLimit lim = set_smem_limit_once<kD, true, 1, T>();
+        return go(decode_kernel<kD, true, 1, T>,
+                  capped_smem(DecodeConfig<kD, true, 1>::kSmemBytes, lim, plan.per_sm_cap));
+      }
+      if (plan.tma && a.kv_format == 2) {
+        const SmemLimit lim = set_smem_limit_once<kD, true, 2, T>();
+        return go(decode_kernel<kD, true, 2, T>,
+                  capped_smem(DecodeConfig<kD, true, 2>::kSmemBytes, lim, plan.per_sm_cap));
+      }
+    }
     if constexpr (kBuilt8<kD>) {
       if (a.kv_format == 1) {
         const SmemLimit lim = set_smem_limit_once<kD, false, 1, T>();

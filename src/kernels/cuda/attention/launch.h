@@ -62,6 +62,8 @@ template <int kD>
 int decode_blocks_per_sm(bool tma, int fmt = 0);
 // Head dims with an 8-bit build of the decode kernel.
 constexpr bool decode_8bit_supported(int d) { return d == 64 || d == 128; }
+// ... and with a TMA loader (DecodePlan::tma) besides cp.async.
+constexpr bool decode_8bit_tma_supported(int d) { return d == 128; }
 // False (nothing launched) when plan.tma and the driver refused the tensor maps (or has no
 // encoder); the caller reports it.
 template <int kD>

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gpu/ops_gpu_util.h"
@@ -179,9 +180,12 @@ TEST_P(Kv8bitGpu, DecodeKernelOnAwkwardShapes) {
     ap.window = c.window;
     ap.softcap = c.softcap;
     ap.kv_scales = &e.s;
+    const std::pair<cuda::DecodeLoader, const char*> loaders[] = {
+        {cuda::DecodeLoader::kAuto, "auto"},
+        {cuda::DecodeLoader::kCpAsync, "cp.async"},
+        {cuda::DecodeLoader::kTma, "tma"}};
     std::vector<Tensor> outs;
-    for (const auto loader :
-         {cuda::DecodeLoader::kAuto, cuda::DecodeLoader::kCpAsync, cuda::DecodeLoader::kTma}) {
+    for (const auto& [loader, name] : loaders) {
       cuda::set_decode_loader(loader);
       Tensor out = poisoned_cuda({T, c.Hq, c.D}, c.qdt);
       ops::reset_attention_stats();
@@ -199,10 +203,9 @@ TEST_P(Kv8bitGpu, DecodeKernelOnAwkwardShapes) {
     ops::attention_paged(cpu_out, to_f32(q), e.k.to(Device::CPU), e.v.to(Device::CPU),
                          i32_host(table).view({B, P}), page, i32_host(cu), i32_host(posv), max_q,
                          cap);
-    const char* names[] = {"auto", "cp.async", "tma"};
     for (size_t l = 0; l < outs.size(); ++l) {
       expect_close(outs[l], cpu_out, kAttentionOut,
-                   std::string(names[l]) + " loader, D " + std::to_string(c.D) + ", " +
+                   std::string(loaders[l].second) + " loader, D " + std::to_string(c.D) + ", " +
                        std::to_string(c.Hq) + "/" + std::to_string(c.Hkv) + " heads, " +
                        std::string(dtype_name(c.qdt)) + " q of magnitude " +
                        std::to_string(c.q_mag) + ", V " + std::to_string(c.v_mag));

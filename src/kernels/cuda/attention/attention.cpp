@@ -171,7 +171,9 @@ class GrowOnlyBuffer {
 // Whether the TMA build can read `a`'s cache (DecodeLoader): an sm_90+ device; pages that are
 // whole boxes of at most 64 rows starting at 1024-byte multiples in the tile (8, 16, 32, 64) or
 // whole multiples of 64 rows; a tensor map's nested strides (rows outside heads, or heads
-// outside rows) and 32-bit row coordinates. Sets p's box rows and stride order.
+// outside rows) and 32-bit row coordinates. 8-bit caches also: head dim 128 (one 128-byte
+// panel), rows outside heads, and scales whose rows of Hkv floats a tensor map can step (Hkv a
+// multiple of 4; 16-byte aligned). Sets p's box rows and stride order.
 bool decode_tma_possible(const AttentionArgs& a, attn::DecodePlan& p) {
   if (decode_loader() == DecodeLoader::kCpAsync || device_info().cc_major < 9) return false;
   if (a.L < 1 || a.L > INT32_MAX) return false;
@@ -183,10 +185,16 @@ bool decode_tma_possible(const AttentionArgs& a, attn::DecodePlan& p) {
     p.tma_box_rows = 64;
   }
   if (a.k_t != a.v_t || a.k_h != a.v_h) return false;
+  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  if (a.kv_format != 0 &&
+      !(attn::decode_8bit_tma_supported(a.D) && a.Hkv % 4 == 0 && aligned(a.k) && aligned(a.v) &&
+        aligned(a.k_scale) && aligned(a.v_scale))) {
+    return false;
+  }
   const int64_t D = a.D, H = a.Hkv;
   if (a.k_h >= D && a.k_t >= a.k_h * H) {
     p.tma_head_outer = false;  // [rows][Hkv][D]-like
-  } else if (a.k_t >= D && a.k_h >= a.k_t * a.L) {
+  } else if (a.kv_format == 0 && a.k_t >= D && a.k_h >= a.k_t * a.L) {
     p.tma_head_outer = true;  // [Hkv][rows][D]-like
   } else {
     return false;
@@ -197,16 +205,10 @@ bool decode_tma_possible(const AttentionArgs& a, attn::DecodePlan& p) {
 template <int kD>
 attn::DecodePlan decode_plan(const AttentionArgs& a) {
   attn::DecodePlan p = decode_shape<kD>(a);
-  // 8-bit tiles by TMA: head dim 128 (one 128-byte panel), caches [rows][Hkv][D], and scales
-  // whose rows of Hkv floats a tensor map can step (Hkv a multiple of 4; 16-byte aligned).
-  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  const bool eight_tma = attn::decode_8bit_tma_supported(kD) && a.Hkv % 4 == 0 && aligned(a.k) &&
-                         aligned(a.v) && aligned(a.k_scale) && aligned(a.v_scale);
-  p.tma = (a.kv_format == 0 || eight_tma) && decode_tma_possible(a, p) &&
-          (a.kv_format == 0 || !p.tma_head_outer);
+  p.tma = decode_tma_possible(a, p);
   p.split = decode_split<kD>(a, p);
+  const int64_t sms = device_info().sm_count, base = static_cast<int64_t>(a.B) * a.Hkv * p.groups;
   if (p.tma && decode_loader() == DecodeLoader::kAuto) {
-    const int64_t blocks = static_cast<int64_t>(a.B) * a.Hkv * p.groups * p.split;
     // One block or fewer per SM: cp.async (attention.h). And at a head dim that is not a multiple
     // of 64, whose last panel's boxes are half zero fill: on an H100 at head dim 96 (32/32 heads,
     // 16-key pages) cp.async ran B1 L32768 at 2,624 GB/s against TMA's 2,259, B8 L4096 at 2,650
@@ -215,9 +217,7 @@ attn::DecodePlan decode_plan(const AttentionArgs& a) {
     // it ran B32 L4096 in 108.0-109.4 us against 113.4-113.8, but B8 L4096 and B1 L32768, whose
     // keys are split, in 33.3-33.5 and 34.2-34.5 against 31.1 and 33.5: TMA only where the
     // sequences' KV heads alone give every SM a block.
-    const int64_t sms = device_info().sm_count;
-    const bool eight_split = a.kv_format != 0 && static_cast<int64_t>(a.B) * a.Hkv * p.groups < sms;
-    if (blocks <= sms || kD % 64 != 0 || eight_split) {
+    if (base * p.split <= sms || kD % 64 != 0 || (a.kv_format != 0 && base < sms)) {
       p.tma = false;
       p.split = decode_split<kD>(a, p);
     }
@@ -227,9 +227,7 @@ attn::DecodePlan decode_plan(const AttentionArgs& a) {
     // at most ceil(blocks / SMs) an SM instead. On an H100 at B32 L4096 (256 blocks, 3 fit an SM)
     // the E4M3 cp.async build ran 130.0 us as launched, 112.5-113.6 us capped at 2 an SM
     // (docs/perf.md).
-    const int64_t blocks = static_cast<int64_t>(a.B) * a.Hkv * p.groups * p.split;
-    const int64_t sms = device_info().sm_count;
-    const int64_t per_sm = (blocks + sms - 1) / sms;
+    const int64_t per_sm = (base * p.split + sms - 1) / sms;
     if (per_sm < attn::decode_blocks_per_sm<kD>(p.tma, a.kv_format)) {
       p.per_sm_cap = static_cast<int>(per_sm);
     }

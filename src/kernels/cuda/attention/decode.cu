@@ -87,7 +87,7 @@ struct DecodeConfig {
   static constexpr size_t kSmemBytes = kAlign + kTileBytes + sizeof(bf16) * kRows * kPitch;
   // Merge rows [kD accumulators | max | sum | pad]: kD + 8 floats, so that the float2 stores of
   // a half-warp (4 rows x 4 lanes) land on 16 distinct bank pairs. 8-bit: kD + kD / 8, so that
-  // the float4 stores of a quarter-warp (2 rows x 4 lanes, swizzled: merge_at) do.
+  // the float4 stores of a quarter-warp (2 rows x 4 lanes, swizzled: merge_col) do.
   static constexpr int kMergePitch = k8 ? kD + kD / 8 : kD + 8;
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kRows * kMergePitch;
   static_assert(kKeysPerWarp == 16, "one k16 step of P V per warp and tile");
@@ -213,16 +213,18 @@ __device__ __forceinline__ void v_frags(uint32_t a, uint32_t b, uint32_t (&out)[
     out[3] = i8x2_to_f16x2(hi ^ 0x80808080u, 0x4342);
   }
 }
+// 4 32-bit words from shared memory at p (16-byte aligned) in one load.
+__device__ __forceinline__ void load_words16(const unsigned char* p, uint32_t* w) {
+  const uint4 x = *reinterpret_cast<const uint4*>(p);
+  w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+}
 // N 32-bit words from shared memory at p (aligned to 4 N bytes) in 8- or 16-byte loads.
 template <int N>
 __device__ __forceinline__ void load_words(const unsigned char* p, uint32_t (&w)[N]) {
   static_assert(N % 2 == 0, "whole 8-byte loads");
   if constexpr (N % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      const uint4 x = *reinterpret_cast<const uint4*>(p + 4 * i);
-      w[i] = x.x, w[i + 1] = x.y, w[i + 2] = x.z, w[i + 3] = x.w;
-    }
+    for (int i = 0; i < N; i += 4) load_words16(p + 4 * i, w + i);
   } else {
 #pragma unroll
     for (int i = 0; i < N; i += 2) {
@@ -564,8 +566,8 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  // 8-bit: o holds the sums in units of v_unit (the largest V scale of the warp's keys in the
-  // latest tile), so that P times a key's scale over it, in fp16, stays in [0, 1].
+  // 8-bit: o holds the sums in units of v_unit (a V scale of the warp's keys, below), so that P
+  // times a key's scale over it stays within fp16's range and precision.
   float v_unit = 0.0f;
   int pos[2];  // query position of the lane's rows (-1: padding row, sees nothing)
 #pragma unroll
@@ -655,20 +657,17 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
     // 2 (lane % 4) + x % 2.
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     if constexpr (C::k8) {  // key 8 j + lane / 4's codes, this lane's kD / 4 of them
-      const unsigned char* kr = st8 + (warp * 16 + lane / 4) * C::kPitch8 + (lane % 4) * (kD / 4);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         uint32_t w[kD / 16];
-        if constexpr (kTma) {  // 16-byte chunks 2t, 2t + 1 of row 16 warp + 8 j + g, swizzled
-          const unsigned char* row = st8 + (warp * 16 + 8 * j + lane / 4) * 128;
+        const int key = warp * 16 + 8 * j + lane / 4;
+        if constexpr (kTma) {  // 16-byte chunks 2t, 2t + 1 of the key's row, swizzled (key % 8 = g)
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            const uint4 x =
-                *reinterpret_cast<const uint4*>(row + (((2 * (lane % 4) + i) ^ (lane / 4)) << 4));
-            w[4 * i] = x.x, w[4 * i + 1] = x.y, w[4 * i + 2] = x.z, w[4 * i + 3] = x.w;
+            load_words16(st8 + key * 128 + (((2 * (lane % 4) + i) ^ (lane / 4)) << 4), w + 4 * i);
           }
         } else {
-          load_words(kr + 8 * j * C::kPitch8, w);
+          load_words(st8 + key * C::kPitch8 + (lane % 4) * (kD / 4), w);
         }
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) {
@@ -788,26 +787,20 @@ __global__ void __launch_bounds__(DecodeConfig<kD, kTma, kFmt>::kThreads)
       }
       // Keys 2t, 2t + 1, 2t + 8, 2t + 9 (t = lane % 4), this lane's kD / 8 dims of each.
       constexpr int kW = kD / 32;
-      const unsigned char* vr =
-          st8 + C::kTensorBytes + (warp * 16 + 2 * (lane % 4)) * C::kPitch8 + (lane / 4) * (kD / 8);
       uint32_t r0[kW], r1[kW], r8[kW], r9[kW];
-      if constexpr (kTma) {  // 16-byte chunk g of each row, swizzled (row % 8 = 2t or 2t + 1)
-        const unsigned char* v0 = st8 + C::kTensorBytes + (warp * 16 + 2 * (lane % 4)) * 128;
-        const int g = lane / 4, t2 = 2 * (lane % 4);
-        const auto load = [&](const unsigned char* row, int r8, uint32_t(&w)[kW]) {
-          const uint4 x = *reinterpret_cast<const uint4*>(row + ((g ^ r8) << 4));
-          w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
-        };
-        load(v0, t2, r0);
-        load(v0 + 128, t2 + 1, r1);
-        load(v0 + 8 * 128, t2, r8);
-        load(v0 + 9 * 128, t2 + 1, r9);
-      } else {
-        load_words(vr, r0);
-        load_words(vr + C::kPitch8, r1);
-        load_words(vr + 8 * C::kPitch8, r8);
-        load_words(vr + 9 * C::kPitch8, r9);
-      }
+      const int key = warp * 16 + 2 * (lane % 4);
+      const auto load = [&](int k, uint32_t(&w)[kW]) {
+        const unsigned char* v = st8 + C::kTensorBytes;
+        if constexpr (kTma) {  // 16-byte chunk g of the key's row, swizzled
+          load_words16(v + k * 128 + (((lane / 4) ^ (k % 8)) << 4), w);
+        } else {
+          load_words(v + k * C::kPitch8 + (lane / 4) * (kD / 8), w);
+        }
+      };
+      load(key, r0);
+      load(key + 1, r1);
+      load(key + 8, r8);
+      load(key + 9, r9);
 #pragma unroll
       for (int w = 0; w < kW; ++w) {
         uint32_t lo[4], hi[4];

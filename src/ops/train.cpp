@@ -987,13 +987,14 @@ void distill_forward(Tensor& loss, Tensor* grad, const Tensor& student, const Te
   }
   if (at.cuda) {
 #ifdef LLMK_HAS_CUDA
+    const char* kernel = "cuda";
     with_cuda_float(dt, [&]<class T>() {
-      cuda::grad::distill_rows(loss.data<float>(), grad ? grad->data<T>() : nullptr,
-                               student.data<const T>(), teacher.data<const T>(),
-                               labels ? labels->data<const int64_t>() : nullptr, rows, V, p,
-                               grad_scale ? grad_scale->data<const float>() : nullptr);
+      kernel = cuda::grad::distill_rows(loss.data<float>(), grad ? grad->data<T>() : nullptr,
+                                        student.data<const T>(), teacher.data<const T>(),
+                                        labels ? labels->data<const int64_t>() : nullptr, rows, V,
+                                        p, grad_scale ? grad_scale->data<const float>() : nullptr);
     });
-    count(op, "cuda");
+    count(op, kernel);
 #endif
     return;
   }

@@ -462,6 +462,50 @@ def test_distill_loss_cuda(dt, shape, loss, beta):
     check(g, gwant, gbase, dt, f"distill {loss} {shape} gradient")
 
 
+# KL and reverse KL of 16-bit logits without a separate hard-label softmax (alpha 0, or T 1) run
+# with each row in registers on sm_90: one block per row (8, 4104; 700 rows: more rows than
+# clusters fit at once, so clusters walk rows), clusters of 2 to 16 blocks (8200, 60000, 128256)
+# and 32 logits a thread (262144); every third row ignored. Past 262,144 logits the staging kernel.
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 8), (5, 4104), (700, 4104), (3, 8200), (7, 60000),
+                                   (2, 128256), (2, 262144), (2, 262152)])
+@pytest.mark.parametrize("loss", ["kl", "reverse_kl"])
+@pytest.mark.parametrize("temperature,alpha", [(2.0, 0.0), (1.0, 0.3)])
+def test_distill_loss_cuda_rows_in_registers(dt, shape, loss, temperature, alpha):
+    L.reset_stats()
+    (out, g), (want, gwant), (_, gbase) = distill_case(dt, shape, loss, 0.5, temperature, alpha,
+                                                       "batchmean", 170)
+    err = abs(out.item() - want.item())
+    assert err <= 1e-4 * max(abs(want.item()), 1e-3), f"loss {out.item()} vs {want.item()}"
+    check(g, gwant, gbase, dt, f"distill {loss} {shape} gradient")
+    kernels = {r["kernel"] for r in L.stats() if r["op"] == "distill_forward"}
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert kernels == {"cuda" if shape[-1] > 262144 else "cuda-registers"}, kernels
+
+
+@pytest.mark.parametrize("loss", ["kl", "reverse_kl"])
+def test_distill_loss_cuda_rows_in_registers_extreme_logits(loss):
+    # bf16 rows of 32,000 (registers). KL: teacher logits of -inf (a top-k teacher's tail), a
+    # row whose teacher keeps one logit (reverse KL is infinite there: the student gives mass
+    # where the teacher gives none). Both: a student row of one logit far above the rest.
+    s = rand(4, 32000, dtype=torch.float32, seed=185) * 3
+    t = rand(4, 32000, dtype=torch.float32, seed=186) * 3
+    if loss == "kl":
+        t[0, ::2] = -math.inf
+        t[1, 1:] = -math.inf
+        t[3, :16000] = -math.inf
+    s[2, 1:] = -3000.0
+    x = s.to(torch.bfloat16).requires_grad_()
+    out = L.distill_loss(x, t.to(torch.bfloat16), loss=loss, temperature=2.0)
+    (gx,) = torch.autograd.grad(out, x)
+    x64 = s.to(torch.bfloat16).double().requires_grad_()
+    want = distill_ref(x64, t.to(torch.bfloat16).double(), None, loss, 0.5, 2.0)
+    (gw,) = torch.autograd.grad(want, x64)
+    assert torch.isfinite(out) and torch.isfinite(gx).all()
+    assert abs(out.item() - want.item()) <= 1e-4 * max(abs(want.item()), 1.0)
+    assert (gx.double() - gw).abs().max().item() <= EPS[torch.bfloat16] * gw.abs().max().item()
+
+
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 @pytest.mark.parametrize("temperature,alpha", [(1.0, 0.0), (4.0, 1.0)])
 def test_distill_loss_cuda_reductions(reduction, temperature, alpha):

@@ -11,7 +11,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <mutex>
 #include <type_traits>
 
 #include "core/cuda/check.h"
@@ -442,6 +444,393 @@ __global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
   cluster_wait();  // no block leaves while another may still read its shared memory
 }
 
+// ---- KL and reverse KL with each row in registers ----
+//
+// For 16-bit logits and rows of at most 16 x 512 x kEPT logits: a cluster of C blocks of 512
+// threads holds a row in registers, kEPT logits of each tensor a thread, and walks rows (a
+// persistent grid: as many clusters as fit at once). Each logit takes two exponentials, 2^(x - M)
+// of the student and of the teacher against their warp's maximum M, kept in registers: the
+// gradient is then those times one factor a warp (2^(M - lse)), with no third or fourth
+// exponential and no pass over shared memory. One __syncthreads and one cluster barrier a row;
+// the next row's logits are loaded while the current row's statistics are combined and its
+// gradient is written.
+
+constexpr int kRegThreads = 512, kRegWarps = kRegThreads / 32, kRegMaxCluster = 16;
+
+// A warp's, a block's or a row's statistics (log2 units): maxima and sums of 2^(x - m) of the
+// student (a) and the teacher (b), and the divergence's weighted sum w (under b's maximum for KL,
+// a's for reverse KL).
+struct RegPart {
+  float ma, za, mb, zb, w;
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int k = 16; k > 0; k >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, k));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
+  return v;
+}
+__device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.0f : m; }
+
+// The lanes' parts merged (every lane gets the result): the common maxima first, then each
+// lane's sums rescaled to them once (two exponentials a lane, not two a step).
+template <bool kWOnB>
+__device__ __forceinline__ RegPart merge_lanes(const RegPart& p) {
+  RegPart o;
+  o.ma = warp_max(p.ma);
+  o.mb = warp_max(p.mb);
+  const float ca = p.za > 0.0f ? ex2(p.ma - finite_or_zero(o.ma)) : 0.0f;
+  const float cb = p.zb > 0.0f ? ex2(p.mb - finite_or_zero(o.mb)) : 0.0f;
+  o.za = warp_sum(p.za * ca);
+  o.zb = warp_sum(p.zb * cb);
+  o.w = warp_sum(p.w != 0.0f ? p.w * (kWOnB ? cb : ca) : 0.0f);
+  return o;
+}
+
+// Two 16-bit logits of a 32-bit word as floats (bf16: by shifts and masks), and back (one
+// rounding conversion for the pair).
+__device__ __forceinline__ float2 unpack2(uint32_t w, __nv_bfloat16*) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+__device__ __forceinline__ float2 unpack2(uint32_t w, __half*) {
+  __half2 h;
+  memcpy(&h, &w, 4);
+  return __half22float2(h);
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, __nv_bfloat16*) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t w;
+  memcpy(&w, &h, 4);
+  return w;
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, __half*) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  uint32_t w;
+  memcpy(&w, &h, 4);
+  return w;
+}
+
+// Copies this thread's vectors of a row of both tensors into its slots of stage (cp.async, not
+// committed; the same thread reads them back after waiting for the group).
+template <class T, int kV>
+__device__ __forceinline__ void stage_reg_row(const Args& a, int64_t row, int lo, int hi,
+                                              uint4 (*stage)[kRegThreads]) {
+  const T* S = static_cast<const T*>(a.student) + row * a.V;
+  const T* Tt = static_cast<const T*>(a.teacher) + row * a.V;
+#pragma unroll
+  for (int v = 0; v < kV; ++v) {
+    const int i = lo + (static_cast<int>(threadIdx.x) + v * kRegThreads) * 8;
+    if (i < hi) {
+      const auto ds = static_cast<uint32_t>(__cvta_generic_to_shared(&stage[v][threadIdx.x]));
+      const auto dt = static_cast<uint32_t>(__cvta_generic_to_shared(&stage[kV + v][threadIdx.x]));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ds), "l"(S + i) : "memory");
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dt), "l"(Tt + i) : "memory");
+    }
+  }
+}
+
+template <class T, int kEPT, int kKind>
+__global__ void __launch_bounds__(kRegThreads, kEPT <= 16 ? 2 : 1)
+    distill_reg_kernel(const Args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(sizeof(T) == 2 && kEPT % 8 == 0, "16-bit logits, 16-byte vectors");
+  constexpr int kV = kEPT / 8;
+  constexpr bool kKL = kKind == static_cast<int>(Divergence::KL);
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int clusters = static_cast<int>(gridDim.x) / C, first = static_cast<int>(blockIdx.x) / C;
+  const int64_t V = a.V;
+  const int lo = rank * static_cast<int>(a.chunk), hi = static_cast<int>(min(V, lo + a.chunk));
+  const float c2 = a.inv_t * kLog2e;
+  __shared__ RegPart warps[kRegWarps];
+  // The blocks' parts of a row, by row parity: block r's in recv[p][r], written by block r with
+  // st.async, which completes its bytes on done[p] (no cluster-wide barrier a row, whose release
+  // would wait for this block's outstanding gradient stores and loads).
+  __shared__ float4 recv[2][kRegMaxCluster][2];
+  __shared__ uint64_t done[2];
+  __shared__ float4 terms;  // the row's lse_a, lse_b and D, from warp 0
+  // Three stages of a row's vectors, kV of each tensor (dynamic: 64 KiB a stage at kEPT 32).
+  extern __shared__ uint4 stage_raw[];
+  auto stage = [&](int n) {
+    return reinterpret_cast<uint4(*)[kRegThreads]>(stage_raw + (n % 3) * 2 * kV * kRegThreads);
+  };
+  const auto done_at = [&](int p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(&done[p]));
+  };
+  auto vec_at = [&](int v) { return lo + (static_cast<int>(threadIdx.x) + v * kRegThreads) * 8; };
+  // Slots past the chunk hold -inf logits for good (the copies never write them): no test of
+  // each logit for being in the row.
+  {
+    uint4 ninf;
+    T* h = reinterpret_cast<T*>(&ninf);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) h[k] = from_float<T>(-INFINITY);
+    for (int n = 0; n < 3; ++n) {
+#pragma unroll
+      for (int v = 0; v < kV; ++v) {
+        if (vec_at(v) >= hi) stage(n)[v][threadIdx.x] = stage(n)[kV + v][threadIdx.x] = ninf;
+      }
+    }
+  }
+  if (threadIdx.x == 0) {
+    for (int p = 0; p < 2; ++p) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(done_at(p)) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster.sync();  // every block's barriers initialised before any part is sent
+
+  // Rows first, first + clusters, ...: row n of this cluster in stage n % 3, fetched while rows
+  // n - 2 and n - 1 are worked on.
+  auto row_of = [&](int n) { return first + static_cast<int64_t>(n) * clusters; };
+  auto fetch = [&](int n) {
+    const int64_t row = row_of(n);
+    if (row < a.rows && !row_label(a, row).ignored) stage_reg_row<T, kV>(a, row, lo, hi, stage(n));
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  fetch(0);
+  fetch(1);
+  for (int n = 0; row_of(n) < a.rows; ++n) {
+    const int64_t row = row_of(n);
+    const int p = n & 1;
+    const RowLabel rl = row_label(a, row);
+    const int label = rl.ignored || rl.bad ? -1 : static_cast<int>(rl.label);
+    fetch(n + 2);
+    asm volatile("cp.async.wait_group 2;" ::: "memory");  // row n's stage (n + 1's, n + 2's fly)
+
+    // Against the warp's maxima M (log2 units): ea = 2^(x - M) of the student, eb the teacher's.
+    float ea[kEPT], eb[kEPT], dst[kKL ? 1 : kEPT];
+    float s_label = 0.0f;  // the label's logit, in the thread that holds it
+    bool has_label = false;
+    RegPart wp{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
+    if (!rl.ignored) {
+      float mx = -INFINITY, my = -INFINITY;
+#pragma unroll
+      for (int v = 0; v < kV; ++v) {
+        const uint4 rs = stage(n)[v][threadIdx.x], rt = stage(n)[kV + v][threadIdx.x];
+        const uint32_t ws[4] = {rs.x, rs.y, rs.z, rs.w}, wt[4] = {rt.x, rt.y, rt.z, rt.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {  // the logits, until the exponentials replace them
+          const float2 fs = unpack2(ws[k], static_cast<T*>(nullptr));
+          const float2 ft = unpack2(wt[k], static_cast<T*>(nullptr));
+          ea[v * 8 + 2 * k] = fs.x;
+          ea[v * 8 + 2 * k + 1] = fs.y;
+          eb[v * 8 + 2 * k] = ft.x;
+          eb[v * 8 + 2 * k + 1] = ft.y;
+          mx = fmaxf(mx, fmaxf(fs.x, fs.y));
+          my = fmaxf(my, fmaxf(ft.x, ft.y));
+        }
+        const int i0 = vec_at(v);
+        if (i0 < hi && static_cast<unsigned>(label - i0) < 8u) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            if (label == i0 + k) s_label = ea[v * 8 + k];  // no dynamic index into registers
+          }
+          has_label = true;
+        }
+      }
+      wp.ma = warp_max(mx) * c2;  // c2 > 0
+      wp.mb = warp_max(my) * c2;
+      const float ma = finite_or_zero(wp.ma), mb = finite_or_zero(wp.mb);
+      float za = 0.0f, zb = 0.0f, w = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kEPT; ++k) {
+        const float s = ea[k], t = eb[k];
+        ea[k] = ex2(fmaf(s, c2, -ma));
+        eb[k] = ex2(fmaf(t, c2, -mb));
+        za += ea[k];
+        zb += eb[k];
+        // A difference of -inf (or NaN: both -inf) comes with a weight of 0: clamped to a
+        // finite value, it adds 0, not NaN.
+        if constexpr (kKL) {
+          w = fmaf(eb[k], fmaxf(t - s, -1e30f), w);
+        } else {
+          dst[k] = fmaxf(s - t, -1e30f);
+          w = fmaf(ea[k], dst[k], w);
+        }
+      }
+      wp.za = warp_sum(za);
+      wp.zb = warp_sum(zb);
+      wp.w = warp_sum(w) * c2;
+    }
+
+    if (lane == 0) warps[warp] = wp;
+    __syncthreads();
+    if (warp == 0) {
+      // The block's part to every block of the cluster (block `lane` gets it in recv[p][rank]),
+      // then the row's from the C parts.
+      RegPart q{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
+      if (lane < kRegWarps) q = warps[lane];
+      q = merge_lanes<kKL>(q);
+      if (lane < C) {
+        uint32_t dst_at, bar;
+        asm("mapa.shared::cluster.u32 %0, %1, %2;"
+            : "=r"(dst_at)
+            : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(&recv[p][rank][0]))), "r"(lane));
+        asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(done_at(p)), "r"(lane));
+        asm volatile(
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%2, %3, %4, %5}, "
+            "[%1];\n"
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%6], {%7, %8, %8, %8}, "
+            "[%1];" ::"r"(dst_at),
+            "r"(bar), "f"(q.ma), "f"(q.za), "f"(q.mb), "f"(q.zb), "r"(dst_at + 16), "f"(q.w),
+            "f"(0.0f)
+            : "memory");
+      }
+      if (lane == 0) {  // this row's parts: C x 32 bytes
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(done_at(p)),
+                     "r"(C * 32)
+                     : "memory");
+      }
+      asm volatile(
+          "{\n"
+          ".reg .pred P;\n"
+          "WAIT:\n"
+          "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
+          "@!P bra WAIT;\n"
+          "}" ::"r"(done_at(p)),
+          "r"((n >> 1) & 1)
+          : "memory");
+      RegPart r{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
+      if (lane < C) {
+        const float4 u = recv[p][lane][0], u2 = recv[p][lane][1];
+        r = RegPart{u.x, u.y, u.z, u.w, u2.x};
+      }
+      r = merge_lanes<kKL>(r);
+      if (lane == 0) {
+        const float lse_a = finite_or_zero(r.ma) + log2f(r.za);
+        const float lse_b = finite_or_zero(r.mb) + log2f(r.zb);
+        terms = make_float4(
+            lse_a, lse_b,
+            kKL ? kLn2 * (r.w / r.zb - lse_b + lse_a) : kLn2 * (r.w / r.za - lse_a + lse_b), 0.0f);
+      }
+    }
+    __syncthreads();  // terms written (the other warps sleep here, not spinning on the barrier)
+    RowTerms rt_;
+    {
+      const float4 t = terms;
+      rt_.lse_a = t.x;
+      rt_.lse_b = t.y;
+      rt_.lse1 = t.x * a.temperature;  // T = 1 whenever the hard term is on here
+      rt_.D = t.z;
+    }
+
+    if (a.grad) {
+      T* G = static_cast<T*>(a.grad) + row * V;
+      const GradTerms gt = grad_terms(a, rl, c2);
+      // The student's softmax is q = ea 2^(M - lse_a) = ea qa, the teacher's p = eb pb (0 where
+      // the warp's maximum is -inf: no 0 * inf). KL: g = cs (q - p) + ch (q - [label]) =
+      // ea (cs + ch) qa - eb cs pb - ch [label]; reverse KL: g = q (cs u + ch) - ch [label] with
+      // u = ln2 (log2 q - log2 p) - D = (s - t) / T + ln2 (lse_b - lse_a) - D.
+      const float qa = wp.ma == -INFINITY ? 0.0f : ex2(wp.ma - rt_.lse_a);
+      const float pb = wp.mb == -INFINITY ? 0.0f : ex2(wp.mb - rt_.lse_b);
+      const float fa = (gt.cs + gt.ch) * qa, fb = gt.cs * pb;
+      const float uk = kLn2 * c2, u0 = kLn2 * (rt_.lse_b - rt_.lse_a) - rt_.D;
+#pragma unroll
+      for (int v = 0; v < kV; ++v) {
+        const int i = vec_at(v);
+        if (i >= hi) continue;
+        if (rl.ignored) {
+          __stcs(reinterpret_cast<uint4*>(G + i), make_uint4(0, 0, 0, 0));
+          continue;
+        }
+        float g[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          if constexpr (kKL) {
+            g[k] = fmaf(ea[v * 8 + k], fa, -eb[v * 8 + k] * fb);
+          } else {
+            const float q = ea[v * 8 + k] * qa;
+            g[k] = q > 0.0f ? q * fmaf(fmaf(dst[v * 8 + k], uk, u0), gt.cs, gt.ch) : 0.0f;
+          }
+        }
+        if (static_cast<unsigned>(label - i) < 8u) {  // the hard label's -ch
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            if (label == i + k) g[k] -= gt.ch;
+          }
+        }
+        uint4 raw;
+        raw.x = pack2(g[0], g[1], static_cast<T*>(nullptr));
+        raw.y = pack2(g[2], g[3], static_cast<T*>(nullptr));
+        raw.z = pack2(g[4], g[5], static_cast<T*>(nullptr));
+        raw.w = pack2(g[6], g[7], static_cast<T*>(nullptr));
+        __stcs(reinterpret_cast<uint4*>(G + i), raw);
+      }
+    }
+    // The loss: the thread holding the label's logit when the hard term needs it, else block
+    // rank 0's thread 0 (a bad label's NaN included).
+    const bool needs_label = a.alpha != 0.0f && a.labels && !rl.ignored && !rl.bad;
+    if (needs_label ? has_label : rank == 0 && threadIdx.x == 0) {
+      a.loss[row] = row_loss(a, rl, rt_, s_label);
+    }
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  cluster.sync();  // no block leaves while a part may still be on its way to it
+#endif
+}
+
+// Logits a thread holds (16 or 32) and blocks a row (a power of two up to 16) for the register
+// kernel, or kEPT 0 where it does not apply.
+struct RegPlan {
+  int ept = 0, C = 0, clusters = 0;
+};
+
+template <int kEPT>
+constexpr size_t reg_smem() {
+  return size_t{3} * 2 * (kEPT / 8) * kRegThreads * sizeof(uint4);  // three stages
+}
+
+template <class T, int kEPT, int kKind>
+int reg_clusters(int C) {
+  auto* kernel = distill_reg_kernel<T, kEPT, kKind>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(reg_smem<kEPT>())) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (C > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+                   cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(C));
+  cfg.blockDim = dim3(kRegThreads);
+  cfg.dynamicSmemBytes = reg_smem<kEPT>();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim = {static_cast<unsigned>(C), 1, 1};
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+template <class T, int kEPT, int kKind>
+void launch_reg(const Args& a, int C, int clusters) {
+  auto* kernel = distill_reg_kernel<T, kEPT, kKind>;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim = {static_cast<unsigned>(C), 1, 1};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(clusters) * C));
+  cfg.blockDim = dim3(kRegThreads);
+  cfg.dynamicSmemBytes = reg_smem<kEPT>();
+  cfg.stream = current_stream();
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+}
+
 template <class T, int kVec, int kKind>
 void launch(const Args& a, int C, size_t smem) {
   auto* kernel = distill_kernel<T, kVec, kKind>;
@@ -511,12 +900,61 @@ __global__ void scale_rows_kernel(T* x, const float* s, int64_t s_stride, int64_
   }
 }
 
+// The register kernel for KL and reverse KL of 16-bit logits on sm_90 (clusters), without a
+// separate hard-label softmax (alpha 0 or T 1): false where it does not apply or no cluster of
+// the blocks it needs fits this GPU (the caller then launches distill_kernel).
+template <class T>
+bool try_reg_kernel(Args& a) {
+  const auto kind = static_cast<Divergence>(a.kind);
+  if (device_info().cc_major < 9 || a.hard_separate ||
+      (kind != Divergence::KL && kind != Divergence::ReverseKL)) {
+    return false;
+  }
+  // Clusters that fit at once, per (logits a thread, kind, log2 C); -1: not asked yet.
+  static std::atomic<int> fits[2][2][5] = {};
+  static std::once_flag init;
+  std::call_once(init, [] {
+    for (auto& e : fits)
+      for (auto& k : e)
+        for (auto& c : k) c.store(-1);
+  });
+  const int ki = kind == Divergence::KL ? 0 : 1;
+  for (int ei = 0; ei < 2; ++ei) {
+    const int ept = ei == 0 ? 16 : 32;
+    int C = 1, lc = 0;
+    while (static_cast<int64_t>(C) * kRegThreads * ept < a.V && C < kRegMaxCluster) {
+      C *= 2;
+      ++lc;
+    }
+    if (static_cast<int64_t>(C) * kRegThreads * ept < a.V) continue;
+    int n = fits[ei][ki][lc].load();
+    if (n < 0) {
+      n = ei == 0 ? (ki == 0 ? reg_clusters<T, 16, 0>(C) : reg_clusters<T, 16, 1>(C))
+                  : (ki == 0 ? reg_clusters<T, 32, 0>(C) : reg_clusters<T, 32, 1>(C));
+      fits[ei][ki][lc].store(n);
+    }
+    if (n <= 0) continue;
+    a.chunk = (a.V + 8 * C - 1) / (8 * C) * 8;
+    const int clusters = static_cast<int>(std::min<int64_t>(n, a.rows));
+    constexpr int kKL = static_cast<int>(Divergence::KL),
+                  kRKL = static_cast<int>(Divergence::ReverseKL);
+    if (ei == 0) {
+      ki == 0 ? launch_reg<T, 16, kKL>(a, C, clusters) : launch_reg<T, 16, kRKL>(a, C, clusters);
+    } else {
+      ki == 0 ? launch_reg<T, 32, kKL>(a, C, clusters) : launch_reg<T, 32, kRKL>(a, C, clusters);
+    }
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 template <class T>
-void distill_rows(float* loss, T* grad, const T* student, const T* teacher, const int64_t* labels,
-                  int64_t rows, int64_t V, const DistillParams& p, const float* grad_scale) {
-  if (rows == 0) return;
+const char* distill_rows(float* loss, T* grad, const T* student, const T* teacher,
+                         const int64_t* labels, int64_t rows, int64_t V, const DistillParams& p,
+                         const float* grad_scale) {
+  if (rows == 0) return "cuda";
   Args a{};
   a.loss = loss;
   a.grad = grad;
@@ -536,6 +974,9 @@ void distill_rows(float* loss, T* grad, const T* student, const T* teacher, cons
   constexpr int kVecN = static_cast<int>(16 / sizeof(T));
   const bool vec = V % kVecN == 0 && is_aligned(student, 16) && is_aligned(teacher, 16) &&
                    (!grad || is_aligned(grad, 16));
+  if constexpr (sizeof(T) == 2) {
+    if (vec && try_reg_kernel<T>(a)) return "cuda-registers";
+  }
   const int w = vec ? kVecN : 1;
   // The fewest blocks per row (a power of two up to 8) whose chunk of both tensors fits the
   // staging budget; a row too long for 8 stages is read from global memory again instead.
@@ -565,6 +1006,7 @@ void distill_rows(float* loss, T* grad, const T* student, const T* teacher, cons
   } else {
     with_kind.template operator()<1>();
   }
+  return "cuda";
 }
 
 template <class T>
@@ -575,9 +1017,9 @@ void scale_rows(T* x, const float* s, int64_t s_stride, int64_t rows, int64_t co
   LLMK_CUDA_CHECK(cudaGetLastError());
 }
 
-#define LLMK_DISTILL_INSTANTIATE(T)                                                               \
-  template void distill_rows<T>(float*, T*, const T*, const T*, const int64_t*, int64_t, int64_t, \
-                                const DistillParams&, const float*);                              \
+#define LLMK_DISTILL_INSTANTIATE(T)                                                             \
+  template const char* distill_rows<T>(float*, T*, const T*, const T*, const int64_t*, int64_t, \
+                                       int64_t, const DistillParams&, const float*);            \
   template void scale_rows<T>(T*, const float*, int64_t, int64_t, int64_t);
 LLMK_DISTILL_INSTANTIATE(float)
 LLMK_DISTILL_INSTANTIATE(__nv_bfloat16)

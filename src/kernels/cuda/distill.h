@@ -19,9 +19,12 @@ using cpu::grad::Divergence;
 // student itself (the gradient replaces the logits: each is read before its place is written). A
 // label outside [0, V) other than ignore_index gives that row a NaN loss and gradient. Each row is
 // read from memory once where its share of each block's shared memory fits (a cluster of up to 8
-// blocks splits a row), else twice (three times for JSD).
+// blocks splits a row), else twice (three times for JSD). KL and reverse KL of 16-bit logits on
+// sm_90 without a separate hard-label softmax (alpha 0 or T 1) hold each row in registers instead
+// (a cluster of up to 16 blocks, rows of up to 262,144 logits). Returns the kernel that ran:
+// "cuda-registers" or "cuda".
 template <class T>
-void distill_rows(float* loss, T* grad, const T* student, const T* teacher, const int64_t* labels,
+const char* distill_rows(float* loss, T* grad, const T* student, const T* teacher, const int64_t* labels,
                   int64_t rows, int64_t V, const DistillParams& p, const float* grad_scale);
 
 // x [rows, cols] (contiguous) *= s[r] (fp32 on the device; s_stride 0: one value for all rows).

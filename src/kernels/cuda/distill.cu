@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <type_traits>
 
@@ -446,16 +447,19 @@ __global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
 
 // ---- KL and reverse KL with each row in registers ----
 //
-// For 16-bit logits and rows of at most 16 x 512 x kEPT logits: a cluster of C blocks of 512
-// threads holds a row in registers, kEPT logits of each tensor a thread, and walks rows (a
-// persistent grid: as many clusters as fit at once). Each logit takes two exponentials, 2^(x - M)
-// of the student and of the teacher against their warp's maximum M, kept in registers: the
-// gradient is then those times one factor a warp (2^(M - lse)), with no third or fourth
-// exponential and no pass over shared memory. One __syncthreads and one cluster barrier a row;
-// the next row's logits are loaded while the current row's statistics are combined and its
-// gradient is written.
+// For 16-bit logits and rows of at most 16 x kThreads x kEPT logits: a cluster of C blocks holds
+// a row in registers, kEPT logits of each tensor a thread, and walks rows (a persistent grid: as
+// many clusters as fit at once). Each logit takes two exponentials, 2^(x - M) of the student and
+// of the teacher against their warp's maximum M, kept in registers: the gradient is then those
+// times one factor a warp (2^(M - lse)), with no third or fourth exponential and no pass over
+// shared memory. A row's statistics: a __syncthreads, one warp a block sends the block's to every
+// block of the cluster (st.async onto an mbarrier) and combines theirs, a __syncthreads hands the
+// row's log-sum-exps to the other warps. Rows come two ahead (cp.async into three stages of
+// shared memory), so their loads overlap the exchanges and the gradients' stores.
 
-constexpr int kRegThreads = 512, kRegWarps = kRegThreads / 32, kRegMaxCluster = 16;
+// Threads a block, logits of each tensor a thread (in registers), blocks a cluster at most: rows
+// of up to 262,144 logits.
+constexpr int kRegThreads = 1024, kRegLogits = 16, kRegMaxCluster = 16;
 
 // A warp's, a block's or a row's statistics (log2 units): maxima and sums of 2^(x - m) of the
 // student (a) and the teacher (b), and the divergence's weighted sum w (under b's maximum for KL,
@@ -514,14 +518,14 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi, __half*) {
 
 // Copies this thread's vectors of a row of both tensors into its slots of stage (cp.async, not
 // committed; the same thread reads them back after waiting for the group).
-template <class T, int kV>
+template <class T, int kThreads, int kV>
 __device__ __forceinline__ void stage_reg_row(const Args& a, int64_t row, int lo, int hi,
-                                              uint4 (*stage)[kRegThreads]) {
+                                              uint4 (*stage)[kThreads]) {
   const T* S = static_cast<const T*>(a.student) + row * a.V;
   const T* Tt = static_cast<const T*>(a.teacher) + row * a.V;
 #pragma unroll
   for (int v = 0; v < kV; ++v) {
-    const int i = lo + (static_cast<int>(threadIdx.x) + v * kRegThreads) * 8;
+    const int i = lo + (static_cast<int>(threadIdx.x) + v * kThreads) * 8;
     if (i < hi) {
       const auto ds = static_cast<uint32_t>(__cvta_generic_to_shared(&stage[v][threadIdx.x]));
       const auto dt = static_cast<uint32_t>(__cvta_generic_to_shared(&stage[kV + v][threadIdx.x]));
@@ -531,12 +535,12 @@ __device__ __forceinline__ void stage_reg_row(const Args& a, int64_t row, int lo
   }
 }
 
-template <class T, int kEPT, int kKind>
-__global__ void __launch_bounds__(kRegThreads, kEPT <= 16 ? 2 : 1)
+template <class T, int kThreads, int kEPT, int kKind>
+__global__ void __launch_bounds__(kThreads, kThreads* kEPT <= 8192 ? 2 : 1)
     distill_reg_kernel(const Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(T) == 2 && kEPT % 8 == 0, "16-bit logits, 16-byte vectors");
-  constexpr int kV = kEPT / 8;
+  constexpr int kV = kEPT / 8, kWarps = kThreads / 32;
   constexpr bool kKL = kKind == static_cast<int>(Divergence::KL);
   cg::cluster_group cluster = cg::this_cluster();
   const int C = static_cast<int>(cluster.num_blocks());
@@ -546,7 +550,7 @@ __global__ void __launch_bounds__(kRegThreads, kEPT <= 16 ? 2 : 1)
   const int64_t V = a.V;
   const int lo = rank * static_cast<int>(a.chunk), hi = static_cast<int>(min(V, lo + a.chunk));
   const float c2 = a.inv_t * kLog2e;
-  __shared__ RegPart warps[kRegWarps];
+  __shared__ RegPart warps[kWarps];
   // The blocks' parts of a row, by row parity: block r's in recv[p][r], written by block r with
   // st.async, which completes its bytes on done[p] (no cluster-wide barrier a row, whose release
   // would wait for this block's outstanding gradient stores and loads).
@@ -556,12 +560,12 @@ __global__ void __launch_bounds__(kRegThreads, kEPT <= 16 ? 2 : 1)
   // Three stages of a row's vectors, kV of each tensor (dynamic: 64 KiB a stage at kEPT 32).
   extern __shared__ uint4 stage_raw[];
   auto stage = [&](int n) {
-    return reinterpret_cast<uint4(*)[kRegThreads]>(stage_raw + (n % 3) * 2 * kV * kRegThreads);
+    return reinterpret_cast<uint4(*)[kThreads]>(stage_raw + (n % 3) * 2 * kV * kThreads);
   };
   const auto done_at = [&](int p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(&done[p]));
   };
-  auto vec_at = [&](int v) { return lo + (static_cast<int>(threadIdx.x) + v * kRegThreads) * 8; };
+  auto vec_at = [&](int v) { return lo + (static_cast<int>(threadIdx.x) + v * kThreads) * 8; };
   // Slots past the chunk hold -inf logits for good (the copies never write them): no test of
   // each logit for being in the row.
   {
@@ -589,7 +593,8 @@ __global__ void __launch_bounds__(kRegThreads, kEPT <= 16 ? 2 : 1)
   auto row_of = [&](int n) { return first + static_cast<int64_t>(n) * clusters; };
   auto fetch = [&](int n) {
     const int64_t row = row_of(n);
-    if (row < a.rows && !row_label(a, row).ignored) stage_reg_row<T, kV>(a, row, lo, hi, stage(n));
+    if (row < a.rows && !row_label(a, row).ignored)
+      stage_reg_row<T, kThreads, kV>(a, row, lo, hi, stage(n));
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   fetch(0);
@@ -664,7 +669,7 @@ __global__ void __launch_bounds__(kRegThreads, kEPT <= 16 ? 2 : 1)
       // The block's part to every block of the cluster (block `lane` gets it in recv[p][rank]),
       // then the row's from the C parts.
       RegPart q{-INFINITY, 0.0f, -INFINITY, 0.0f, 0.0f};
-      if (lane < kRegWarps) q = warps[lane];
+      if (lane < kWarps) q = warps[lane];
       q = merge_lanes<kKL>(q);
       if (lane < C) {
         uint32_t dst_at, bar;
@@ -774,22 +779,17 @@ __global__ void __launch_bounds__(kRegThreads, kEPT <= 16 ? 2 : 1)
 #endif
 }
 
-// Logits a thread holds (16 or 32) and blocks a row (a power of two up to 16) for the register
-// kernel, or kEPT 0 where it does not apply.
-struct RegPlan {
-  int ept = 0, C = 0, clusters = 0;
-};
-
-template <int kEPT>
+template <int kThreads, int kEPT>
 constexpr size_t reg_smem() {
-  return size_t{3} * 2 * (kEPT / 8) * kRegThreads * sizeof(uint4);  // three stages
+  return size_t{3} * 2 * (kEPT / 8) * kThreads * sizeof(uint4);  // three stages
 }
 
-template <class T, int kEPT, int kKind>
+// Clusters of C blocks of the register kernel that fit this GPU at once (0: none).
+template <class T, int kThreads, int kEPT, int kKind>
 int reg_clusters(int C) {
-  auto* kernel = distill_reg_kernel<T, kEPT, kKind>;
+  auto* kernel = distill_reg_kernel<T, kThreads, kEPT, kKind>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(reg_smem<kEPT>())) != cudaSuccess) {
+                           static_cast<int>(reg_smem<kThreads, kEPT>())) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -800,8 +800,8 @@ int reg_clusters(int C) {
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(C));
-  cfg.blockDim = dim3(kRegThreads);
-  cfg.dynamicSmemBytes = reg_smem<kEPT>();
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = reg_smem<kThreads, kEPT>();
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim = {static_cast<unsigned>(C), 1, 1};
@@ -815,16 +815,16 @@ int reg_clusters(int C) {
   return n;
 }
 
-template <class T, int kEPT, int kKind>
+template <class T, int kThreads, int kEPT, int kKind>
 void launch_reg(const Args& a, int C, int clusters) {
-  auto* kernel = distill_reg_kernel<T, kEPT, kKind>;
+  auto* kernel = distill_reg_kernel<T, kThreads, kEPT, kKind>;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim = {static_cast<unsigned>(C), 1, 1};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(clusters) * C));
-  cfg.blockDim = dim3(kRegThreads);
-  cfg.dynamicSmemBytes = reg_smem<kEPT>();
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = reg_smem<kThreads, kEPT>();
   cfg.stream = current_stream();
   cfg.attrs = attr;
   cfg.numAttrs = 1;
@@ -902,7 +902,9 @@ __global__ void scale_rows_kernel(T* x, const float* s, int64_t s_stride, int64_
 
 // The register kernel for KL and reverse KL of 16-bit logits on sm_90 (clusters), without a
 // separate hard-label softmax (alpha 0 or T 1): false where it does not apply or no cluster of
-// the blocks it needs fits this GPU (the caller then launches distill_kernel).
+// the blocks it needs fits this GPU (the caller then launches distill_kernel). Blocks of 1,024
+// threads, 16 logits a thread, one block an SM: on an H100 faster than blocks of 512 two an SM
+// (whose 14 clusters of 16 left some SMs one block, others two) or of 512 with 32 logits each.
 template <class T>
 bool try_reg_kernel(Args& a) {
   const auto kind = static_cast<Divergence>(a.kind);
@@ -910,42 +912,32 @@ bool try_reg_kernel(Args& a) {
       (kind != Divergence::KL && kind != Divergence::ReverseKL)) {
     return false;
   }
-  // Clusters that fit at once, per (logits a thread, kind, log2 C); -1: not asked yet.
-  static std::atomic<int> fits[2][2][5] = {};
-  static std::once_flag init;
-  std::call_once(init, [] {
-    for (auto& e : fits)
-      for (auto& k : e)
-        for (auto& c : k) c.store(-1);
-  });
-  const int ki = kind == Divergence::KL ? 0 : 1;
-  for (int ei = 0; ei < 2; ++ei) {
-    const int ept = ei == 0 ? 16 : 32;
-    int C = 1, lc = 0;
-    while (static_cast<int64_t>(C) * kRegThreads * ept < a.V && C < kRegMaxCluster) {
-      C *= 2;
-      ++lc;
-    }
-    if (static_cast<int64_t>(C) * kRegThreads * ept < a.V) continue;
-    int n = fits[ei][ki][lc].load();
-    if (n < 0) {
-      n = ei == 0 ? (ki == 0 ? reg_clusters<T, 16, 0>(C) : reg_clusters<T, 16, 1>(C))
-                  : (ki == 0 ? reg_clusters<T, 32, 0>(C) : reg_clusters<T, 32, 1>(C));
-      fits[ei][ki][lc].store(n);
-    }
-    if (n <= 0) continue;
-    a.chunk = (a.V + 8 * C - 1) / (8 * C) * 8;
-    const int clusters = static_cast<int>(std::min<int64_t>(n, a.rows));
-    constexpr int kKL = static_cast<int>(Divergence::KL),
-                  kRKL = static_cast<int>(Divergence::ReverseKL);
-    if (ei == 0) {
-      ki == 0 ? launch_reg<T, 16, kKL>(a, C, clusters) : launch_reg<T, 16, kRKL>(a, C, clusters);
-    } else {
-      ki == 0 ? launch_reg<T, 32, kKL>(a, C, clusters) : launch_reg<T, 32, kRKL>(a, C, clusters);
-    }
-    return true;
+  int C = 1, lc = 0;
+  while (int64_t{C} * kRegThreads * kRegLogits < a.V && C < kRegMaxCluster) {
+    C *= 2;
+    ++lc;
   }
-  return false;
+  if (int64_t{C} * kRegThreads * kRegLogits < a.V) return false;
+  // Clusters that fit at once, per (kind, log2 C); -1: not asked yet.
+  static std::atomic<int> fits[2][5] = {{-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}};
+  constexpr int kKL = static_cast<int>(Divergence::KL),
+                kRKL = static_cast<int>(Divergence::ReverseKL);
+  const bool kl = kind == Divergence::KL;
+  int n = fits[kl ? 0 : 1][lc].load();
+  if (n < 0) {
+    n = kl ? reg_clusters<T, kRegThreads, kRegLogits, kKL>(C)
+           : reg_clusters<T, kRegThreads, kRegLogits, kRKL>(C);
+    fits[kl ? 0 : 1][lc].store(n);
+  }
+  if (n <= 0) return false;
+  a.chunk = (a.V + 8 * C - 1) / (8 * C) * 8;
+  const int clusters = static_cast<int>(std::min<int64_t>(n, a.rows));
+  if (kl) {
+    launch_reg<T, kRegThreads, kRegLogits, kKL>(a, C, clusters);
+  } else {
+    launch_reg<T, kRegThreads, kRegLogits, kRKL>(a, C, clusters);
+  }
+  return true;
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk.ops as L
-from timing import timed_interleaved
+from timing import peak_gib, timed_interleaved
 
 
 def torch_loss(s, t, loss, T, beta):
@@ -134,16 +134,8 @@ def main():
     del ref, gref
 
     # Memory of one forward + backward, beyond what was allocated before it.
-    mem = {}
-    for name, fn in variants.items():
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = fn()
-        gs = torch.autograd.grad(out, params)
-        torch.cuda.synchronize()
-        mem[name] = (torch.cuda.max_memory_allocated() - base) / 2**30
-        del out, gs
+    mem = {name: peak_gib(lambda fn=fn: torch.autograd.grad(fn(), params))
+           for name, fn in variants.items()}
 
     # Copy rate: one tensor of the logits' size copied (read + write).
     dst = torch.empty_like(t)

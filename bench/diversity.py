@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk.ops as L
-from timing import timed_back_to_back, timed_interleaved
+from timing import peak_gib, timed_back_to_back, timed_interleaved
 
 
 def torch_diversity(x, rows):
@@ -96,12 +96,7 @@ def main():
     mem = {}
     for name, fn in cases.items():
         fn()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fn()
-        torch.cuda.synchronize()
-        mem[name] = (torch.cuda.max_memory_allocated() - base) / 2**30
+        mem[name] = peak_gib(fn)
     dst = torch.empty_like(x.detach())
     names = list(cases)
     us = timed_interleaved([cases[n] for n in names] + [lambda: dst.copy_(x.detach())],

@@ -43,3 +43,15 @@ def timed_back_to_back(fn, calls=20, samples=5, warmup=3):
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / calls)
     return statistics.median(times)
+
+
+def peak_gib(fn):
+    """The peak memory in GiB that one call of fn allocates beyond what was allocated before it
+    (what it returns included, released after)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    del out
+    return (torch.cuda.max_memory_allocated() - base) / 2**30

@@ -1388,9 +1388,10 @@ def _rescale(m: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class _AttentionTransfer(torch.autograd.Function):
-    """KL(teacher || student) of each query row's attention distribution, averaged over batch,
-    relation heads and rows; keys in blocks, so no S x S matrix exists (forward: online
-    log-sum-exps and the KL's weighted sum; backward: the blocks again)."""
+    """The torch path (where llmk's kernels do not apply): KL(teacher || student) of each query
+    row's attention distribution, averaged over batch, relation heads and rows; keys in blocks,
+    so no S x S matrix exists (forward: online log-sum-exps and the KL's weighted sum; backward:
+    the blocks again)."""
 
     @staticmethod
     def forward(ctx, tq, tk, sq, sk, st, ss, causal, block):
@@ -1433,6 +1434,99 @@ class _AttentionTransfer(torch.autograd.Function):
         return None, None, dq, dk, None, None, None, None
 
 
+@_op("attention_transfer")
+def _attention_transfer(tq: Tensor, tk: Tensor, sq: Tensor, sk: Tensor, relation_heads: int,
+                        temperature: float, causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """llmk's kernels on [B, S, W] rows (the heads concatenated): (the mean KL over the B R S
+    rows, lse_t, lse_s [B, R, S]); float32 statistics for 16-bit inputs."""
+    B, S = sq.shape[:2]
+    kl, lse_t, lse_s = (sq.new_empty((B, relation_heads, S), dtype=_stat_dtype(sq))
+                        for _ in range(3))
+    _C.attention_transfer_forward(kl, lse_t, lse_s, _c(tq), _c(tk), _c(sq), _c(sk),
+                                  relation_heads, temperature, causal, _stream(sq))
+    return kl.mean(), lse_t, lse_s
+
+
+@_attention_transfer.register_fake
+def _(tq, tk, sq, sk, relation_heads, temperature, causal):
+    dt = _stat_dtype(sq)
+    rows = (sq.shape[0], relation_heads, sq.shape[1])
+    return sq.new_empty((), dtype=dt), sq.new_empty(rows, dtype=dt), sq.new_empty(rows, dtype=dt)
+
+
+@_op("attention_transfer_backward")
+def _attention_transfer_backward(dout: Tensor, tq: Tensor, tk: Tensor, sq: Tensor, sk: Tensor,
+                                 lse_t: Tensor, lse_s: Tensor, relation_heads: int,
+                                 temperature: float, causal: bool, want_dq: bool,
+                                 want_dk: bool) -> tuple[Tensor, Tensor]:
+    """(dq, dk) of the student's rows for the mean's gradient dout; an empty tensor for one not
+    wanted."""
+    dq, dk = (torch.empty(sq.shape, dtype=sq.dtype, device=sq.device) if want
+              else sq.new_empty(0) for want in (want_dq, want_dk))
+    _C.attention_transfer_backward(dq if want_dq else None, dk if want_dk else None,
+                                   _c(dout).reshape(1).to(_stat_dtype(sq)), _c(tq), _c(tk),
+                                   _c(sq), _c(sk), _c(lse_t), _c(lse_s), relation_heads,
+                                   temperature, causal, _stream(sq))
+    return dq, dk
+
+
+@_attention_transfer_backward.register_fake
+def _(dout, tq, tk, sq, sk, lse_t, lse_s, relation_heads, temperature, causal, want_dq, want_dk):
+    return tuple(torch.empty_like(sq, memory_format=torch.contiguous_format) if want
+                 else sq.new_empty(0) for want in (want_dq, want_dk))
+
+
+def _attention_transfer_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4], output[1], output[2])
+    ctx.args = inputs[4:]  # relation_heads, temperature, causal
+
+
+def _attention_transfer_bwd(ctx, dout, _dlse_t, _dlse_s):
+    tq, tk, sq, sk, lse_t, lse_s = ctx.saved_tensors
+    want_dq, want_dk = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+    if dout is None or not (want_dq or want_dk):
+        return (None,) * 7
+    dq, dk = _attention_transfer_backward(dout, tq, tk, sq, sk, lse_t, lse_s, *ctx.args, want_dq,
+                                          want_dk)
+    return None, None, dq if want_dq else None, dk if want_dk else None, None, None, None
+
+
+_attention_transfer.register_autograd(_attention_transfer_bwd,
+                                      setup_context=_attention_transfer_setup)
+
+
+def _transfer_unsupported(rows: Sequence[Tensor], R: int) -> str:
+    """Why llmk's kernels do not take these contiguous [B, S, W] rows (teacher q, k, student q,
+    k), or "" where they do: ops::attention_transfer_unsupported's conditions, from the tensors'
+    metadata, which torch.compile can trace (a traced tensor's alignment from its storage
+    offset)."""
+    t0 = rows[0]
+    if t0.shape[0] * t0.shape[1] == 0:
+        return "no rows (B S = 0)"
+    if t0.device.type == "cpu":
+        return ("" if t0.dtype in (torch.float32, torch.float64)
+                else f"the CPU kernel takes float32 or float64, not {t0.dtype}")
+    if t0.device.type != "cuda":
+        return f"llmk's kernels take CPU or CUDA tensors, not {t0.device.type}"
+    if _C.attention_transfer_limits is None:
+        return "llmk was built without CUDA kernels"
+    if t0.dtype not in (torch.bfloat16, torch.float16):
+        return f"the CUDA kernel takes bf16 or fp16, not {t0.dtype}"
+    multiple, max_dt, max_ds = _C.attention_transfer_limits
+    dt, ds = rows[0].shape[2] // R, rows[2].shape[2] // R
+    if dt % multiple or ds % multiple:
+        return (f"relation head dims {dt} (teacher) and {ds} (student): the CUDA kernel takes "
+                f"multiples of {multiple}")
+    if dt > max_dt or ds > max_ds:
+        return (f"relation head dims {dt} (teacher) and {ds} (student): the CUDA kernel takes at "
+                f"most {max_dt} and {max_ds}")
+    for name, t in zip(("teacher_q", "teacher_k", "student_q", "student_k"), rows):
+        at = t.storage_offset() * t.element_size() if _traced(t) else t.data_ptr()
+        if at % 16:
+            return f"{name} is not 16-byte aligned"
+    return ""
+
+
 def attention_transfer_loss(teacher_q: Tensor, teacher_k: Tensor, student_q: Tensor,
                             student_k: Tensor, temperature: float = 1.0, causal: bool = True,
                             relation_heads: Optional[int] = None, block: int = 256) -> Tensor:
@@ -1442,9 +1536,16 @@ def attention_transfer_loss(teacher_q: Tensor, teacher_k: Tensor, student_q: Ten
     teacher gets none). Inputs [B, S, H, D] as flash_attn's (teacher and student share B and S).
     The heads of each side are concatenated and split into relation_heads heads (MiniLM v2;
     default: the smaller head count), which both sides' H D must divide: so teacher and student
-    may differ in head count and head dim. Keys go in blocks of `block`: no S x S matrix is
-    formed, forward or backward. Causal masks are bottom-right aligned as flash_attn's (S x S
-    here). Written with torch ops (CPU and CUDA); no fused kernel yet."""
+    may differ in head count and head dim. No S x S matrix is formed, forward or backward. Causal
+    masks are bottom-right aligned as flash_attn's (S x S here). The loss is float32 for 16-bit
+    inputs.
+
+    Kernels: float32/float64 CPU tensors run llmk's CPU kernel (sums in double); bf16/fp16 CUDA
+    tensors its fused tensor-core kernel (fp32 accumulation; the gradient's dS rounded to the
+    inputs' dtype) where the relation head dims H D / relation_heads are multiples of 8 and at
+    most 256 and the data 16-byte aligned. Anything else (float32 CUDA tensors, other dims)
+    runs torch ops with keys in blocks of `block` (which only that path reads), counted in
+    stats() with the reason."""
     op = "attention_transfer_loss"
     _check_float(op, teacher_q=teacher_q, teacher_k=teacher_k, student_q=student_q,
                  student_k=student_k)
@@ -1471,11 +1572,20 @@ def attention_transfer_loss(teacher_q: Tensor, teacher_k: Tensor, student_q: Ten
            f"({wt} and {ws})")
     _check(isinstance(block, int) and block > 0,
            lambda: f"llmk.ops.{op}: block = {block!r} must be a positive int")
+    B, S = student_q.shape[:2]
+    # [B, S, H D] rows (views where contiguous); the student's keep their autograd history.
+    rows = [t.contiguous().reshape(B, S, t.shape[2] * t.shape[3])
+            for t in (teacher_q.detach(), teacher_k.detach(), student_q, student_k)]
+    reason = _transfer_unsupported(rows, R)
+    if not reason:
+        return _attention_transfer(*rows, R, float(temperature), bool(causal))[0]
+    _count_python(op, "torch", reason)
     tq, tk = _relations(teacher_q.detach(), R), _relations(teacher_k.detach(), R)
     sq, sk = _relations(student_q, R), _relations(student_k, R)
     st = 1.0 / (math.sqrt(wt // R) * temperature)
     ss = 1.0 / (math.sqrt(ws // R) * temperature)
-    return _AttentionTransfer.apply(tq, tk, sq, sk, st, ss, bool(causal), block)
+    loss = _AttentionTransfer.apply(tq, tk, sq, sk, st, ss, bool(causal), block)
+    return loss.to(_stat_dtype(loss))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #ifdef LLMK_HAS_CUDA
 #include "core/cuda/stream.h"
 #include "kernels/cuda/attention/attention.h"
+#include "kernels/cuda/attention_transfer.h"
 #endif
 
 namespace nb = nanobind;
@@ -448,6 +449,56 @@ void register_ops(nb::module_& parent) {
         on_stream(stream, [&] { ops::scale_rows(t, tensor_of(s, "s")); });
       },
       nb::arg("x"), nb::arg("s"), nb::arg("stream"));
+  m.def(
+      "attention_transfer_forward",
+      [](Array kl, Array lse_t, Array lse_s, Array tq, Array tk, Array sq, Array sk,
+         int64_t relation_heads, double temperature, bool causal, uintptr_t stream) {
+        Tensor tkl = tensor_of(kl, "kl"), tlt = tensor_of(lse_t, "lse_t"),
+               tls = tensor_of(lse_s, "lse_s");
+        const ops::AttentionTransferOptions o{relation_heads, temperature, causal};
+        on_stream(stream, [&] {
+          ops::attention_transfer_forward(tkl, tlt, tls, tensor_of(tq, "tq"), tensor_of(tk, "tk"),
+                                          tensor_of(sq, "sq"), tensor_of(sk, "sk"), o);
+        });
+      },
+      nb::arg("kl"), nb::arg("lse_t"), nb::arg("lse_s"), nb::arg("tq"), nb::arg("tk"),
+      nb::arg("sq"), nb::arg("sk"), nb::arg("relation_heads"), nb::arg("temperature"),
+      nb::arg("causal"), nb::arg("stream"));
+  m.def(
+      "attention_transfer_backward",
+      [](OptArray dq, OptArray dk, Array dout, Array tq, Array tk, Array sq, Array sk, Array lse_t,
+         Array lse_s, int64_t relation_heads, double temperature, bool causal, uintptr_t stream) {
+        std::optional<Tensor> tdq = opt_tensor(dq, "dq"), tdk = opt_tensor(dk, "dk");
+        const ops::AttentionTransferOptions o{relation_heads, temperature, causal};
+        on_stream(stream, [&] {
+          ops::attention_transfer_backward(
+              tdq ? &*tdq : nullptr, tdk ? &*tdk : nullptr, tensor_of(dout, "dout"),
+              tensor_of(tq, "tq"), tensor_of(tk, "tk"), tensor_of(sq, "sq"), tensor_of(sk, "sk"),
+              tensor_of(lse_t, "lse_t"), tensor_of(lse_s, "lse_s"), o);
+        });
+      },
+      nb::arg("dq").none(), nb::arg("dk").none(), nb::arg("dout"), nb::arg("tq"), nb::arg("tk"),
+      nb::arg("sq"), nb::arg("sk"), nb::arg("lse_t"), nb::arg("lse_s"), nb::arg("relation_heads"),
+      nb::arg("temperature"), nb::arg("causal"), nb::arg("stream"));
+  // The CUDA kernels' limits (llmk.ops decides from them and the tensors' metadata, which
+  // torch.compile can trace): (dim multiple, largest teacher dim, largest student dim).
+  m.attr("attention_transfer_limits") =
+#ifdef LLMK_HAS_CUDA
+      nb::make_tuple(cuda::grad::kAttentionTransferDimMultiple, cuda::grad::kAttentionTransferMaxDt,
+                     cuda::grad::kAttentionTransferMaxDs);
+#else
+      nb::none();
+#endif
+  // "" where a kernel of llmk takes these [B, S, R d] inputs, else why not (llmk.ops then runs
+  // torch code and counts the reason).
+  m.def(
+      "attention_transfer_unsupported",
+      [](Array tq, Array tk, Array sq, Array sk, int64_t relation_heads) {
+        return ops::attention_transfer_unsupported(tensor_of(tq, "tq"), tensor_of(tk, "tk"),
+                                                   tensor_of(sq, "sq"), tensor_of(sk, "sk"),
+                                                   relation_heads);
+      },
+      nb::arg("tq"), nb::arg("tk"), nb::arg("sq"), nb::arg("sk"), nb::arg("relation_heads"));
   m.def("stats", [] {
     std::vector<std::tuple<std::string, std::string, std::string, uint64_t>> out;
     for (const ops::KernelCount& c : ops::train_op_stats()) {

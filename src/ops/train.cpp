@@ -5,8 +5,10 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "kernels/cpu/attention_grad.h"
+#include "kernels/cpu/attention_transfer.h"
 #include "kernels/cpu/distill.h"
 #include "kernels/cpu/diversity.h"
 #include "kernels/cpu/grad.h"
@@ -18,6 +20,7 @@
 
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/attention/backward.h"
+#include "kernels/cuda/attention_transfer.h"
 #include "kernels/cuda/distill.h"
 #include "kernels/cuda/diversity.h"
 #include "kernels/cuda/gemm/gemm_act.h"
@@ -1035,6 +1038,207 @@ void scale_rows(Tensor& x, const Tensor& s) {
       if (v == T(1)) continue;
       for (int64_t c = 0; c < cols; ++c) p[r * cols + c] *= v;
     }
+  });
+  count(op, "cpu");
+}
+
+// ---- attention transfer ----
+
+namespace {
+
+using TransferParams = cpu::grad::AttentionTransferParams;
+
+// The checks forward and backward share (inputs: shapes, one dtype and device, contiguity; the
+// options; on CUDA the kernels' limits); returns where the op runs and the kernels' sizes.
+std::pair<Where, TransferParams> check_transfer(std::string_view op, const Tensor& tq,
+                                                const Tensor& tk, const Tensor& sq,
+                                                const Tensor& sk,
+                                                const AttentionTransferOptions& o) {
+  const Where at =
+      check_float(op, {{"tq", &tq}, {"tk", &tk}, {"sq", &sq}, {"sk", &sk}}, true, true);
+  for (const auto& [name, t] : {NamedTensor{"tq", &tq}, {"tk", &tk}, {"sq", &sq}, {"sk", &sk}}) {
+    require_ndim(op, name, *t, 3);
+  }
+  require_shape(op, "tk", tk, tq.shape());
+  require_shape(op, "sk", sk, sq.shape());
+  LLMK_CHECK(sq.dim(0) == tq.dim(0) && sq.dim(1) == tq.dim(1),
+             "ops::{}: tq is {} but sq is {}: teacher and student must share B and S", op, tq.str(),
+             sq.str());
+  const int64_t R = o.relation_heads, wt = tq.dim(2), ws = sq.dim(2);
+  LLMK_CHECK(R > 0 && wt > 0 && ws > 0 && wt % R == 0 && ws % R == 0,
+             "ops::{}: relation_heads {} must divide both sides' widths ({} and {})", op, R, wt,
+             ws);
+  LLMK_CHECK(o.temperature > 0 && std::isfinite(o.temperature),
+             "ops::{}: temperature {} must be positive", op, o.temperature);
+  if (at.cuda) {
+    const std::string why = attention_transfer_unsupported(tq, tk, sq, sk, R);
+    LLMK_CHECK(why.empty(), "ops::{}: {}", op, why);
+  }
+  TransferParams p;
+  p.B = tq.dim(0);
+  p.S = tq.dim(1);
+  p.R = R;
+  p.dt = wt / R;
+  p.ds = ws / R;
+  p.temperature = o.temperature;
+  p.causal = o.causal;
+  return {at, p};
+}
+
+// An output: contiguous, on the inputs' device, of dtype dt and shape `shape`, sharing no bytes
+// with any of `others`.
+void check_transfer_output(std::string_view op, std::string_view name, const Tensor& out,
+                           const Tensor& like, DType dt, const Shape& shape,
+                           std::initializer_list<NamedTensor> others) {
+  LLMK_CHECK(out.device() == like.device() && out.is_contiguous(),
+             "ops::{}: {} must be contiguous, on the inputs' device", op, name);
+  require_dtype(op, name, out, dt);
+  require_shape(op, name, out, shape);
+  for (const auto& [other, t] : others) require_disjoint(op, name, out, other, *t);
+}
+
+}  // namespace
+
+std::string attention_transfer_unsupported(const Tensor& tq, const Tensor& tk, const Tensor& sq,
+                                           const Tensor& sk, int64_t relation_heads) {
+  const DType dt = tq.dtype();
+  if (tq.device() == Device::CPU) {
+    if (dt == DType::F32 || dt == DType::F64) return "";
+    return fmt::format("the CPU kernel takes f32 or f64, not {}", dtype_name(dt));
+  }
+#ifndef LLMK_HAS_CUDA
+  (void)tk;
+  (void)sq;
+  (void)sk;
+  (void)relation_heads;
+  return "llmk was built without CUDA kernels";
+#else
+  if (dt != DType::BF16 && dt != DType::F16) {
+    return fmt::format("the CUDA kernel takes bf16 or f16, not {}", dtype_name(dt));
+  }
+  if (tq.ndim() != 3 || sq.ndim() != 3 || relation_heads <= 0) {
+    return fmt::format("tq {} and sq {} are not [B, S, R d] for {} relation heads", tq.str(),
+                       sq.str(), relation_heads);
+  }
+  const int64_t d_t = tq.dim(2) / relation_heads, d_s = sq.dim(2) / relation_heads;
+  constexpr int64_t kMul = cuda::grad::kAttentionTransferDimMultiple;
+  if (d_t % kMul != 0 || d_s % kMul != 0) {
+    return fmt::format(
+        "relation head dims {} (teacher) and {} (student): the CUDA kernel takes "
+        "multiples of {}",
+        d_t, d_s, kMul);
+  }
+  if (d_t > cuda::grad::kAttentionTransferMaxDt || d_s > cuda::grad::kAttentionTransferMaxDs) {
+    return fmt::format(
+        "relation head dims {} (teacher) and {} (student): the CUDA kernel takes "
+        "at most {} and {}",
+        d_t, d_s, cuda::grad::kAttentionTransferMaxDt, cuda::grad::kAttentionTransferMaxDs);
+  }
+  for (const auto& [name, t] : {NamedTensor{"tq", &tq}, {"tk", &tk}, {"sq", &sq}, {"sk", &sk}}) {
+    if (reinterpret_cast<uintptr_t>(t->data()) % 16 != 0) {
+      return fmt::format("{} is not 16-byte aligned", name);
+    }
+  }
+  // 32-bit sizes in the kernels: S, and the grid's blocks (64-row tiles x B x R).
+  constexpr int64_t kMax = 0x7fffffff;
+  const int64_t S = tq.dim(1), tiles = (S + 63) / 64;
+  if (S > kMax || tq.dim(0) * relation_heads * tiles > kMax) {
+    return fmt::format("{} rows of {} relation heads are more than the CUDA kernel's grid takes",
+                       tq.dim(0) * S, relation_heads);
+  }
+  return "";
+#endif
+}
+
+void attention_transfer_forward(Tensor& kl, Tensor& lse_t, Tensor& lse_s, const Tensor& tq,
+                                const Tensor& tk, const Tensor& sq, const Tensor& sk,
+                                const AttentionTransferOptions& o) {
+  constexpr std::string_view op = "attention_transfer_forward";
+  const std::pair<Where, TransferParams> checked = check_transfer(op, tq, tk, sq, sk, o);
+  const Where at = checked.first;
+  const TransferParams& p = checked.second;
+  const DType stat_dt = at.cuda ? DType::F32 : at.dt;
+  const Shape rows{p.B, p.R, p.S};
+  const std::initializer_list<NamedTensor> inputs = {
+      {"tq", &tq}, {"tk", &tk}, {"sq", &sq}, {"sk", &sk}};
+  check_transfer_output(op, "kl", kl, tq, stat_dt, rows, inputs);
+  check_transfer_output(op, "lse_t", lse_t, tq, stat_dt, rows, inputs);
+  check_transfer_output(op, "lse_s", lse_s, tq, stat_dt, rows, inputs);
+  require_disjoint(op, "kl", kl, "lse_t", lse_t);
+  require_disjoint(op, "kl", kl, "lse_s", lse_s);
+  require_disjoint(op, "lse_t", lse_t, "lse_s", lse_s);
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    with_cuda_float(at.dt, [&]<class T>() {
+      if constexpr (!std::is_same_v<T, float>) {  // f32 was refused by the checks
+        cuda::grad::attention_transfer_fwd(
+            kl.data<float>(), lse_t.data<float>(), lse_s.data<float>(), tq.data<const T>(),
+            tk.data<const T>(), sq.data<const T>(), sk.data<const T>(), p);
+      }
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
+  with_float(at.dt, [&]<class T>() {
+    cpu::grad::attention_transfer_fwd(kl.data<T>(), lse_t.data<T>(), lse_s.data<T>(),
+                                      tq.data<const T>(), tk.data<const T>(), sq.data<const T>(),
+                                      sk.data<const T>(), p);
+  });
+  count(op, "cpu");
+}
+
+void attention_transfer_backward(Tensor* dq, Tensor* dk, const Tensor& dout, const Tensor& tq,
+                                 const Tensor& tk, const Tensor& sq, const Tensor& sk,
+                                 const Tensor& lse_t, const Tensor& lse_s,
+                                 const AttentionTransferOptions& o) {
+  constexpr std::string_view op = "attention_transfer_backward";
+  const std::pair<Where, TransferParams> checked = check_transfer(op, tq, tk, sq, sk, o);
+  const Where at = checked.first;
+  const TransferParams& p = checked.second;
+  const DType stat_dt = at.cuda ? DType::F32 : at.dt;
+  const Shape rows{p.B, p.R, p.S};
+  for (const auto& [name, t] : {NamedTensor{"lse_t", &lse_t}, {"lse_s", &lse_s}}) {
+    LLMK_CHECK(t->device() == tq.device() && t->is_contiguous(),
+               "ops::{}: {} must be contiguous, on the inputs' device", op, name);
+    require_dtype(op, name, *t, stat_dt);
+    require_shape(op, name, *t, rows);
+  }
+  LLMK_CHECK(dout.device() == tq.device() && dout.dtype() == stat_dt && dout.numel() == 1,
+             "ops::{}: dout must be one {} on the inputs' device, not {}", op, dtype_name(stat_dt),
+             dout.str());
+  const std::initializer_list<NamedTensor> inputs = {
+      {"tq", &tq},       {"tk", &tk},       {"sq", &sq},    {"sk", &sk},
+      {"lse_t", &lse_t}, {"lse_s", &lse_s}, {"dout", &dout}};
+  if (dq) check_transfer_output(op, "dq", *dq, tq, at.dt, sq.shape(), inputs);
+  if (dk) check_transfer_output(op, "dk", *dk, tq, at.dt, sq.shape(), inputs);
+  if (dq && dk) require_disjoint(op, "dq", *dq, "dk", *dk);
+  if (at.cuda) {
+#ifdef LLMK_HAS_CUDA
+    for (const auto& [name, t] : {NamedTensor{"dq", dq}, {"dk", dk}}) {
+      LLMK_CHECK(!t || reinterpret_cast<uintptr_t>(t->data()) % 4 == 0,
+                 "ops::{}: {} is not 4-byte aligned", op, name);
+    }
+    with_cuda_float(at.dt, [&]<class T>() {
+      if constexpr (!std::is_same_v<T, float>) {  // f32 was refused by the checks
+        cuda::grad::attention_transfer_bwd(
+            dq ? dq->data<T>() : nullptr, dk ? dk->data<T>() : nullptr, tq.data<const T>(),
+            tk.data<const T>(), sq.data<const T>(), sk.data<const T>(), lse_t.data<const float>(),
+            lse_s.data<const float>(), dout.data<const float>(), p);
+      }
+    });
+    count(op, "cuda");
+#endif
+    return;
+  }
+  with_float(at.dt, [&]<class T>() {
+    const double grad =
+        p.rows() > 0 ? static_cast<double>(dout.data<const T>()[0]) / static_cast<double>(p.rows())
+                     : 0.0;
+    cpu::grad::attention_transfer_bwd(dq ? dq->data<T>() : nullptr, dk ? dk->data<T>() : nullptr,
+                                      tq.data<const T>(), tk.data<const T>(), sq.data<const T>(),
+                                      sk.data<const T>(), lse_t.data<const T>(),
+                                      lse_s.data<const T>(), grad, p);
   });
   count(op, "cpu");
 }

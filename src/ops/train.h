@@ -1,6 +1,7 @@
 // Forward and backward of the ops that PyTorch code trains through (llmk.ops, python/llmk/ops.py):
-// RMSNorm, the gated activations, RoPE, flash attention and the linear with its activation. The
-// forward ops keep what their backward reads (rstd, lse, the pre-activation).
+// RMSNorm, the gated activations, RoPE, flash attention, the linear with its activation and the
+// losses (diversity, distillation, attention transfer). The forward ops keep what their backward
+// reads (rstd, lse, the pre-activation).
 //
 // Tensors are contiguous unless said otherwise, all on one device. CPU: f32 or f64 (every tensor
 // of a call the same, except the i32/i64 index tensors); the kernels sum in double. CUDA: bf16 or
@@ -126,6 +127,34 @@ void distill_forward(Tensor& loss, Tensor* grad, const Tensor& student, const Te
 // x [rows, cols] *= s per row (s: [rows] or [1] on x's device; f32 on CUDA, x's dtype on the
 // CPU), in place. CUDA: rows whose factor is exactly 1 are left untouched without being read.
 void scale_rows(Tensor& x, const Tensor& s);
+
+// MiniLM-style attention transfer (kernels/cpu/attention_transfer.h defines it). tq, tk:
+// [B, S, R dt] and sq, sk: [B, S, R ds], each side's heads concatenated (one dtype, contiguous);
+// R = relation_heads relation heads, which must divide both widths. kl, lse_t, lse_s: [B, R, S]
+// (f32 on CUDA, the inputs' dtype on the CPU): each row's KL(teacher || student) and the two
+// log-sum-exps the backward reads. CPU: f32 or f64; CUDA: bf16 or f16 where
+// attention_transfer_unsupported says "".
+struct AttentionTransferOptions {
+  int64_t relation_heads = 1;
+  double temperature = 1.0;  // > 0
+  bool causal = true;
+};
+void attention_transfer_forward(Tensor& kl, Tensor& lse_t, Tensor& lse_s, const Tensor& tq,
+                                const Tensor& tk, const Tensor& sq, const Tensor& sk,
+                                const AttentionTransferOptions& o);
+// dq, dk (each optional; sq's shape and dtype): the gradients of sq and sk for the mean of kl
+// over its B R S rows, times dout (one value on the inputs' device: f32 on CUDA, the inputs'
+// dtype on the CPU; on CUDA it stays there, so nothing waits on the host). lse_t, lse_s: the
+// forward's.
+void attention_transfer_backward(Tensor* dq, Tensor* dk, const Tensor& dout, const Tensor& tq,
+                                 const Tensor& tk, const Tensor& sq, const Tensor& sk,
+                                 const Tensor& lse_t, const Tensor& lse_s,
+                                 const AttentionTransferOptions& o);
+// "" where llmk's kernels take these inputs (shaped as above), else why not in one line: the CPU
+// kernel takes f32 and f64; the CUDA kernels (in CUDA builds) bf16 and f16, relation head dims
+// that are multiples of 8 up to 256 and 16-byte aligned data. llmk.ops runs torch code then.
+std::string attention_transfer_unsupported(const Tensor& tq, const Tensor& tk, const Tensor& sq,
+                                           const Tensor& sk, int64_t relation_heads);
 
 // Which kernel ran how often for these ops since the last reset (process-wide): one entry per
 // (op, kernel), with the reason when the kernel is a fallback.

@@ -842,6 +842,98 @@ def test_attention_transfer_loss(S, causal, heads):
             [sq, sk], fwd_tol=1e-5, bwd_tol=1e-5)
 
 
+@pytest.mark.parametrize("S,causal,heads,T", [
+    (1, True, (2, 8, 2, 8, 1), 1.0),        # one row, one relation head
+    (1, False, (3, 8, 2, 12, 3), 4.0),      # d_t 8, d_s 8
+    (17, True, (4, 12, 2, 20, 2), 4.0),     # d_t 24 != d_s 20
+    (17, False, (3, 16, 6, 4, 3), 1.0),     # d_t 16, d_s 8
+    (1000, False, (2, 8, 1, 24, 2), 4.0),   # d_t 8, d_s 12
+    (1000, True, (4, 16, 4, 16, 1), 1.0)])  # d_t = d_s 64
+def test_attention_transfer_loss_shapes(S, causal, heads, T):
+    # The CPU kernel (float32 and float64) against the float64 reference: awkward S, relation
+    # head dims that differ between the sides, one or several relation heads, T 1 and 4.
+    Ht, Dt, Hs, Ds, R = heads
+    tq, tk = rand(2, S, Ht, Dt, seed=S + 1), rand(2, S, Ht, Dt, seed=S + 2)
+    sq = rand(2, S, Hs, Ds, seed=S + 3).requires_grad_()
+    sk = rand(2, S, Hs, Ds, seed=S + 4).requires_grad_()
+    L.reset_stats()
+    compare(lambda sq, sk: L.attention_transfer_loss(tq.to(sq.dtype), tk.to(sq.dtype), sq, sk,
+                                                     temperature=T, causal=causal,
+                                                     relation_heads=R),
+            lambda sq, sk: attention_transfer_ref(tq.double(), tk.double(), sq, sk, T, causal, R),
+            [sq, sk], fwd_tol=1e-5, bwd_tol=1e-5)
+    calls = {(s["op"], s["kernel"]): s["calls"] for s in L.stats()}
+    assert calls == {("attention_transfer_forward", "cpu"): 2,
+                     ("attention_transfer_backward", "cpu"): 2}, calls
+
+
+def test_attention_transfer_loss_paths():
+    # One gradient wanted (the other is not formed), the torch path where the CPU kernel does not
+    # apply (bf16, counted with its reason), and the torch path itself in float64 (llmk's
+    # fallback on CUDA), all against the reference.
+    f64 = torch.float64
+    tq, tk = rand(2, 23, 4, 6, dtype=f64, seed=170), rand(2, 23, 4, 6, dtype=f64, seed=171)
+    sq, sk = rand(2, 23, 2, 8, dtype=f64, seed=172), rand(2, 23, 2, 8, dtype=f64, seed=173)
+    r = [t.clone().requires_grad_() for t in (sq, sk)]
+    want = attention_transfer_ref(tq, tk, r[0], r[1], 2.0, True, 2)
+    gwant = torch.autograd.grad(want, r)
+    q = sq.clone().requires_grad_()
+    (gq,) = torch.autograd.grad(L.attention_transfer_loss(tq, tk, q, sk, 2.0, relation_heads=2),
+                                [q])
+    assert_close(gq, gwant[0], 1e-11, "dq alone")
+    L.reset_stats()
+    h = [t.to(torch.bfloat16) for t in (tq, tk, sq, sk)]
+    out = L.attention_transfer_loss(*h, 2.0, relation_heads=2)
+    assert out.dtype == torch.float32
+    want16 = attention_transfer_ref(*(t.double() for t in h), 2.0, True, 2)
+    assert abs(out.item() - want16.item()) <= 0.05 * abs(want16.item())  # bf16 scores in torch
+    assert [(s["kernel"], s["reason"]) for s in L.stats()] == [
+        ("torch", "the CPU kernel takes float32 or float64, not torch.bfloat16")]
+    sr, kr = (t.clone().requires_grad_() for t in (sq, sk))
+    st, ss = 1.0 / (math.sqrt(12) * 2.0), 1.0 / (math.sqrt(8) * 2.0)  # d_t 12, d_s 8
+    rel = [L._relations(t, 2) for t in (tq, tk, sr, kr)]
+    got = L._AttentionTransfer.apply(*rel, st, ss, True, 5)
+    assert_close(got, want, 1e-12, "torch path")
+    for a, b in zip(torch.autograd.grad(got, (sr, kr)), gwant):
+        assert_close(a, b, 1e-11, "torch path gradient")
+
+
+def test_attention_transfer_op_errors():
+    # The C++ ops' own checks, one message each (llmk.ops checks the public arguments first).
+    t, s = torch.ones(1, 4, 8), torch.ones(1, 4, 6)
+    kl, lt, ls = (torch.empty(1, 2, 4) for _ in range(3))
+    fwd = L._C.attention_transfer_forward
+    for call, message in [
+            (lambda: fwd(kl, lt, ls, t, t, s, s, 4, 1.0, True, 0), "relation_heads 4 must divide"),
+            (lambda: fwd(kl, lt, ls, t, t, s, s, 2, 0.0, True, 0), "temperature 0"),
+            (lambda: fwd(torch.empty(1, 4, 2), lt, ls, t, t, s, s, 2, 1.0, True, 0), "kl"),
+            (lambda: fwd(kl, kl, ls, t, t, s, s, 2, 1.0, True, 0), "overlaps"),
+            (lambda: fwd(kl, lt, ls, t, t, s.double(), s, 2, 1.0, True, 0), "sq"),
+            (lambda: fwd(kl, lt, ls, t, t, *[torch.ones(1, 5, 6)] * 2, 2, 1.0, True, 0),
+             "share B and S"),
+            (lambda: L._C.attention_transfer_backward(None, None, torch.ones(2), t, t, s, s, lt,
+                                                      ls, 2, 1.0, True, 0), "dout must be one")]:
+        with pytest.raises(llmk.Error) as e:
+            call()
+        assert message in str(e.value), str(e.value)
+
+
+def test_attention_transfer_loss_compiles():
+    torch._dynamo.reset()
+    tq, tk = rand(1, 9, 2, 8, seed=174), rand(1, 9, 2, 8, seed=175)
+    sq, sk = rand(1, 9, 4, 4, seed=176).requires_grad_(), rand(1, 9, 4, 4, seed=177)
+
+    def f(q, k):
+        return L.attention_transfer_loss(tq, tk, q, k, temperature=2.0, relation_heads=2)
+
+    want = f(sq, sk)
+    (gwant,) = torch.autograd.grad(want, sq)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(sq, sk)
+    (ggot,) = torch.autograd.grad(got, sq)
+    assert_close(got, want, 1e-6, "compiled loss")
+    assert_close(ggot, gwant, 1e-6, "compiled gradient")
+
+
 def test_attention_transfer_loss_gradcheck_and_errors():
     tq, tk = rand(1, 9, 2, 4, dtype=torch.float64, seed=164), rand(1, 9, 2, 4,
                                                                   dtype=torch.float64, seed=165)

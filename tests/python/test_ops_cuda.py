@@ -664,6 +664,165 @@ def test_cosine_topk_and_attention_transfer_cuda():
 
 
 # ---------------------------------------------------------------------------------------------
+# attention_transfer_loss: the fused tensor-core kernel (bf16, fp16)
+
+
+def transfer_ref64(tq, tk, sq, sk, T, causal, R, gscale):
+    """The materialised S x S form in float64 on the GPU, on the inputs' own (rounded) values:
+    per row kl, lse_t, lse_s [B, R, S], the size of each side's scores (scale |q_i| max_j |k_j|)
+    and of the terms each row's values come from; the gradients of gscale * mean(kl) for sq and
+    sk, the largest sum of |terms| an element of each gradient adds up (sum_j |dS_ij| |k_jc|,
+    sum_i |dS_ij| |q_ic|, times g scale_s), and the largest column sum of p_s + p_t."""
+    def rel(x):
+        B, S, H, D = x.shape
+        return x.double().reshape(B, S, R, H * D // R).transpose(1, 2)
+
+    def back(x, like):  # [B, R, S, d] -> like's [B, S, H, D]
+        return x.transpose(1, 2).reshape(like.shape)
+
+    qt, kt, qs, ks = (rel(t) for t in (tq, tk, sq, sk))
+    st, ss = 1 / (math.sqrt(qt.shape[-1]) * T), 1 / (math.sqrt(qs.shape[-1]) * T)
+    a_t, a_s = (qt @ kt.transpose(-1, -2)) * st, (qs @ ks.transpose(-1, -2)) * ss
+    if causal:
+        S = a_t.shape[-1]
+        above = torch.ones(S, S, dtype=torch.bool, device=a_t.device).triu(1)
+        a_t, a_s = a_t.masked_fill(above, -math.inf), a_s.masked_fill(above, -math.inf)
+    lse_t, lse_s = a_t.logsumexp(-1), a_s.logsumexp(-1)
+    lp_t, lp_s = a_t - lse_t.unsqueeze(-1), a_s - lse_s.unsqueeze(-1)
+    p_t, p_s = lp_t.exp(), lp_s.exp()
+    kl = torch.where(p_t > 0, p_t * (lp_t - lp_s), torch.zeros_like(p_t)).sum(-1)
+    # A row's values are formed from its scores and the two log-sum-exps.
+    size_t = st * qt.norm(dim=-1) * kt.norm(dim=-1).amax(-1, keepdim=True)
+    size_s = ss * qs.norm(dim=-1) * ks.norm(dim=-1).amax(-1, keepdim=True)
+    terms = size_t + size_s + lse_t.abs() + lse_s.abs()
+    gs = gscale / kl.numel() * ss
+    ds = p_s - p_t
+    return {"kl": kl, "lse_t": lse_t, "lse_s": lse_s, "terms": terms, "loss": kl.mean(),
+            "size_t": size_t, "size_s": size_s, "colsum": (p_s + p_t).sum(-2).amax().item(),
+            "dq": back(ds @ ks * gs, sq), "dk": back(ds.transpose(-1, -2) @ qs * gs, sk),
+            "dq_terms": (ds.abs() @ ks.abs()).amax().item() * gs,
+            "dk_terms": (ds.abs().transpose(-1, -2) @ qs.abs()).amax().item() * gs,
+            "gs": gs}
+
+
+TRANSFER_CASES = [
+    # B, S, teacher (H, D), student (H, D), relation heads, causal, T: relation head dims in
+    # the comments (teacher / student)
+    (2, 1, (4, 64), (4, 64), 4, True, 1.0),      # 64 / 64, one row
+    (1, 17, (2, 96), (3, 64), 2, False, 2.0),    # 96 / 96
+    (2, 17, (4, 64), (2, 64), 2, True, 4.0),     # 128 / 64
+    (1, 1000, (8, 64), (4, 64), 2, True, 2.0),   # 256 / 128
+    (1, 1000, (4, 64), (4, 96), 4, False, 1.0),  # 64 / 96
+    (2, 1000, (2, 128), (1, 128), 1, True, 2.0),  # 256 / 128, one relation head
+    (1, 300, (2, 36), (1, 40), 1, True, 2.0),    # 72 / 40: padded to 80 / 48 with zeros
+    (1, 130, (2, 128), (1, 256), 1, False, 2.0),  # 256 / 256, the largest
+    (1, 1500, (4, 128), (4, 128), 4, False, 1.0),  # 128 / 128
+    (2, 2048, (8, 128), (4, 64), 4, True, 2.0),  # 256 / 64, the benchmark's relation heads
+]
+
+
+@pytest.mark.parametrize("dt", DT)
+@pytest.mark.parametrize("B,S,teacher,student,R,causal,T", TRANSFER_CASES)
+def test_attention_transfer_cuda(dt, B, S, teacher, student, R, causal, T):
+    seed = 200 + S + R
+    tq, tk = rand(B, S, *teacher, dtype=dt, seed=seed), rand(B, S, *teacher, dtype=dt,
+                                                             seed=seed + 1)
+    sq, sk = rand(B, S, *student, dtype=dt, seed=seed + 2), rand(B, S, *student, dtype=dt,
+                                                                 seed=seed + 3)
+    # The gradient of the loss times about B R S (a power of 2), as a loss scaler would use with
+    # fp16: the gradients are then of order scale_s, inside fp16's normal range.
+    gscale = float(2 ** round(math.log2(B * R * S)))
+    ref = transfer_ref64(tq, tk, sq, sk, T, causal, R, gscale)
+    stream = torch.cuda.current_stream().cuda_stream
+    rows = [t.reshape(B, S, -1) for t in (tq, tk, sq, sk)]
+
+    # Per row, outputs poisoned first. fp32 scores of exact products of the 16-bit inputs, sums
+    # of S / 4 exponentials per lane (ex2.approx, relative error 2^-22): within 2^-16 of the size
+    # of the row's terms.
+    kl, lse_t, lse_s = (torch.full((B, R, S), math.nan, device="cuda") for _ in range(3))
+    _C.attention_transfer_forward(kl, lse_t, lse_s, *rows, R, T, causal, stream)
+    tol = 2.0**-16 * ref["terms"]
+    errs = {}
+    for name, got in (("kl", kl), ("lse_t", lse_t), ("lse_s", lse_s)):
+        assert torch.isfinite(got).all(), f"{name}: non-finite"
+        errs[name] = err = (got.double() - ref[name]).abs()
+        assert (err <= tol).all(), f"{name}: error {err.max().item():.3e} (tolerance " \
+            f"{tol[err > tol].min().item():.3e})"
+    # The gradients: dS rounded to dt (unit roundoff EPS, relative to the terms it multiplies)
+    # and the fp32 sums rounded to dt once (EPS of the result); for fp16 also its quantum near 0,
+    # for dS (S terms of 2^-25 at most, each times |k| g scale_s) and for the result (2^-24).
+    # Before the rounding, p_s and p_t carry fp32 errors (relative): their scores' (an mma per 16
+    # of d, taken as 4 roundings of 2^-24 each, and 8 more, of the score's size), their
+    # log-sum-exps' (as measured above) and ex2.approx's (2^-22 each), summed over the keys with
+    # the weights p_s + p_t (2 a row for dq; the largest column sum for dk).
+    u32 = 2.0**-24
+    steps_t, steps_s = (-(-(H * D // R) // 16) for H, D in (teacher, student))
+    p_err = (4 * (steps_t + 2) * u32 * ref["size_t"] + 4 * (steps_s + 2) * u32 * ref["size_s"]
+             + errs["lse_t"] + errs["lse_s"] + 2.0**-21).max().item()
+    dout = torch.full((1,), gscale, device="cuda")
+    dq, dk = (torch.full(t.shape, math.nan, dtype=dt, device="cuda") for t in rows[2:])
+    _C.attention_transfer_backward(dq, dk, dout, *rows, lse_t, lse_s, R, T, causal, stream)
+    dq2, dk2 = (torch.full(t.shape, math.nan, dtype=dt, device="cuda") for t in rows[2:])
+    _C.attention_transfer_backward(dq2, dk2, dout, *rows, lse_t, lse_s, R, T, causal, stream)
+    assert torch.equal(dq, dq2) and torch.equal(dk, dk2), "not deterministic"
+
+    def check_grad(got, name, other, weight):
+        want, big = ref[name], other.abs().max().item()
+        tol = EPS[dt] * (want.abs().max().item() + ref[name + "_terms"])
+        tol += ref["gs"] * big * p_err * weight
+        if dt == torch.float16:
+            tol += 2.0**-25 * S * ref["gs"] * big + 2.0**-24
+        assert torch.isfinite(got).all(), f"{name}: non-finite"
+        err = (got.double().reshape(want.shape) - want).abs().max().item()
+        assert err <= tol, f"{name}: error {err:.3e} (tolerance {tol:.3e})"
+
+    check_grad(dq, "dq", sk, 2.0)
+    check_grad(dk, "dk", sq, ref["colsum"])
+
+    # Through llmk.ops and autograd: the kernel ran, and the same values came out.
+    L.reset_stats()
+    q, k = sq.clone().requires_grad_(), sk.clone().requires_grad_()
+    out = L.attention_transfer_loss(tq, tk, q, k, temperature=T, causal=causal, relation_heads=R)
+    assert out.dtype == torch.float32
+    err = abs(out.item() - ref["loss"].item())
+    assert err <= tol.max().item(), f"loss {out.item()} vs {ref['loss'].item()}"
+    gq, gk = torch.autograd.grad(out, (q, k), torch.tensor(gscale, device="cuda"))
+    assert torch.equal(gq, dq.view(gq.shape)) and torch.equal(gk, dk.view(gk.shape))
+    kernels = sorted((s["op"], s["kernel"]) for s in L.stats())
+    assert kernels == [("attention_transfer_backward", "cuda"),
+                       ("attention_transfer_forward", "cuda")], kernels
+
+
+def test_attention_transfer_cuda_falls_back():
+    # Where the kernel does not apply, the torch path runs and stats() says why; the C++ op says
+    # the same (llmk.ops decides from metadata, the C++ op from pointers).
+    def case(teacher, student, R, dtype=torch.bfloat16, offset=0):
+        tq = rand(2, 40, *teacher, dtype=dtype, seed=300)
+        if offset:  # the same values one element into a buffer: 2 bytes off 16
+            buf = torch.empty(tq.numel() + offset, dtype=dtype, device="cuda")
+            tq = buf[offset:].view(tq.shape).copy_(tq)
+        tk = rand(2, 40, *teacher, dtype=dtype, seed=301)
+        sq = rand(2, 40, *student, dtype=dtype, seed=302).requires_grad_()
+        sk = rand(2, 40, *student, dtype=dtype, seed=303)
+        L.reset_stats()
+        out = L.attention_transfer_loss(tq, tk, sq, sk, relation_heads=R)
+        (g,) = torch.autograd.grad(out, sq)
+        assert torch.isfinite(out) and torch.isfinite(g).all()
+        reasons = [(s["kernel"], s["reason"]) for s in L.stats()
+                   if s["op"] == "attention_transfer_loss"]
+        assert len(reasons) == 1 and reasons[0][0] == "torch", L.stats()
+        why = _C.attention_transfer_unsupported(*(t.detach().reshape(2, 40, -1)
+                                                  for t in (tq, tk, sq, sk)), R)
+        assert why, "the C++ op would take what llmk.ops did not"
+        return reasons[0][1]
+
+    assert "multiples of 8" in case((2, 6), (2, 8), 1)          # d_t 12
+    assert "at most 256 and 256" in case((4, 64), (4, 96), 1)   # d_t 256, d_s 384
+    assert "bf16 or fp16" in case((2, 64), (2, 64), 2, dtype=torch.float32)
+    assert "teacher_q is not 16-byte aligned" in case((2, 64), (2, 64), 2, offset=1)
+
+
+# ---------------------------------------------------------------------------------------------
 # pairwise_cosine_diversity (O(N d), column sums in a fixed order)
 
 

@@ -54,6 +54,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     colsum_kernel(float* partial, float* inv_out, unsigned* nonzero, const float* inv_in,
                   const float* weight, const T* x, int64_t N, int64_t d) {
+  grid_dependency_wait();            // launched dependent on the kernel before it
   unsigned nz = 0;                   // this warp's nonzero rows
   extern __shared__ float slices[];  // [warps][d]
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     if (c_i == 0.0f) continue;
     for (int64_t c = lane; c < d; c += 32) mine[c] += to_float(r[c]) * c_i;
   }
-  if (lane == 0 && inv_out && nz) atomicAdd(nonzero, nz);
+  if (lane == 0 && nonzero && nz) atomicAdd(nonzero, nz);
   __syncthreads();
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
     float s = 0.0f;
@@ -95,6 +96,7 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kReduceWarps = 32;
 __global__ void __launch_bounds__(kReduceWarps * 32)
     reduce_kernel(float* out, const float* partial, int P, int64_t d) {
+  grid_dependency_wait();  // launched dependent on the kernel before it
   __shared__ float part[kReduceWarps][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
@@ -116,6 +118,7 @@ __global__ void __launch_bounds__(kReduceWarps * 32)
 // out[0] = 1 - (|S|^2 - nonzero rows) / (N (N - 1)), one block.
 __global__ void mean_kernel(float* out, const float* S, const unsigned* nonzero, int64_t N,
                             int64_t d) {
+  grid_dependency_wait();  // launched dependent on the kernel before it
   __shared__ float scratch[32];
   float ss = 0.0f;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) ss += S[c] * S[c];
@@ -131,6 +134,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     rows_kernel(float* out, const T* x, const float* inv, const float* S, int64_t N, int64_t d) {
   extern __shared__ float sS[];
+  grid_dependency_wait();  // launched dependent on the kernel before it
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) sS[c] = S[c];
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -246,7 +250,8 @@ template <class T, int kPer>
 __global__ void __launch_bounds__(kThreads, kColsumFastBlocks<T, kPer>)
     colsum_fast_kernel(float* partial, float* inv_out, unsigned* nonzero, const float* inv_in,
                        const float* weight, const T* x, int64_t N, int64_t keep_from) {
-  unsigned nz = 0;  // this warp's nonzero rows
+  grid_dependency_wait();  // launched dependent on the kernel before it
+  unsigned nz = 0;         // this warp's nonzero rows
   constexpr int E = kElems<T>;
   constexpr int64_t d = 32 * kPer * E;
   __shared__ float slice[d];  // the block's sums, the warps adding theirs in turn
@@ -274,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, kColsumFastBlocks<T, kPer>)
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[j][e] += row.at(j, e) * c_i;
   }
-  if (lane == 0 && inv_out && nz) atomicAdd(nonzero, nz);
+  if (lane == 0 && nonzero && nz) atomicAdd(nonzero, nz);
   // The warps add theirs in a fixed order (warp 0 first), so the sums are reproducible.
   for (int w = 0; w < kWarps; ++w) {
     if (warp == w) {
@@ -296,6 +301,7 @@ __global__ void __launch_bounds__(kThreads, kColsumFastBlocks<T, kPer>)
 template <class T, int kPer>
 __global__ void __launch_bounds__(kThreads)
     rows_fast_kernel(float* out, const T* x, const float* inv, const float* S, int64_t N) {
+  grid_dependency_wait();  // launched dependent on the kernel before it
   constexpr int E = kElems<T>;
   constexpr int64_t d = 32 * kPer * E;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -408,32 +414,35 @@ int row_blocks(int64_t N) {
       1, std::min<int64_t>((N + kWarps - 1) / kWarps, 8 * device_info().sm_count)));
 }
 
-// S (and, with weight, the weighted sum into `into`) from the rows; inv written when compute_inv.
-// keep_from: the first row that the fast kernel asks the L2 to keep (N: none).
+// S (and, with weight, the weighted sum into `into`) from the rows; inv written when compute_inv,
+// and the count of nonzero rows into w.nonzero when count_nonzero (the mean needs it). keep_from:
+// the first row that the fast kernel asks the L2 to keep (N: none). The kernels go with
+// programmatic dependent launch (each waits for the one before it first): their launches overlap
+// the kernel before.
 template <class T>
 void column_sums(float* into, const Work& w, const float* weight, const T* x, int64_t N, int64_t d,
-                 bool compute_inv, int64_t keep_from) {
+                 bool compute_inv, bool count_nonzero, int64_t keep_from) {
   int P = sum_blocks();  // partial rows: at most this many
-  const cudaStream_t st = current_stream();
-  if (compute_inv) LLMK_CUDA_CHECK(cudaMemsetAsync(w.nonzero, 0, sizeof(unsigned), st));
+  if (count_nonzero) {
+    LLMK_CUDA_CHECK(cudaMemsetAsync(w.nonzero, 0, sizeof(unsigned), current_stream()));
+  }
+  unsigned* nonzero = count_nonzero ? w.nonzero : nullptr;
   const bool fast = with_fast<T>(d, x, [&]<int kPer>() {
     P = kColsumFastBlocks<T, kPer> * device_info().sm_count;
-    colsum_fast_kernel<T, kPer><<<P, kThreads, 0, st>>>(w.partial, compute_inv ? w.inv : nullptr,
-                                                        w.nonzero, compute_inv ? nullptr : w.inv,
-                                                        weight, x, N, keep_from);
+    launch_dependent(colsum_fast_kernel<T, kPer>, P, kThreads, 0, w.partial,
+                     compute_inv ? w.inv : nullptr, nonzero, compute_inv ? nullptr : w.inv, weight,
+                     x, N, keep_from);
   });
   if (!fast) {
     const int warps = colsum_warps(d);  // >= 1: cosine_diversity_max_dim() was checked
     const size_t smem = static_cast<size_t>(warps) * static_cast<size_t>(d) * 4;
     set_smem(colsum_kernel<T>, smem);
-    colsum_kernel<T><<<P, warps * 32, smem, st>>>(w.partial, compute_inv ? w.inv : nullptr,
-                                                  w.nonzero, compute_inv ? nullptr : w.inv, weight,
-                                                  x, N, d);
+    launch_dependent(colsum_kernel<T>, P, warps * 32, smem, w.partial,
+                     compute_inv ? w.inv : nullptr, nonzero, compute_inv ? nullptr : w.inv, weight,
+                     x, N, d);
   }
-  LLMK_CUDA_CHECK(cudaGetLastError());
-  reduce_kernel<<<static_cast<unsigned>((d + 31) / 32), kReduceWarps * 32, 0, st>>>(into, w.partial,
-                                                                                    P, d);
-  LLMK_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(reduce_kernel, static_cast<unsigned>((d + 31) / 32), kReduceWarps * 32, 0, into,
+                   w.partial, P, d);
 }
 
 }  // namespace
@@ -459,20 +468,19 @@ void cosine_diversity_fwd(float* out, const T* x, int64_t N, int64_t d, bool row
       rows ? static_cast<int64_t>(device_info().l2_bytes / 2 / (static_cast<size_t>(d) * sizeof(T)))
            : 0;
   const int64_t keep_from = std::max<int64_t>(0, N - kept);
-  column_sums<T>(w.S, w, nullptr, x, N, d, true, keep_from);
+  column_sums<T>(w.S, w, nullptr, x, N, d, true, !rows, keep_from);
   if (!rows) {
-    mean_kernel<<<1, 1024, 0, st>>>(out, w.S, w.nonzero, N, d);
-    LLMK_CUDA_CHECK(cudaGetLastError());
+    launch_dependent(mean_kernel, 1, 1024, 0, out, w.S, w.nonzero, N, d);
     return;
   }
   if (!with_fast<T>(d, x, [&]<int kPer>() {
-        rows_fast_kernel<T, kPer><<<row_blocks(N), kThreads, 0, st>>>(out, x, w.inv, w.S, N);
+        launch_dependent(rows_fast_kernel<T, kPer>, row_blocks(N), kThreads, 0, out, x, w.inv, w.S,
+                         N);
       })) {
     const size_t smem = 4 * static_cast<size_t>(d);
     set_smem(rows_kernel<T>, smem);
-    rows_kernel<T><<<row_blocks(N), kThreads, smem, st>>>(out, x, w.inv, w.S, N, d);
+    launch_dependent(rows_kernel<T>, row_blocks(N), kThreads, smem, out, x, w.inv, w.S, N, d);
   }
-  LLMK_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
@@ -484,8 +492,8 @@ void cosine_diversity_bwd(T* dx, const float* dout, const T* x, int64_t N, int64
     return;
   }
   const Work w = carve(workspace, N, d);
-  column_sums<T>(w.S, w, nullptr, x, N, d, true, N);
-  if (rows) column_sums<T>(w.G, w, dout, x, N, d, false, N);  // G = sum_i g_i u_i
+  column_sums<T>(w.S, w, nullptr, x, N, d, true, false, N);
+  if (rows) column_sums<T>(w.G, w, dout, x, N, d, false, false, N);  // G = sum_i g_i u_i
   const bool fast = is_aligned(dx, 16) && with_fast<T>(d, x, [&]<int kPer>() {
                       bwd_fast_kernel<T, kPer><<<row_blocks(N), kThreads, 0, st>>>(
                           dx, dout, x, w.inv, w.S, w.G, N, rows);

@@ -527,12 +527,15 @@ def test_distill_loss_cuda_label_outside_gives_nan():
 
 @pytest.mark.parametrize("loss", ["kl", "jsd"])
 @pytest.mark.parametrize("V", [5003, 5008])
-def test_fused_linear_distill_loss_cuda(loss, V):
+@pytest.mark.parametrize("temperature,alpha", [(2.0, 0.3), (1.0, 0.3), (2.0, 0.0)])
+def test_fused_linear_distill_loss_cuda(loss, V, temperature, alpha):
     # bf16 hidden states and lm_heads, a vocabulary off the vector width and on it (gradients
-    # over the logits in place), chunks of 64 rows.
+    # over the logits in place), chunks of 64 rows; KL at V 5008 with alpha 0 or T 1 runs the
+    # register kernel in place.
     import torch.nn.functional as F
     BT, H = 300, 64
     dt = torch.bfloat16
+    L.reset_stats()
     h, w = rand(BT, H, dtype=dt, seed=150), rand(V, H, dtype=dt, seed=151) / 4
     th, tw = rand(BT, H, dtype=dt, seed=152), rand(V, H, dtype=dt, seed=153) / 4
     g = torch.Generator(device="cuda").manual_seed(154)
@@ -543,13 +546,17 @@ def test_fused_linear_distill_loss_cuda(loss, V):
         x, wx = h.to(at).requires_grad_(), w.to(at).requires_grad_()
         if len(res) == 0:
             out = L.fused_linear_distill_loss(x, wx, teacher_hidden=th, teacher_weight=tw,
-                                              loss=loss, temperature=2.0, labels=labels,
-                                              alpha=0.3, chunk_rows=64)
+                                              loss=loss, temperature=temperature, labels=labels,
+                                              alpha=alpha, chunk_rows=64)
         else:
             out = distill_ref(F.linear(x, wx), F.linear(th.to(at), tw.to(at)), labels, loss, 0.5,
-                              2.0, 0.3, -100, "batchmean")
+                              temperature, alpha, -100, "batchmean")
         res.append((out,) + torch.autograd.grad(out, (x, wx)))
     (out, gh, gw), (want, wh, ww), (base, bh, bw) = res
+    if torch.cuda.get_device_capability()[0] >= 9:
+        kernels = {r["kernel"] for r in L.stats() if r["op"] == "distill_forward"}
+        registers = loss == "kl" and V % 8 == 0 and (alpha == 0 or temperature == 1)
+        assert kernels == {"cuda-registers" if registers else "cuda"}, kernels
     check(out, want, base, dt, f"fused {loss} loss")
     check(gh, wh, bh, dt, f"fused {loss} d hidden")
     check(gw, ww, bw, dt, f"fused {loss} d weight")

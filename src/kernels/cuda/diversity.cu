@@ -474,8 +474,16 @@ void cosine_diversity_fwd(float* out, const T* x, int64_t N, int64_t d, bool row
     return;
   }
   if (!with_fast<T>(d, x, [&]<int kPer>() {
-        launch_dependent(rows_fast_kernel<T, kPer>, row_blocks(N), kThreads, 0, out, x, w.inv, w.S,
-                         N);
+        // One wave: as many blocks as fit at once (two waves of 8 an SM left a tail).
+        static const int per_sm = [] {
+          int n = 0;
+          LLMK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+              &n, rows_fast_kernel<T, kPer>, kThreads, 0));
+          return std::max(n, 1);
+        }();
+        const int blocks = static_cast<int>(std::min<int64_t>(
+            row_blocks(N), static_cast<int64_t>(per_sm) * device_info().sm_count));
+        launch_dependent(rows_fast_kernel<T, kPer>, blocks, kThreads, 0, out, x, w.inv, w.S, N);
       })) {
     const size_t smem = 4 * static_cast<size_t>(d);
     set_smem(rows_kernel<T>, smem);

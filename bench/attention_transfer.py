@@ -23,7 +23,7 @@ import sys
 import torch
 
 import llmk.ops as L
-from timing import peak_gib, timed_interleaved
+from timing import bf16_gemm_tflops, peak_gib, timed_interleaved
 
 
 def heads(s):
@@ -95,18 +95,7 @@ def main():
     mem = {name: peak_gib(lambda fn=fn: torch.autograd.grad(fn(), params))
            for name, fn in variants.items()}
 
-    # The bf16 GEMM rate, for the floor.
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ a
-    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ev0.record()
-    for _ in range(10):
-        a @ a
-    ev1.record()
-    ev1.synchronize()
-    gemm_tflops = 10 * 2 * 8192**3 / ev0.elapsed_time(ev1) / 1e9
-    del a
+    gemm_tflops = bf16_gemm_tflops()  # for the floor
     # Score pairs: B R S^2 (half with the causal mask). Forward: 2 pairs (dt + ds) flops; the
     # backward's two launches: 2 (dt + ds) + 2 ds each.
     pairs = B * R * S * S * (0.5 if causal else 1.0)

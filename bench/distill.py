@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import llmk.ops as L
-from timing import peak_gib, timed_interleaved
+from timing import bf16_gemm_tflops, peak_gib, timed_interleaved
 
 
 def torch_loss(s, t, loss, T, beta):
@@ -149,16 +149,7 @@ def main():
     floor_ms = 3 * nbytes / copy_gbs / 1e6
     if args.fused:  # four GEMMs of 2 BT V H flops at the bf16 GEMM rate measured here
         H = args.fused
-        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        for _ in range(3):
-            a @ a
-        ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ev0.record()
-        for _ in range(10):
-            a @ a
-        ev1.record()
-        ev1.synchronize()
-        gemm_tflops = 10 * 2 * 8192 ** 3 / ev0.elapsed_time(ev1) / 1e9
+        gemm_tflops = bf16_gemm_tflops()
         floor_ms = 4 * 2 * BT * V * H / gemm_tflops / 1e9
     rows = []
     what = (f"fused linear, H {args.fused}, floor: four GEMMs at {gemm_tflops:.0f} TFLOP/s"

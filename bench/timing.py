@@ -55,3 +55,18 @@ def peak_gib(fn):
     torch.cuda.synchronize()
     del out
     return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def bf16_gemm_tflops(n=8192, calls=10):
+    """The rate in TFLOP/s of torch's bf16 n x n x n matmul (cuBLAS), after 3 warm-up calls: the
+    GEMM floor's yardstick."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ev0.record()
+    for _ in range(calls):
+        a @ a
+    ev1.record()
+    ev1.synchronize()
+    return calls * 2 * n**3 / ev0.elapsed_time(ev1) / 1e9

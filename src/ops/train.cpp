@@ -1050,10 +1050,17 @@ using TransferParams = cpu::grad::AttentionTransferParams;
 
 // The checks forward and backward share (inputs: shapes, one dtype and device, contiguity; the
 // options; on CUDA the kernels' limits); returns where the op runs and the kernels' sizes.
-std::pair<Where, TransferParams> check_transfer(std::string_view op, const Tensor& tq,
-                                                const Tensor& tk, const Tensor& sq,
-                                                const Tensor& sk,
-                                                const AttentionTransferOptions& o) {
+// What both directions need of checked inputs: where they are, the kernels' parameters, and the
+// statistics' dtype and shape ([B, R, S]; f32 on CUDA, the inputs' dtype on the CPU).
+struct CheckedTransfer {
+  Where at;
+  TransferParams p;
+  DType stat_dt;
+  Shape rows;
+};
+CheckedTransfer check_transfer(std::string_view op, const Tensor& tq, const Tensor& tk,
+                               const Tensor& sq, const Tensor& sk,
+                               const AttentionTransferOptions& o) {
   const Where at =
       check_float(op, {{"tq", &tq}, {"tk", &tk}, {"sq", &sq}, {"sk", &sk}}, true, true);
   for (const auto& [name, t] : {NamedTensor{"tq", &tq}, {"tk", &tk}, {"sq", &sq}, {"sk", &sk}}) {
@@ -1082,7 +1089,7 @@ std::pair<Where, TransferParams> check_transfer(std::string_view op, const Tenso
   p.ds = ws / R;
   p.temperature = o.temperature;
   p.causal = o.causal;
-  return {at, p};
+  return {at, p, at.cuda ? DType::F32 : at.dt, Shape{p.B, p.R, p.S}};
 }
 
 // An output: contiguous, on the inputs' device, of dtype dt and shape `shape`, sharing no bytes
@@ -1154,11 +1161,11 @@ void attention_transfer_forward(Tensor& kl, Tensor& lse_t, Tensor& lse_s, const 
                                 const Tensor& tk, const Tensor& sq, const Tensor& sk,
                                 const AttentionTransferOptions& o) {
   constexpr std::string_view op = "attention_transfer_forward";
-  const std::pair<Where, TransferParams> checked = check_transfer(op, tq, tk, sq, sk, o);
-  const Where at = checked.first;
-  const TransferParams& p = checked.second;
-  const DType stat_dt = at.cuda ? DType::F32 : at.dt;
-  const Shape rows{p.B, p.R, p.S};
+  const CheckedTransfer c = check_transfer(op, tq, tk, sq, sk, o);
+  const Where at = c.at;
+  const TransferParams& p = c.p;
+  const DType stat_dt = c.stat_dt;
+  const Shape& rows = c.rows;
   const std::initializer_list<NamedTensor> inputs = {
       {"tq", &tq}, {"tk", &tk}, {"sq", &sq}, {"sk", &sk}};
   check_transfer_output(op, "kl", kl, tq, stat_dt, rows, inputs);
@@ -1193,11 +1200,11 @@ void attention_transfer_backward(Tensor* dq, Tensor* dk, const Tensor& dout, con
                                  const Tensor& lse_t, const Tensor& lse_s,
                                  const AttentionTransferOptions& o) {
   constexpr std::string_view op = "attention_transfer_backward";
-  const std::pair<Where, TransferParams> checked = check_transfer(op, tq, tk, sq, sk, o);
-  const Where at = checked.first;
-  const TransferParams& p = checked.second;
-  const DType stat_dt = at.cuda ? DType::F32 : at.dt;
-  const Shape rows{p.B, p.R, p.S};
+  const CheckedTransfer c = check_transfer(op, tq, tk, sq, sk, o);
+  const Where at = c.at;
+  const TransferParams& p = c.p;
+  const DType stat_dt = c.stat_dt;
+  const Shape& rows = c.rows;
   for (const auto& [name, t] : {NamedTensor{"lse_t", &lse_t}, {"lse_s", &lse_s}}) {
     LLMK_CHECK(t->device() == tq.device() && t->is_contiguous(),
                "ops::{}: {} must be contiguous, on the inputs' device", op, name);

@@ -30,6 +30,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/stream.h"
+#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/attention/tiles.cuh"
 #include "kernels/cuda/attention_transfer.h"
 #include "kernels/cuda/common.cuh"
@@ -76,13 +77,6 @@ struct Args {
   float grad_mul;                     // scale_s / (B R S), times *dout
   bool causal;
 };
-
-// 2^x on the special-function unit (relative error ~2^-22; -inf gives +0).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Reductions over the quad of lanes that holds a row of the m16n8 accumulators.
 __device__ __forceinline__ float quad_max(float v) {
@@ -260,12 +254,12 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_kernel(const Args a) {
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int x = 2 * h; x < 2 * h + 2; ++x) {
-          const float e = exp2_approx(s_t[j][x] - use_t);
+          const float e = ex2_ftz(s_t[j][x] - use_t);
           zt += e;
           wt_sum += e > 0.0f ? e * (s_t[j][x] - s_s[j][x]) : 0.0f;  // masked terms add 0
-          zs += exp2_approx(s_s[j][x] - use_s);
+          zs += ex2_ftz(s_s[j][x] - use_s);
         }
-      const float alpha_t = exp2_approx(m_t[h] - use_t), alpha_s = exp2_approx(m_s[h] - use_s);
+      const float alpha_t = ex2_ftz(m_t[h] - use_t), alpha_s = ex2_ftz(m_s[h] - use_s);
       z_t[h] = z_t[h] * alpha_t + zt;
       w[h] = w[h] * alpha_t + wt_sum;
       z_s[h] = z_s[h] * alpha_s + zs;
@@ -377,8 +371,8 @@ __global__ void __launch_bounds__(kThreads, 2) bwd_kernel(const Args a) {
         const int col = frag_col(j, x);
         const float l_t = kKeyRows ? cl[col] : row_lse_t[x / 2];
         const float l_s = kKeyRows ? cl[kTile + col] : row_lse_s[x / 2];
-        const float d = exp2_approx(fmaf(s_s[j][x], a.mul_s, -l_s)) -
-                        exp2_approx(fmaf(s_t[j][x], a.mul_t, -l_t));
+        const float d =
+            ex2_ftz(fmaf(s_s[j][x], a.mul_s, -l_s)) - ex2_ftz(fmaf(s_t[j][x], a.mul_t, -l_t));
         const bool seen = !masked || pair_seen<kKeyRows>(a, row0 + frag_row(x), n * kTile + col);
         s_s[j][x] = seen ? d : 0.0f;
       }

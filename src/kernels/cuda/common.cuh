@@ -170,6 +170,11 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 
 // Sum over the block; every thread gets the result. `scratch` holds blockDim.x / 32 floats.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

@@ -13,13 +13,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <mutex>
 #include <type_traits>
 
 #include "core/cuda/check.h"
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
+#include "kernels/cuda/attention/tiles.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/distill.h"
 
@@ -447,15 +446,15 @@ __global__ void __launch_bounds__(kThreads, 3) distill_kernel(const Args a) {
 
 // ---- KL and reverse KL with each row in registers ----
 //
-// For 16-bit logits and rows of at most 16 x kThreads x kEPT logits: a cluster of C blocks holds
-// a row in registers, kEPT logits of each tensor a thread, and walks rows (a persistent grid: as
-// many clusters as fit at once). Each logit takes two exponentials, 2^(x - M) of the student and
-// of the teacher against their warp's maximum M, kept in registers: the gradient is then those
-// times one factor a warp (2^(M - lse)), with no third or fourth exponential and no pass over
-// shared memory. A row's statistics: a __syncthreads, one warp a block sends the block's to every
-// block of the cluster (st.async onto an mbarrier) and combines theirs, a __syncthreads hands the
-// row's log-sum-exps to the other warps. Rows come two ahead (cp.async into three stages of
-// shared memory), so their loads overlap the exchanges and the gradients' stores.
+// For 16-bit logits and rows of at most kRegMaxCluster x kRegThreads x kRegLogits logits: a
+// cluster of C blocks holds a row in registers, kRegLogits of each tensor a thread, and walks rows
+// (a persistent grid: as many clusters as fit at once). Each logit takes two exponentials, 2^(x -
+// M) of the student and of the teacher against their warp's maximum M, kept in registers: the
+// gradient is then those times one factor a warp (2^(M - lse)), with no third or fourth exponential
+// and no pass over shared memory. A row's statistics: a __syncthreads, one warp a block sends the
+// block's to every block of the cluster (st.async onto an mbarrier) and combines theirs, a
+// __syncthreads hands the row's log-sum-exps to the other warps. Rows come two ahead (cp.async into
+// three stages of shared memory), so their loads overlap the exchanges and the gradients' stores.
 
 // Threads a block, logits of each tensor a thread (in registers), blocks a cluster at most: rows
 // of up to 262,144 logits.
@@ -468,14 +467,6 @@ struct RegPart {
   float ma, za, mb, zb, w;
 };
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int k = 16; k > 0; k >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, k));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
-  return v;
-}
 __device__ __forceinline__ float finite_or_zero(float m) { return m == -INFINITY ? 0.0f : m; }
 
 // The lanes' parts merged (every lane gets the result): the common maxima first, then each
@@ -504,41 +495,35 @@ __device__ __forceinline__ float2 unpack2(uint32_t w, __half*) {
   return __half22float2(h);
 }
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, __nv_bfloat16*) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  uint32_t w;
-  memcpy(&w, &h, 4);
-  return w;
+  return pack_bf16x2(lo, hi);
 }
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, __half*) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  uint32_t w;
-  memcpy(&w, &h, 4);
-  return w;
+  return pack_f16x2(lo, hi);
 }
 
 // Copies this thread's vectors of a row of both tensors into its slots of stage (cp.async, not
 // committed; the same thread reads them back after waiting for the group).
-template <class T, int kThreads, int kV>
+// (Slots past the chunk are not copied: they keep the -inf the kernel put there.)
+template <class T>
 __device__ __forceinline__ void stage_reg_row(const Args& a, int64_t row, int lo, int hi,
-                                              uint4 (*stage)[kThreads]) {
+                                              uint4 (*stage)[kRegThreads]) {
+  constexpr int kV = kRegLogits / 8;
   const T* S = static_cast<const T*>(a.student) + row * a.V;
   const T* Tt = static_cast<const T*>(a.teacher) + row * a.V;
 #pragma unroll
   for (int v = 0; v < kV; ++v) {
-    const int i = lo + (static_cast<int>(threadIdx.x) + v * kThreads) * 8;
+    const int i = lo + (static_cast<int>(threadIdx.x) + v * kRegThreads) * 8;
     if (i < hi) {
-      const auto ds = static_cast<uint32_t>(__cvta_generic_to_shared(&stage[v][threadIdx.x]));
-      const auto dt = static_cast<uint32_t>(__cvta_generic_to_shared(&stage[kV + v][threadIdx.x]));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ds), "l"(S + i) : "memory");
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dt), "l"(Tt + i) : "memory");
+      attn::cp_async_16_at(smem_addr(&stage[v][threadIdx.x]), S + i, true);
+      attn::cp_async_16_at(smem_addr(&stage[kV + v][threadIdx.x]), Tt + i, true);
     }
   }
 }
 
-template <class T, int kThreads, int kEPT, int kKind>
-__global__ void __launch_bounds__(kThreads, kThreads* kEPT <= 8192 ? 2 : 1)
-    distill_reg_kernel(const Args a) {
+template <class T, int kKind>
+__global__ void __launch_bounds__(kRegThreads, 1) distill_reg_kernel(const Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kThreads = kRegThreads, kEPT = kRegLogits;
   static_assert(sizeof(T) == 2 && kEPT % 8 == 0, "16-bit logits, 16-byte vectors");
   constexpr int kV = kEPT / 8, kWarps = kThreads / 32;
   constexpr bool kKL = kKind == static_cast<int>(Divergence::KL);
@@ -557,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, kThreads* kEPT <= 8192 ? 2 : 1)
   __shared__ float4 recv[2][kRegMaxCluster][2];
   __shared__ uint64_t done[2];
   __shared__ float4 terms;  // the row's lse_a, lse_b and D, from warp 0
-  // Three stages of a row's vectors, kV of each tensor (dynamic: 64 KiB a stage at kEPT 32).
+  // Three stages of a row's vectors, kV of each tensor (dynamic shared memory).
   extern __shared__ uint4 stage_raw[];
   auto stage = [&](int n) {
     return reinterpret_cast<uint4(*)[kThreads]>(stage_raw + (n % 3) * 2 * kV * kThreads);
@@ -593,9 +578,8 @@ __global__ void __launch_bounds__(kThreads, kThreads* kEPT <= 8192 ? 2 : 1)
   auto row_of = [&](int n) { return first + static_cast<int64_t>(n) * clusters; };
   auto fetch = [&](int n) {
     const int64_t row = row_of(n);
-    if (row < a.rows && !row_label(a, row).ignored)
-      stage_reg_row<T, kThreads, kV>(a, row, lo, hi, stage(n));
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    if (row < a.rows && !row_label(a, row).ignored) stage_reg_row<T>(a, row, lo, hi, stage(n));
+    attn::cp_async_commit();
   };
   fetch(0);
   fetch(1);
@@ -605,7 +589,9 @@ __global__ void __launch_bounds__(kThreads, kThreads* kEPT <= 8192 ? 2 : 1)
     const RowLabel rl = row_label(a, row);
     const int label = rl.ignored || rl.bad ? -1 : static_cast<int>(rl.label);
     fetch(n + 2);
-    asm volatile("cp.async.wait_group 2;" ::: "memory");  // row n's stage (n + 1's, n + 2's fly)
+    // Row n's stage (n + 1's and n + 2's fly). Not attn::cp_async_wait: each thread reads its own
+    // slots next with no barrier between, so the wait must also order those reads (memory).
+    asm volatile("cp.async.wait_group 2;" ::: "memory");
 
     // Against the warp's maxima M (log2 units): ea = 2^(x - M) of the student, eb the teacher's.
     float ea[kEPT], eb[kEPT], dst[kKL ? 1 : kEPT];
@@ -779,17 +765,33 @@ __global__ void __launch_bounds__(kThreads, kThreads* kEPT <= 8192 ? 2 : 1)
 #endif
 }
 
-template <int kThreads, int kEPT>
-constexpr size_t reg_smem() {
-  return size_t{3} * 2 * (kEPT / 8) * kThreads * sizeof(uint4);  // three stages
-}
+// A launch configuration of `blocks` blocks in clusters of C (the attribute is in the struct,
+// which is neither copied nor moved: cfg points at it).
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  ClusterLaunch(int64_t blocks, int threads, size_t smem, int C) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim = {static_cast<unsigned>(C), 1, 1};
+    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = current_stream();
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+constexpr size_t kRegSmem = size_t{3} * 2 * (kRegLogits / 8) * kRegThreads * sizeof(uint4);
 
 // Clusters of C blocks of the register kernel that fit this GPU at once (0: none).
-template <class T, int kThreads, int kEPT, int kKind>
+template <class T, int kKind>
 int reg_clusters(int C) {
-  auto* kernel = distill_reg_kernel<T, kThreads, kEPT, kKind>;
+  auto* kernel = distill_reg_kernel<T, kKind>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(reg_smem<kThreads, kEPT>())) != cudaSuccess) {
+                           static_cast<int>(kRegSmem)) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -798,37 +800,19 @@ int reg_clusters(int C) {
     (void)cudaGetLastError();
     return 0;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(C));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = reg_smem<kThreads, kEPT>();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim = {static_cast<unsigned>(C), 1, 1};
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const ClusterLaunch l(C, kRegThreads, kRegSmem, C);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &l.cfg) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
   return n;
 }
 
-template <class T, int kThreads, int kEPT, int kKind>
+template <class T, int kKind>
 void launch_reg(const Args& a, int C, int clusters) {
-  auto* kernel = distill_reg_kernel<T, kThreads, kEPT, kKind>;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim = {static_cast<unsigned>(C), 1, 1};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(static_cast<int64_t>(clusters) * C));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = reg_smem<kThreads, kEPT>();
-  cfg.stream = current_stream();
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+  const ClusterLaunch l(static_cast<int64_t>(clusters) * C, kRegThreads, kRegSmem, C);
+  LLMK_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, distill_reg_kernel<T, kKind>, a));
 }
 
 template <class T, int kVec, int kKind>
@@ -842,19 +826,9 @@ void launch(const Args& a, int C, size_t smem) {
     LLMK_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(C);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(a.rows * C));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = current_stream();
-  cfg.attrs = attr;
-  cfg.numAttrs = C > 1 ? 1 : 0;
-  LLMK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+  ClusterLaunch l(a.rows * C, kThreads, smem, C);
+  l.cfg.numAttrs = C > 1 ? 1 : 0;  // no clusters before sm_90 (C is 1 there)
+  LLMK_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, a));
 }
 
 // The largest power of two, up to kMaxCluster, that a cluster of kThreads-thread blocks may
@@ -867,16 +841,9 @@ int max_cluster_blocks() {
       (void)cudaGetLastError();
       return 8;
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(kMaxCluster);
-    cfg.blockDim = dim3(kThreads);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim = {kMaxCluster, 1, 1};
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const ClusterLaunch l(kMaxCluster, kThreads, 0, kMaxCluster);
     int size = 0;
-    if (cudaOccupancyMaxPotentialClusterSize(&size, kernel, &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxPotentialClusterSize(&size, kernel, &l.cfg) != cudaSuccess) {
       (void)cudaGetLastError();
       return 8;
     }
@@ -925,17 +892,16 @@ bool try_reg_kernel(Args& a) {
   const bool kl = kind == Divergence::KL;
   int n = fits[kl ? 0 : 1][lc].load();
   if (n < 0) {
-    n = kl ? reg_clusters<T, kRegThreads, kRegLogits, kKL>(C)
-           : reg_clusters<T, kRegThreads, kRegLogits, kRKL>(C);
+    n = kl ? reg_clusters<T, kKL>(C) : reg_clusters<T, kRKL>(C);
     fits[kl ? 0 : 1][lc].store(n);
   }
   if (n <= 0) return false;
   a.chunk = (a.V + 8 * C - 1) / (8 * C) * 8;
   const int clusters = static_cast<int>(std::min<int64_t>(n, a.rows));
   if (kl) {
-    launch_reg<T, kRegThreads, kRegLogits, kKL>(a, C, clusters);
+    launch_reg<T, kKL>(a, C, clusters);
   } else {
-    launch_reg<T, kRegThreads, kRegLogits, kRKL>(a, C, clusters);
+    launch_reg<T, kRKL>(a, C, clusters);
   }
   return true;
 }

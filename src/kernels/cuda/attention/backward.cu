@@ -137,36 +137,58 @@ __device__ __forceinline__ void store8(T16* p, const float (&f)[8]) {
 }
 
 // 16 lanes per (query row, head), 8 elements (16 bytes) each (head dims up to 128): delta = dO .
-// O - dlse, lse2, and with kZero dQ's (row-major) accumulator row zeroed.
+// O - dlse, lse2, and dQ's accumulator row zeroed. Over the query rows (kPadded false: the
+// row-major accumulator of the kernels that add only live rows), or over every padded row
+// (kPadded: the two-warpgroup kernel adds whole 64-row tiles in its own order, so a tile's
+// padding rows are zeroed too, and their lse2 and delta are zeros).
 constexpr int kRowLanes = 16;
-template <class T16, bool kZero>
+template <class T16, bool kPadded>
 __global__ void bwd_rows_kernel(const AttentionBwdArgs a, BwdWs ws) {
   const int64_t item = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kRowLanes;
   const int c = static_cast<int>(threadIdx.x % kRowLanes);
-  const bool live = item < static_cast<int64_t>(a.T) * a.Hq;  // whole half-warps: no exit yet
-  const int64_t t = live ? item / a.Hq : 0;
-  const int h = live ? static_cast<int>(item % a.Hq) : 0;
-  const int64_t pr = live ? padded_row(a.cu_q, a.B, t) : 0;
-  float dot = 0.0f;
-  if (live && c * 8 < a.D) {
-    float o[8], d[8];
-    load8(static_cast<const T16*>(a.out) + t * a.out_t + h * a.out_h + c * 8, o);
-    load8(static_cast<const T16*>(a.dout) + t * a.dout_t + h * a.dout_h + c * 8, d);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) dot += o[e] * d[e];
-    if constexpr (kZero) {
-      float4* acc = reinterpret_cast<float4*>(ws.dq_acc + dq_at(ws, a.D, h, pr, c * 8));
-      acc[0] = acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  // Whole half-warps: no exit before the shuffles.
+  const int64_t rows = kPadded ? ws.tp : static_cast<int64_t>(a.T);
+  const bool in = item < rows * a.Hq;
+  const int h = in ? static_cast<int>(item % a.Hq) : 0;
+  int64_t t = 0, pr = 0;
+  bool live = in;
+  if (in) {
+    if constexpr (kPadded) {
+      pr = item / a.Hq;
+      const int b = last_seq_at(a.B, pr, [&](int m) { return pad_row0(a.cu_q, m); });
+      const int64_t i = pr - pad_row0(a.cu_q, b);
+      live = i < a.cu_q[b + 1] - a.cu_q[b];
+      t = a.cu_q[b] + i;
+    } else {
+      t = item / a.Hq;
+      pr = padded_row(a.cu_q, a.B, t);
     }
+  }
+  float dot = 0.0f;
+  if (in && c * 8 < a.D) {
+    if (live) {
+      float o[8], d[8];
+      load8(static_cast<const T16*>(a.out) + t * a.out_t + h * a.out_h + c * 8, o);
+      load8(static_cast<const T16*>(a.dout) + t * a.dout_t + h * a.dout_h + c * 8, d);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot += o[e] * d[e];
+    }
+    float4* acc = reinterpret_cast<float4*>(ws.dq_acc + dq_at(ws, a.D, h, pr, c * 8));
+    acc[0] = acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 #pragma unroll
   for (int o = kRowLanes / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-  if (live && c == 0) {
-    const int64_t i = static_cast<int64_t>(h) * a.T + t;
+  if (in && c == 0) {
     const int64_t at = static_cast<int64_t>(h) * ws.tp + pr;
-    const float lse = a.lse[i];
-    ws.lse2[at] = isinf(lse) ? INFINITY : lse * kLog2e;
-    ws.delta[at] = dot - (a.dlse != nullptr ? a.dlse[i] : 0.0f);
+    if (live) {
+      const int64_t i = static_cast<int64_t>(h) * a.T + t;
+      const float lse = a.lse[i];
+      ws.lse2[at] = isinf(lse) ? INFINITY : lse * kLog2e;
+      ws.delta[at] = dot - (a.dlse != nullptr ? a.dlse[i] : 0.0f);
+    } else {
+      ws.lse2[at] = 0.0f;
+      ws.delta[at] = 0.0f;
+    }
   }
 }
 
@@ -188,46 +210,60 @@ __global__ void bwd_dq_kernel(const AttentionBwdArgs a, BwdWs ws) {
 }
 
 // dq from the two-warpgroup kernel's accumulator (dq_tile's order), times the scale its dS left
-// out. 2 D threads per 64-row tile of a head: thread (16-column pair of blocks jp, rows r and
-// r + 8 of a 16-row band) reads two runs of 64 contiguous bytes (four threads' float4 of blocks
-// 2 jp and 2 jp + 1) and writes 32 contiguous bytes to each of its two rows.
-template <class T16>
-__global__ void bwd_dq_tiles_kernel(const AttentionBwdArgs a, BwdWs ws, int cols) {
+// out. One block of 256 threads per 64-row tile of a head: the tile's floats are read in order
+// (each warp 512 contiguous bytes an instruction), put row-major into shared memory, and each warp
+// then writes whole rows (a lane's four columns, 8 bytes; a row's 2 D bytes at once).
+constexpr int kDqThreads = 256;
+template <class T16, int kD>
+__global__ void __launch_bounds__(kDqThreads)
+    bwd_dq_tiles_kernel(const AttentionBwdArgs a, BwdWs ws, int cols) {
+  constexpr int kPitch = kD + 8;  // floats a shared row: 64-bit stores of 8 rows, two wavefronts
+  constexpr int kF4 = 64 * kD / 4;
+  static_assert(kF4 % kDqThreads == 0 && kD % 4 == 0 && kD / 4 <= 32, "whole passes, a warp a row");
+  __shared__ __align__(16) float sm[64 * kPitch];
   const int64_t tiles_per_head = ws.tp / 64;
   const int64_t tile = blockIdx.x;  // h * tiles_per_head + padded tile
   const int h = static_cast<int>(tile / tiles_per_head);
   const int64_t pr0 = (tile % tiles_per_head) * 64;
-  const int w = threadIdx.x, jp = w / 32, warp = (w / 8) % 4, rr = w % 8;
   // The sequence whose padded rows hold this tile.
   const int lo = last_seq_at(a.B, pr0, [&](int m) { return pad_row0(a.cu_q, m); });
   const int64_t i0 = pr0 - pad_row0(a.cu_q, lo);
   const int tq = a.cu_q[lo + 1] - a.cu_q[lo];
   if (i0 >= tq) return;  // padding
-  const float* tile_base = dq_tile(ws, a.D, h, pr0);
-  float ra[16], rb[16];  // rows warp * 16 + rr and + 8, columns 16 jp ..
+  const float4* src = reinterpret_cast<const float4*>(dq_tile(ws, kD, h, pr0));
+  float4 f[kF4 / kDqThreads];
 #pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const int col = 16 * jp + 8 * jj, part = col / cols, j = (col % cols) / 8;
-    const float* base = tile_base + part * 64 * cols + (j * 128 + warp * 32 + rr * 4) * 4;
+  for (int k = 0; k < kF4 / kDqThreads; ++k) f[k] = src[k * kDqThreads + threadIdx.x];
+  // float4 g of a part (cols columns): thread t = g % 128 of 8-column block g / 128 holds (r, c),
+  // (r, c + 1), (r + 8, c), (r + 8, c + 1), r = (t / 32) 16 + (t % 32) / 4, c = (t % 4) 2.
+  const int part_f4 = 16 * cols;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float4 f = *reinterpret_cast<const float4*>(base + q * 4);
-      ra[jj * 8 + 2 * q] = f.x * a.scale;
-      ra[jj * 8 + 2 * q + 1] = f.y * a.scale;
-      rb[jj * 8 + 2 * q] = f.z * a.scale;
-      rb[jj * 8 + 2 * q + 1] = f.w * a.scale;
+  for (int k = 0; k < kF4 / kDqThreads; ++k) {
+    const int g = k * kDqThreads + static_cast<int>(threadIdx.x);
+    const int part = g / part_f4, j = (g % part_f4) / 128, t = g % 128;
+    const int r = (t / 32) * 16 + (t % 32) / 4, c = part * cols + j * 8 + (t % 4) * 2;
+    *reinterpret_cast<float2*>(&sm[r * kPitch + c]) =
+        make_float2(f[k].x * a.scale, f[k].y * a.scale);
+    *reinterpret_cast<float2*>(&sm[(r + 8) * kPitch + c]) =
+        make_float2(f[k].z * a.scale, f[k].w * a.scale);
+  }
+  __syncthreads();
+  const int warp = static_cast<int>(threadIdx.x) / kWarp,
+            lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int rows = static_cast<int>(tq - i0 < 64 ? tq - i0 : 64);
+  T16* dq = static_cast<T16*>(a.dq) + (a.cu_q[lo] + i0) * a.dq_t + h * a.dq_h + lane * 4;
+  for (int r = warp; r < rows; r += kDqThreads / kWarp) {
+    if (lane * 4 >= kD) break;
+    const float4 v = *reinterpret_cast<const float4*>(&sm[r * kPitch + lane * 4]);
+    uint2 out;
+    if constexpr (std::is_same_v<T16, __half>) {
+      out.x = pack_f16x2(v.x, v.y);
+      out.y = pack_f16x2(v.z, v.w);
+    } else {
+      out.x = pack_bf16x2(v.x, v.y);
+      out.y = pack_bf16x2(v.z, v.w);
     }
-  }
-  const int r = warp * 16 + rr;
-  T16* dq = static_cast<T16*>(a.dq) + h * a.dq_h + jp * 16;
-  const int64_t t = a.cu_q[lo] + i0 + r;
-  if (i0 + r < tq) {
-    store8(dq + t * a.dq_t, *reinterpret_cast<const float(*)[8]>(&ra[0]));
-    store8(dq + t * a.dq_t + 8, *reinterpret_cast<const float(*)[8]>(&ra[8]));
-  }
-  if (i0 + r + 8 < tq) {
-    store8(dq + (t + 8) * a.dq_t, *reinterpret_cast<const float(*)[8]>(&rb[0]));
-    store8(dq + (t + 8) * a.dq_t + 8, *reinterpret_cast<const float(*)[8]>(&rb[8]));
+    *reinterpret_cast<uint2*>(dq + r * a.dq_t) = out;
   }
 }
 
@@ -1220,19 +1256,19 @@ bool run_bwd(const AttentionBwdArgs& a) {
   const bool h2 = h2_head_dim(a) && a.max_tk > 0 && rows > 0 &&
                   cuda::prefill_kernel() != PrefillKernel::kMmaSync &&
                   device_info().compute_capability() == 90 && encode_bwd_maps(maps, a);
-  if (h2) {  // its whole accumulator, lse2 and delta of the padding rows, the turns: zeros
-    LLMK_CUDA_CHECK(cudaMemsetAsync(
-        a.workspace, 0, attention_backward_workspace(a.T, a.Hq, a.D, a.B), current_stream()));
-  } else if (a.deterministic) {
+  // The turn counters of the deterministic mode start at zero; the row pass zeroes dQ's
+  // accumulator (and, for the two-warpgroup kernel, writes every padding row's lse2 and delta).
+  if (a.deterministic) {
     LLMK_CUDA_CHECK(cudaMemsetAsync(ws.turns, 0, turns_bytes(ws.tp, a.Hq), current_stream()));
   }
   if (rows > 0) {
     constexpr int kThreads = 256;
-    const dim3 grid(static_cast<unsigned>(ceil_div(rows * kRowLanes, kThreads)));
+    const int64_t items = (h2 ? ws.tp * a.Hq : rows) * kRowLanes;
+    const dim3 grid(static_cast<unsigned>(ceil_div(items, kThreads)));
     if (h2) {
-      bwd_rows_kernel<T16, false><<<grid, kThreads, 0, current_stream()>>>(a, ws);
-    } else {
       bwd_rows_kernel<T16, true><<<grid, kThreads, 0, current_stream()>>>(a, ws);
+    } else {
+      bwd_rows_kernel<T16, false><<<grid, kThreads, 0, current_stream()>>>(a, ws);
     }
     check_launch("attention backward rows");
   }
@@ -1261,9 +1297,19 @@ bool run_bwd(const AttentionBwdArgs& a) {
   }
   if (rows > 0) {
     if (h2) {
-      bwd_dq_tiles_kernel<T16>
-          <<<static_cast<unsigned>(ws.tp / 64 * a.Hq), static_cast<unsigned>(2 * a.D), 0,
-             current_stream()>>>(a, ws, a.D == 128 ? 64 : a.D);  // BwdH2<D>::kDqCols
+      const unsigned blocks = static_cast<unsigned>(ws.tp / 64 * a.Hq);
+      const int cols = a.D == 128 ? 64 : a.D;  // BwdH2<D>::kDqCols
+      switch (a.D) {
+        case 64:
+          bwd_dq_tiles_kernel<T16, 64><<<blocks, kDqThreads, 0, current_stream()>>>(a, ws, cols);
+          break;
+        case 96:
+          bwd_dq_tiles_kernel<T16, 96><<<blocks, kDqThreads, 0, current_stream()>>>(a, ws, cols);
+          break;
+        default:
+          bwd_dq_tiles_kernel<T16, 128><<<blocks, kDqThreads, 0, current_stream()>>>(a, ws, cols);
+          break;
+      }
     } else {
       const int64_t n = rows * (a.D / 8);
       bwd_dq_kernel<T16>

@@ -29,6 +29,8 @@ Command add_bench(CLI::App& app);
 Command add_logits(CLI::App& app);
 Command add_chat(CLI::App& app);
 Command add_teacher_topk(CLI::App& app);
+// llmk quantize (apps/llmk/quantize.cpp): a bf16/f16/f32 model written as a quantised GGUF.
+Command add_quantize(CLI::App& app);
 // llmk serve (apps/llmk/serve.cpp): registers its own subcommand on the top-level app.
 Command add_serve(CLI::App& app);
 

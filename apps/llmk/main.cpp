@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
       "teacher-topk",
       "Write a teacher model's top-k logits over a dataset of token sequences (safetensors), "
       "for offline distillation"));
+  const llmk::cli::Command quantize = llmk::cli::add_quantize(*app.add_subcommand(
+      "quantize", "Write a bf16/f16/f32 model (GGUF or Hugging Face folder) as a quantised GGUF"));
   const llmk::cli::Command serve = llmk::cli::add_serve(app);
   const llmk::cli::Command tokenize = llmk::cli::add_tokenize(
       *app.add_subcommand("tokenize", "Show the token ids and pieces of a text"));
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("logits")) code = logits();
     if (app.got_subcommand("teacher-topk")) code = teacher_topk();
     if (app.got_subcommand("serve")) code = serve();
+    if (app.got_subcommand("quantize")) code = quantize();
     llmk::cli::check_stdout();
     return code;
   } catch (const llmk::Error& e) {

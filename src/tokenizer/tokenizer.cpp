@@ -359,6 +359,7 @@ int32_t Tokenizer::unk_id() const { return impl_->data.unk_id; }
 int32_t Tokenizer::pad_id() const { return impl_->data.pad_id; }
 bool Tokenizer::add_bos() const { return impl_->data.add_bos; }
 const std::string& Tokenizer::chat_template() const { return impl_->data.chat_template; }
+const TokenizerData& Tokenizer::data() const { return impl_->data; }
 const std::string& Tokenizer::pre_tokenizer() const {
   return impl_->spm ? impl_->data.pre : impl_->pre.name();
 }

@@ -124,6 +124,8 @@ class Tokenizer {
   std::optional<int32_t> find_token(std::string_view text) const;
   const std::string& chat_template() const;
   const std::string& pre_tokenizer() const;
+  // Everything the tokenizer was built from (llmk quantize writes it into GGUF files).
+  const TokenizerData& data() const;
 
  private:
   struct Impl;

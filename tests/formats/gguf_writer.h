@@ -1,6 +1,7 @@
 // A small GGUF writer for tests: builds v2/v3 files with chosen metadata and tensors, and lets a
 // test break any field (counts, magic, version, raw value bytes, dims, types, offsets) to check
-// that the reader rejects it.
+// that the reader rejects it. Values are encoded by the library's writer (formats/gguf_write.h);
+// the rest of the layout is written here, field by field, so that any field can be broken.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "formats/gguf.h"
+#include "formats/gguf_write.h"
 
 namespace llmk::gguf::testkit {
 
@@ -73,54 +75,10 @@ class Bytes {
     return *this;
   }
 
-  // The value's payload (no type tag), as GGUF encodes it.
+  // The value's payload (no type tag): the encoding of llmk's own writer (formats/gguf_write.h),
+  // so that the files these tests build and the files `llmk quantize` writes agree.
   Bytes& value_payload(const Value& v) {
-    switch (v.type()) {
-      case ValueType::U8:
-        return put(static_cast<uint8_t>(v.as_int()));
-      case ValueType::I8:
-        return put(static_cast<int8_t>(v.as_int()));
-      case ValueType::U16:
-        return put(static_cast<uint16_t>(v.as_int()));
-      case ValueType::I16:
-        return put(static_cast<int16_t>(v.as_int()));
-      case ValueType::U32:
-        return put(static_cast<uint32_t>(v.as_int()));
-      case ValueType::I32:
-        return put(static_cast<int32_t>(v.as_int()));
-      case ValueType::I64:
-        return put(static_cast<int64_t>(v.as_int()));
-      case ValueType::U64:  // to_string keeps the full u64 range
-        return put(static_cast<uint64_t>(std::stoull(v.to_string())));
-      case ValueType::F32:
-        return put(static_cast<float>(v.as_float()));
-      case ValueType::F64:
-        return put(v.as_float());
-      case ValueType::BOOL:
-        return put(static_cast<uint8_t>(v.as_bool() ? 1 : 0));
-      case ValueType::STRING:
-        return str(v.as_string());
-      case ValueType::ARRAY:
-        break;
-    }
-    const Value::Array& a = v.as_array();
-    u32(static_cast<uint32_t>(a.elem));
-    u64(a.size());
-    for (const std::string& s : a.strings) str(s);
-    for (const Value& n : a.nested) value_payload(n);
-    for (double f : a.floats) {
-      if (a.elem == ValueType::F32) {
-        put(static_cast<float>(f));
-      } else {
-        put(f);
-      }
-    }
-    for (int64_t i : a.ints) {
-      // Re-use the scalar encoder for the element type.
-      value_payload(a.elem == ValueType::U64    ? u64_value(static_cast<uint64_t>(i))
-                    : a.elem == ValueType::BOOL ? bool_value(i != 0)
-                                                : int_value(a.elem, i));
-    }
+    append_value(buf, v);
     return *this;
   }
 };

@@ -66,7 +66,10 @@ class DecoderModel final : public Model {
         scratch_(opts.scratch_page ? 1 : 0) {
     LLMK_CHECK(opts.page_size >= 0, "page size {} must be >= 0", opts.page_size);
     check_layer_count(src, this->config().n_layers);
-    WeightLoader loader(src, opts.device, opts.progress, act_);
+    // Batch-invariant runs keep bf16 weights: the quantised linear takes another path above 8
+    // rows (qlinear.h), so a row's bits would depend on the rows beside it.
+    WeightLoader loader(src, opts.device, opts.progress, act_,
+                        opts.quantized_weights && !opts.batch_invariant);
     load_weights(loader);  // planning pass: shapes checked, bytes counted, nothing copied
     pool_pages_ = sequences() * pages_per_sequence() + scratch_;
     if (opts.kv_memory != 0) size_pool(path, opts.kv_memory, loader.planned_bytes());
@@ -179,7 +182,7 @@ class DecoderModel final : public Model {
 void DecoderModel::load_weights(WeightLoader& w) {
   const ModelConfig& c = config();
   const int64_t d = c.d_model, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
-  tok_embd_ = w.matrix("token_embd.weight", {c.vocab_size, d});
+  tok_embd_ = w.table("token_embd.weight", {c.vocab_size, d});
   output_norm_ = w.vector("output_norm.weight", {d});
   // GGUF files leave out output.weight when it is tied; HF configs say so explicitly
   // (tie_word_embeddings), and a missing lm_head.weight is then an error, not the embeddings.

@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <string_view>
 
 #include "core/error.h"
 #include "core/text.h"
+#include "kernels/quant_layout.h"
 #include "ops/ops.h"
 
 namespace llmk {
@@ -164,8 +166,19 @@ void check_layer_count(const WeightSource& src, int64_t n_layers) {
              printable(last), layers - 1, config, n_layers);
 }
 
-WeightLoader::WeightLoader(const WeightSource& src, Device device, ProgressFn progress, DType act)
-    : src_(src), device_(device), act_(act), progress_(std::move(progress)) {}
+WeightLoader::WeightLoader(const WeightSource& src, Device device, ProgressFn progress, DType act,
+                           bool keep_quantized)
+    : src_(src),
+      device_(device),
+      act_(act),
+      keep_quantized_(keep_quantized && device != Device::CPU && act == DType::BF16),
+      progress_(std::move(progress)) {}
+
+DType WeightLoader::placed_dtype(DType stored, Kind kind) const {
+  if (kind == Kind::Vector) return DType::F32;
+  if (device_ == Device::CPU) return stored;
+  return kind == Kind::Matrix && keep_quantized_ && qlayout::gpu_keeps(stored) ? stored : act_;
+}
 
 bool WeightLoader::has(const std::string& name) const { return src_.find(name).defined(); }
 
@@ -176,8 +189,7 @@ void WeightLoader::finish_plan() {
   prog_.bytes_total = planned_bytes_;
 }
 
-Tensor WeightLoader::place(const std::string& name, const Shape& shape, bool is_vector,
-                           bool required) {
+Tensor WeightLoader::place(const std::string& name, const Shape& shape, Kind kind, bool required) {
   Tensor t = src_.find(name);
   if (!t.defined()) {
     LLMK_CHECK(!required, "{}: missing tensor '{}'", src_.path(), src_.file_name(name));
@@ -187,7 +199,7 @@ Tensor WeightLoader::place(const std::string& name, const Shape& shape, bool is_
              src_.file_of(name), src_.file_name(name), shape_str(t.shape()), config_note(src_),
              shape_str(shape));
   check_weight_dtype(src_, name, t);
-  const DType want = is_vector ? DType::F32 : (device_ == Device::CPU ? t.dtype() : act_);
+  const DType want = placed_dtype(t.dtype(), kind);
   if (planning_) {
     planned_bytes_ += static_cast<uint64_t>(bytes_for(want, t.numel()));
     ++plan_count_;
@@ -210,7 +222,10 @@ void WeightLoader::put(Tensor& dst, const Tensor& t, DType want) {
     return;
   }
   Tensor host = t;
-  if (t.dtype() != want) {
+  if (is_quantized(want) && dst.device() != Device::CPU) {  // the GPU layout of the blocks
+    host = Tensor::empty(t.shape(), want);
+    qlayout::repack(want, t.data(), host.data(), t.dim(0), t.dim(1));
+  } else if (t.dtype() != want) {
     host = Tensor::empty(t.shape(), want);
     ops::dequantize(host, t);
   }
@@ -224,13 +239,13 @@ void WeightLoader::count(const Tensor& placed) {
 }
 
 bool WeightLoader::can_stack(const std::vector<std::string>& names) const {
-  if (device_ != Device::CPU) return true;
   DType first = DType::F32;
   for (size_t i = 0; i < names.size(); ++i) {
     const Tensor t = src_.find(names[i]);
-    if (!t.defined()) return false;
-    if (i == 0) first = t.dtype();
-    if (t.dtype() != first) return false;
+    if (!t.defined()) return device_ != Device::CPU;  // stacked() names the missing part
+    const DType placed = placed_dtype(t.dtype(), Kind::Matrix);
+    if (i == 0) first = placed;
+    if (placed != first) return false;
   }
   return true;
 }
@@ -261,7 +276,9 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
     rows += t.dim(0);
     parts.push_back(std::move(t));
   }
-  const DType want = device_ != Device::CPU ? act_ : is_vector ? DType::F32 : parts[0].dtype();
+  const DType want = is_vector && device_ != Device::CPU
+                         ? act_
+                         : placed_dtype(parts[0].dtype(), is_vector ? Kind::Vector : Kind::Matrix);
   const Shape shape = is_vector ? Shape{rows} : Shape{rows, shapes[0][1]};
   if (planning_) {
     planned_bytes_ += static_cast<uint64_t>(bytes_for(want, shape_numel(shape)));
@@ -269,6 +286,20 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
     return Tensor();
   }
   Tensor out = Tensor::empty(shape, want, device_);
+  if (is_quantized(want) && device_ != Device::CPU) {
+    // The parts' blocks back to back (whole rows), then the GPU layout of the whole.
+    Tensor rows_host = Tensor::empty(shape, want);
+    auto* at = static_cast<uint8_t*>(rows_host.data());
+    for (const Tensor& t : parts) {
+      std::memcpy(at, t.data(), static_cast<size_t>(t.nbytes()));
+      at += t.nbytes();
+      ++prog_.done;
+    }
+    put(out, rows_host, want);
+    prog_.bytes_done += static_cast<uint64_t>(out.nbytes());
+    if (progress_) progress_(prog_);
+    return out;
+  }
   int64_t at = 0;
   for (const Tensor& t : parts) {
     Tensor dst = out.slice(0, at, at + t.dim(0));
@@ -282,13 +313,16 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
 }
 
 Tensor WeightLoader::matrix(const std::string& name, const Shape& shape) {
-  return place(name, shape, false, true);
+  return place(name, shape, Kind::Matrix, true);
+}
+Tensor WeightLoader::table(const std::string& name, const Shape& shape) {
+  return place(name, shape, Kind::Table, true);
 }
 Tensor WeightLoader::vector(const std::string& name, const Shape& shape) {
-  return place(name, shape, true, true);
+  return place(name, shape, Kind::Vector, true);
 }
 Tensor WeightLoader::optional_vector(const std::string& name, const Shape& shape) {
-  return place(name, shape, true, false);
+  return place(name, shape, Kind::Vector, false);
 }
 
 }  // namespace llmk

@@ -4,7 +4,10 @@
 // them in a GGUF file, or in a Hugging Face folder under transformers' names
 // ("model.layers.3.self_attn.q_proj.weight"). A WeightLoader checks each tensor's shape and
 // places it: on the CPU matrices stay in the file's dtype (borrowed from the mapping) and
-// vectors become f32; on CUDA matrices become bf16 and vectors f32, copied to the device.
+// vectors become f32; on CUDA vectors become f32 and matrices the activations' dtype (bf16), except
+// that with bf16 activations the linear layers' matrices of a block type the GPU kernels read
+// (kernels/quant_layout.h: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) stay quantised, repacked into that
+// file's GPU layout (keep_quantized, on by default).
 #pragma once
 
 #include <cstdint>
@@ -59,12 +62,16 @@ using ProgressFn = std::function<void(const LoadProgress&)>;
 class WeightLoader {
  public:
   // act: the activation dtype on CUDA (bf16, f16 or f32), which its matrices and biases take.
+  // keep_quantized: on CUDA with bf16 activations, keep the kept block types quantised (above).
   WeightLoader(const WeightSource& src, Device device, ProgressFn progress = nullptr,
-               DType act = DType::BF16);
+               DType act = DType::BF16, bool keep_quantized = true);
 
-  // A weight matrix [rows, cols] (also embeddings): CPU keeps the stored dtype, CUDA the
-  // activations' (bf16 by default).
+  // A linear layer's weight matrix [rows, cols]: CPU keeps the stored dtype, CUDA the
+  // activations' (bf16 by default) or, for a kept block type, the block type (GPU layout).
   Tensor matrix(const std::string& name, const Shape& shape);
+  // A table read a row at a time (token embeddings): as matrix(), but never a block type on
+  // CUDA.
+  Tensor table(const std::string& name, const Shape& shape);
   // Norm weights: f32 on either device.
   Tensor vector(const std::string& name, const Shape& shape);
   // Like vector() but an absent tensor gives an undefined Tensor.
@@ -87,14 +94,19 @@ class WeightLoader {
   void finish_plan();
 
  private:
-  Tensor place(const std::string& name, const Shape& shape, bool is_vector, bool required);
-  // Converts `t` to `want` (dequantising as needed) and copies it into `dst` on the device.
+  enum class Kind { Matrix, Table, Vector };
+  Tensor place(const std::string& name, const Shape& shape, Kind kind, bool required);
+  // The dtype a stored tensor of dtype `stored` takes when placed as `kind`.
+  DType placed_dtype(DType stored, Kind kind) const;
+  // Converts `t` to `want` (dequantising as needed, or repacking a block type for the GPU) and
+  // copies it into `dst` on the device.
   void put(Tensor& dst, const Tensor& t, DType want);
   void count(const Tensor& placed);
 
   const WeightSource& src_;
   Device device_;
   DType act_;  // the CUDA matrices' and biases' dtype
+  bool keep_quantized_;
   ProgressFn progress_;
   bool planning_ = true;
   uint64_t planned_bytes_ = 0;

@@ -1,4 +1,5 @@
 #include "kernels/cpu/matmul.h"
+#include "kernels/quant_layout.h"
 #include "ops/check.h"
 #include "ops/linear_args.h"
 #include "ops/ops.h"
@@ -99,6 +100,45 @@ cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w,
   return a;
 }
 
+// The same for a block-quantised w on CUDA (cuda::qlinear).
+cuda::QLinearArgs linear_cuda_qargs(Tensor& out, const Tensor& x, const Tensor& w,
+                                    const Tensor* bias, bool accumulate) {
+  LLMK_CHECK(qlayout::gpu_keeps(w.dtype()),
+             "ops::linear: w is {} on the GPU, but the CUDA linear reads the block types Q4_0, "
+             "Q4_1, Q5_0, Q8_0, Q4_K and Q6_K only; dequantise the others at load",
+             w.str());
+  LLMK_CHECK(x.dtype() == DType::BF16,
+             "ops::linear: w is {} on the GPU, which takes bf16 x, but x is {}", w.str(), x.str());
+  LLMK_CHECK(out.dtype() == DType::BF16 || out.dtype() == DType::F32,
+             "ops::linear: w is {} on the GPU, which writes a bf16 or f32 out, but out is {}",
+             w.str(), out.str());
+  // The GPU layout (kernels/quant_layout.h) is of the whole matrix: w must be one, not a view.
+  LLMK_CHECK(w.is_contiguous(), "ops::linear: w is {}: a quantised matrix must be contiguous",
+             w.str());
+  const Dims d = check_shapes(out, x, w, bias);
+  require_rows_apart("x", x);
+  require_rows_apart("out", out);
+  cuda::QLinearArgs a;
+  if (bias) {
+    LLMK_CHECK(bias->dtype() == DType::BF16 || bias->dtype() == DType::F32,
+               "ops::linear: bias is {} but must be bf16 or f32 with a quantised w", bias->str());
+    a.bias = bias->data();
+    a.bias_dtype = bias->dtype();
+  }
+  a.out = out.data();
+  a.out_dtype = out.dtype();
+  a.ldo = d.M <= 1 ? d.N : out.stride(0);
+  a.x = x.data();
+  a.ldx = d.M <= 1 ? d.K : x.stride(0);
+  a.w = w.data();
+  a.wtype = w.dtype();
+  a.M = d.M;
+  a.N = d.N;
+  a.K = d.K;
+  a.accumulate = accumulate;
+  return a;
+}
+
 }  // namespace detail
 #endif
 
@@ -110,6 +150,10 @@ void linear_impl(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bi
                          : on_cuda(kOp, {{"out", &out}, {"x", &x}, {"w", &w}});
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
+    if (is_quantized(w.dtype())) {
+      cuda::qlinear(linear_cuda_qargs(out, x, w, bias, accumulate));
+      return;
+    }
     cuda::LinearArgs a = linear_cuda_args(out, x, w, bias);
     a.accumulate = accumulate;
     cuda::linear(a);
@@ -165,7 +209,8 @@ void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act,
   require_shape(op, "out", out, {x.dim(0), F});
 #ifdef LLMK_HAS_CUDA
   // One row: the one-row kernel with the activation in its epilogue, where it takes the operands.
-  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1) {
+  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1 &&
+      !is_quantized(w.dtype())) {
     const bool cuda = on_cuda(op, {{"out", &out}, {"x", &x}, {"w", &w}, {"scratch", &scratch}});
     const cuda::LinearArgs a = linear_cuda_args(out, x, w, bias, true);
     if (cuda && cuda::linear_gated_row(a, cuda_activation(act))) return;

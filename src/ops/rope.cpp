@@ -136,7 +136,8 @@ void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const 
   // its epilogue, where it takes the operands (gemv_applies; the epilogue writes the cache rows
   // in the output's type, so a plain cache of that type).
   if (scales == nullptr && x.defined() && x.device() == Device::CUDA && x.ndim() == 2 &&
-      x.dim(0) == 1 && (p.rot_dim == 0 || p.rot_dim == D) && k_cache.dtype() == qkv.dtype()) {
+      x.dim(0) == 1 && (p.rot_dim == 0 || p.rot_dim == D) && k_cache.dtype() == qkv.dtype() &&
+      !is_quantized(w.dtype())) {
     const bool cuda = check_rope(op, qk, positions, p);
     const Tensor keys = qk.slice(1, n_heads, n_heads + Hkv);
     check_kv_append(op, k_cache, v_cache, keys, v, cache_rows);

@@ -97,6 +97,15 @@ __device__ __forceinline__ __half from_float<__half>(float x) {
   return __float2half_rn(x);
 }
 
+// 16 bytes (16-byte aligned) read once: not kept in L1 (weights streamed past it).
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // Two floats as a bf16 pair (x in the low half), the register layout mma fragments use.
 __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);

@@ -34,14 +34,6 @@ constexpr int kThreads = kWarps * kWarp;
 constexpr int kRows = 2;   // rows per warp
 constexpr int kGroup = 4;  // chunks per lane and row in flight
 
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // Sum of the 8 products of two chunks of 8 elements of TIn (bf16 or fp16).
 template <typename TIn>
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc) {

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "kernels/cuda/gemm/bias.h"
 #include "kernels/cuda/gemm/gemv.h"
+#include "kernels/cuda/gemm/qlinear.h"
 
 namespace llmk::cuda {
 
@@ -93,7 +94,7 @@ using Preference = std::unique_ptr<
 
 struct Counters {
   std::atomic<uint64_t> calls{0}, plans{0}, tuned{0}, bias_epilogue{0}, bias_kernel{0}, gemv{0},
-      gelu_epilogue{0};
+      gelu_epilogue{0}, qgemv{0}, qbands{0};
 };
 std::atomic<bool> g_gemv{true};
 std::atomic<bool> g_tune{true};
@@ -175,6 +176,17 @@ Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
   return Layout(l);
 }
 
+// A stream's own buffer of `bytes`, allocated once (the callers keep it for good); throws,
+// naming `who` and `what`, inside CUDA graph capture, where allocating is not allowed.
+void* allocate_for_stream(cudaStream_t stream, size_t bytes, const char* who, const char* what) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LLMK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  LLMK_CHECK(capture == cudaStreamCaptureStatusNone,
+             "{} is inside CUDA graph capture, but it allocates the stream's {} MiB {}", who,
+             bytes >> 20, what);
+  return allocator().allocate(bytes);
+}
+
 // The process-wide cuBLASLt state. Never destroyed: the handle and the workspace must outlive
 // tensors and graphs released during static destruction.
 class Lt {
@@ -197,14 +209,9 @@ class Lt {
   // different streams may run at once and must not share one.
   void* workspace(cudaStream_t stream) {
     if (const auto it = workspaces_.find(stream); it != workspaces_.end()) return it->second;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    LLMK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    LLMK_CHECK(capture == cudaStreamCaptureStatusNone,
-               "cuda::linear: the first call on a stream is inside CUDA graph capture, but it "
-               "allocates the stream's {} MiB workspace; run one linear on it outside capture "
-               "first",
-               kLinearWorkspaceBytes >> 20);
-    void* w = allocator().allocate(kLinearWorkspaceBytes);
+    void* w = allocate_for_stream(stream, kLinearWorkspaceBytes,
+                                  "cuda::linear: the first call on a stream",
+                                  "workspace; run one linear on it outside capture first");
     workspaces_.emplace(stream, w);
     return w;
   }
@@ -670,14 +677,77 @@ bool linear_rope_row(const LinearArgs& a, const GemvRope& rope) {
   return a.K > 0 && run_one_row(a, false, Activation::SiLU, &rope);
 }
 
+namespace {
+
+// Each stream's band of dequantised weights for qlinear, allocated at its first band: calls on
+// different streams may run at once.
+class QScratch {
+ public:
+  static void* get(cudaStream_t stream) {
+    static QScratch* const s = new QScratch();  // never destroyed, like Lt
+    std::lock_guard<std::mutex> lock(s->mu_);
+    if (const auto it = s->bands_.find(stream); it != s->bands_.end()) return it->second;
+    void* p = allocate_for_stream(
+        stream, kQLinearBandBytes, "cuda::qlinear: the first call of more than 16 rows on a stream",
+        "band of dequantised weights; run one such linear on it outside capture first");
+    s->bands_.emplace(stream, p);
+    return p;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<cudaStream_t, void*> bands_;
+};
+
+}  // namespace
+
+void qlinear(const QLinearArgs& a) {
+  LLMK_CHECK(a.K > 0 && a.M >= 0 && a.N >= 0, "cuda::qlinear: M {} N {} K {}", a.M, a.N, a.K);
+  if (a.M == 0 || a.N == 0) return;
+  ++counters().calls;
+  if (qgemv(a)) {
+    ++counters().qgemv;
+    return;
+  }
+  // Bands of w's rows dequantised to bf16, each then one GEMM into its columns of out.
+  cudaStream_t stream = current_stream();
+  void* band = QScratch::get(stream);
+  const int64_t rows = std::max<int64_t>(
+      1, std::min<int64_t>(a.N, static_cast<int64_t>(kQLinearBandBytes) / (a.K * 2)));
+  const size_t out_es = element_size(a.out_dtype), bias_es = element_size(a.bias_dtype);
+  for (int64_t n0 = 0; n0 < a.N; n0 += rows) {
+    const int64_t n = std::min(rows, a.N - n0);
+    qdequant(band, DType::BF16, a.K, a.w, a.wtype, a.N, a.K, n0, n);
+    LinearArgs g;
+    g.out = static_cast<char*>(a.out) + n0 * out_es;
+    g.out_dtype = a.out_dtype;
+    g.ldo = a.ldo;
+    g.in_dtype = DType::BF16;
+    g.x = a.x;
+    g.ldx = a.ldx;
+    g.w = band;
+    g.ldw = a.K;
+    g.bias = a.bias ? static_cast<const char*>(a.bias) + n0 * bias_es : nullptr;
+    g.bias_dtype = a.bias_dtype;
+    g.M = a.M;
+    g.N = n;
+    g.K = a.K;
+    g.accumulate = a.accumulate;
+    linear(g);
+    --counters().calls;  // one qlinear call, counted above
+    ++counters().qbands;
+  }
+}
+
 void set_linear_gemv(bool on) { g_gemv.store(on, std::memory_order_relaxed); }
 
 void set_linear_tuning(bool on) { g_tune.store(on, std::memory_order_relaxed); }
 
 LinearStats linear_stats() {
   const Counters& c = counters();
-  return {c.calls.load(),       c.plans.load(),         c.tuned.load(), c.bias_epilogue.load(),
-          c.bias_kernel.load(), c.gelu_epilogue.load(), c.gemv.load()};
+  return {c.calls.load(),         c.plans.load(),       c.tuned.load(),
+          c.bias_epilogue.load(), c.bias_kernel.load(), c.gelu_epilogue.load(),
+          c.gemv.load(),          c.qgemv.load(),       c.qbands.load()};
 }
 
 }  // namespace llmk::cuda

@@ -1,0 +1,46 @@
+// Linear layers over block-quantised weights kept on the GPU (kernels/quant_layout.h's layout):
+// out[M, N] = x[M, K] @ w[N, K]^T (+ bias), w one of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
+//
+// A few rows (qgemv: M <= kQGemvMaxRows, a decode step) stream the weights once and dequantise
+// them in registers into bf16 A fragments of mma.sync m16n8k16 (x the B operand, 8 tokens as its
+// 8 columns, a second product for tokens 9 to 16; fp32 accumulation): each weight is its scale
+// times its integer value, rounded once to bf16 (the scale itself rounded to bf16 first), as close
+// to the file's value as the bf16 matrix a load-time dequantisation gives. More rows: qdequant a
+// band of w's rows into bf16 and run cuBLASLt on it (cuda::linear), band after band.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace llmk::cuda {
+
+inline constexpr int64_t kQGemvMaxRows = 16;
+
+struct QLinearArgs {
+  void* out = nullptr;  // [M, N] of out_dtype (BF16 or F32), rows ldo elements apart
+  DType out_dtype = DType::BF16;
+  int64_t ldo = 0;
+  const void* x = nullptr;  // [M, K] bf16, rows ldx elements apart
+  int64_t ldx = 0;
+  const void* w = nullptr;  // [N, K] in the GPU layout of wtype
+  DType wtype = DType::Q4_K;
+  const void* bias = nullptr;  // [N] of bias_dtype (BF16 or F32), or null
+  DType bias_dtype = DType::BF16;
+  int64_t M = 0, N = 0, K = 0;
+  bool accumulate = false;  // out += (the sum, then the bias, added to out's value, rounded once)
+};
+
+// Whether qgemv takes the operands: a kept type (qlayout::gpu_keeps), K a multiple of its block,
+// 1 <= M <= kQGemvMaxRows, x's rows 16-byte aligned (ldx and x), out BF16 or F32, bias BF16 or
+// F32, N below 2^31.
+bool qgemv_applies(const QLinearArgs& a);
+// Enqueues the product on cuda::current_stream(); false (nothing enqueued) where it does not apply.
+bool qgemv(const QLinearArgs& a);
+
+// dst rows [0, rows) = w's rows [n0, n0 + rows) dequantised, in dtype (BF16 or F16), rows ld
+// elements apart (ld >= K, a multiple of 2); on cuda::current_stream().
+void qdequant(void* dst, DType dtype, int64_t ld, const void* w, DType wtype, int64_t N, int64_t K,
+              int64_t n0, int64_t rows);
+
+}  // namespace llmk::cuda

@@ -1,0 +1,89 @@
+// Block-quantised weights on the GPU: the layout the CUDA kernels read (kernels/cuda/gemm/
+// qlinear.cu), and its conversion from GGUF rows on the host.
+//
+// A GGUF block mixes its scales with its quantised values (Q4_K: d, dmin, 12 bytes of packed
+// scales, then 128 bytes of nibbles; Q8_0: a 2-byte scale, then 32 bytes: 34-byte blocks, so no
+// block after the first is 16-byte aligned). On the GPU an [N, K] matrix keeps the same bytes in
+// two regions: first every block's quantised values (the "q" bytes, row after row: row n's are
+// nb * q_bytes bytes at n * nb * q_bytes, nb = K / block_elems), then every block's remaining
+// bytes (its "meta": scales, minimums, high bits), in the block's order, row after row. The q
+// bytes of each type are a multiple of 16 per block, so every row's values start 16-byte aligned
+// and a kernel streams them with 16-byte loads; the meta is small and read beside them. The size
+// is the GGUF size (bytes_for), so a Tensor of the block dtype holds either layout: on the CPU
+// the file's, on CUDA this one.
+//
+// Types kept this way: Q4_0, Q4_1, Q5_0, Q8_0 (blocks of 32) and Q4_K, Q6_K (super-blocks of
+// 256), the types of Q4_0 / Q4_1 / Q8_0 files and of llama.cpp's Q4_K_M mix. Others are
+// dequantised at load.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+
+namespace llmk::qlayout {
+
+struct Layout {
+  int block_elems = 0;  // elements per block (0: not kept quantised on the GPU)
+  int block_bytes = 0;  // the GGUF block
+  int q_off = 0;        // where its quantised values start in the block
+  int q_bytes = 0;      // and their length; the rest is meta
+  int meta_bytes() const { return block_bytes - q_bytes; }
+};
+
+inline Layout layout(DType t) {
+  switch (t) {
+    case DType::Q4_0:  // f16 d; u8 qs[16]
+      return {32, 18, 2, 16};
+    case DType::Q4_1:  // f16 d, m; u8 qs[16]
+      return {32, 20, 4, 16};
+    case DType::Q5_0:  // f16 d; u8 qh[4]; u8 qs[16]
+      return {32, 22, 6, 16};
+    case DType::Q8_0:  // f16 d; i8 qs[32]
+      return {32, 34, 2, 32};
+    case DType::Q4_K:  // f16 d, dmin; u8 scales[12]; u8 qs[128]
+      return {256, 144, 16, 128};
+    case DType::Q6_K:  // u8 ql[128], qh[64]; i8 scales[16]; f16 d
+      return {256, 210, 0, 192};
+    default:
+      return {};
+  }
+}
+
+// Whether the GPU keeps matrices of this type quantised.
+inline bool gpu_keeps(DType t) { return layout(t).block_elems > 0; }
+
+// GGUF rows (n_rows rows of k elements, whole blocks, back to back) -> the GPU layout (same size).
+inline void repack(DType t, const void* gguf, void* gpu, int64_t n_rows, int64_t k) {
+  const Layout l = layout(t);
+  const int64_t blocks = n_rows * (k / l.block_elems);
+  const auto* src = static_cast<const uint8_t*>(gguf);
+  auto* q = static_cast<uint8_t*>(gpu);
+  uint8_t* meta = q + blocks * l.q_bytes;
+  const int tail = l.block_bytes - l.q_off - l.q_bytes;
+  for (int64_t b = 0; b < blocks; ++b, src += l.block_bytes) {
+    std::memcpy(q + b * l.q_bytes, src + l.q_off, static_cast<size_t>(l.q_bytes));
+    uint8_t* m = meta + b * l.meta_bytes();
+    std::memcpy(m, src, static_cast<size_t>(l.q_off));
+    std::memcpy(m + l.q_off, src + l.q_off + l.q_bytes, static_cast<size_t>(tail));
+  }
+}
+
+// The inverse of repack (GPU layout -> GGUF rows).
+inline void unpack(DType t, const void* gpu, void* gguf, int64_t n_rows, int64_t k) {
+  const Layout l = layout(t);
+  const int64_t blocks = n_rows * (k / l.block_elems);
+  const auto* q = static_cast<const uint8_t*>(gpu);
+  const uint8_t* meta = q + blocks * l.q_bytes;
+  auto* dst = static_cast<uint8_t*>(gguf);
+  const int tail = l.block_bytes - l.q_off - l.q_bytes;
+  for (int64_t b = 0; b < blocks; ++b, dst += l.block_bytes) {
+    const uint8_t* m = meta + b * l.meta_bytes();
+    std::memcpy(dst + l.q_off, q + b * l.q_bytes, static_cast<size_t>(l.q_bytes));
+    std::memcpy(dst, m, static_cast<size_t>(l.q_off));
+    std::memcpy(dst + l.q_off + l.q_bytes, m + l.q_off, static_cast<size_t>(tail));
+  }
+}
+
+}  // namespace llmk::qlayout

@@ -1,0 +1,241 @@
+// ops::linear over block-quantised weights on CUDA (kernels/cuda/gemm/qlinear.h), against the CPU.
+//
+// Weights are random GGUF blocks of each kept type (random bytes, with the f16 scale fields set
+// to finite values that give outputs of order one), repacked into the GPU layout
+// (kernels/quant_layout.h) and copied to the device.
+//
+// Two checks, so that each tolerance is the one its step allows:
+//   - the GPU's weights (cuda::qdequant) against the CPU's dequantisation of the same blocks
+//     (ops::dequantize, exact in f32): the GPU rounds each weight's scale and minimum to bf16 and
+//     then scale * q + min once more, so |gpu - cpu| <= 2^-8 |cpu| + 2^-8 max |row| (the second
+//     term for the minimum's rounding where scale * q and the minimum cancel); a weight read from
+//     the wrong place is off by about the row's own size and fails;
+//   - the product (qgemv up to 16 rows, bands of dequantised weights through cuBLASLt above)
+//     against the CPU's linear over those same GPU weights (as f32) and the bf16 x: the linear
+//     tests' tolerances (tests/gpu/linear_test.cpp), since only the accumulation and the output
+//     rounding differ.
+#include "kernels/cuda/gemm/qlinear.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cuda/device.h"
+#include "core/cuda/stream.h"
+#include "core/half.h"
+#include "core/tensor.h"
+#include "kernels/cuda/gemm/linear.h"
+#include "kernels/quant_layout.h"
+#include "ops/ops.h"
+#include "ops_gpu_util.h"
+
+namespace llmk {
+namespace {
+
+using gpu_test::compare;
+using gpu_test::expect_within;
+using gpu_test::poisoned_cuda;
+using gpu_test::to_f32;
+using gpu_test::Tolerance;
+
+constexpr DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                            DType::Q8_0, DType::Q4_K, DType::Q6_K};
+
+// Random blocks of type t for an [N, K] matrix on the host (GGUF layout): the f16 fields
+// (offset, magnitude before the 1 / sqrt(K) that keeps outputs of order one) set to finite
+// values of random sign, every other byte random.
+Tensor random_blocks(DType t, int64_t N, int64_t K, uint32_t seed) {
+  struct Field {
+    int offset;
+    float size;
+  };
+  std::vector<Field> fields;
+  switch (t) {
+    case DType::Q4_0:
+      fields = {{0, 0.25f}};
+      break;
+    case DType::Q4_1:
+      fields = {{0, 0.25f}, {2, 2.0f}};
+      break;
+    case DType::Q5_0:
+      fields = {{0, 0.12f}};
+      break;
+    case DType::Q8_0:
+      fields = {{0, 0.01f}};
+      break;
+    case DType::Q4_K:
+      fields = {{0, 0.005f}, {2, 0.005f}};
+      break;
+    case DType::Q6_K:
+      fields = {{208, 0.0003f}};
+      break;
+    default:
+      ADD_FAILURE() << "no fields for " << dtype_name(t);
+  }
+  Tensor w = Tensor::empty({N, K}, t);
+  std::mt19937 rng(seed);
+  auto* b = static_cast<uint8_t*>(w.data());
+  for (int64_t i = 0; i < w.nbytes(); ++i) b[i] = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> mag(0.5f, 1.5f);
+  const int64_t bb = dtype_info(t).block_bytes, blocks = w.nbytes() / bb;
+  const float k = 1.0f / std::sqrt(static_cast<float>(K));
+  for (int64_t i = 0; i < blocks; ++i) {
+    for (const Field& f : fields) {
+      const float v = f.size * k * mag(rng) * (rng() % 2 ? 1.0f : -1.0f);
+      const uint16_t h = float_to_fp16(v);
+      std::memcpy(b + i * bb + f.offset, &h, 2);
+    }
+  }
+  return w;
+}
+
+// The host blocks on the device, in the GPU layout.
+Tensor to_gpu_layout(const Tensor& host) {
+  Tensor packed = Tensor::empty(host.shape(), host.dtype());
+  qlayout::repack(host.dtype(), host.data(), packed.data(), host.dim(0), host.dim(1));
+  return packed.to(Device::CUDA);
+}
+
+// The GPU's weights (qdequant, bf16) as f32 on the host.
+Tensor gpu_weights(const Tensor& w) {
+  Tensor band = Tensor::empty(w.shape(), DType::BF16, Device::CUDA);
+  cuda::qdequant(band.data(), DType::BF16, w.dim(1), w.data(), w.dtype(), w.dim(0), w.dim(1), 0,
+                 w.dim(0));
+  return to_f32(band.to(Device::CPU));
+}
+
+class QLinear : public ::testing::Test {
+ protected:
+  void SetUp() override { cuda::init(); }
+};
+
+TEST_F(QLinear, GpuWeightsAreTheFilesWithinBf16Rounding) {
+  uint32_t seed = 1;
+  for (DType t : kTypes) {
+    const int64_t K = block_size(t) == 256 ? 768 : 160, N = 37;
+    const Tensor host = random_blocks(t, N, K, seed++);
+    Tensor ref = Tensor::empty({N, K}, DType::F32);
+    ops::dequantize(ref, host);
+    const Tensor got = gpu_weights(to_gpu_layout(host));
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* r = ref.data<const float>() + n * K;
+      const float* g = got.data<const float>() + n * K;
+      float row = 0;
+      for (int64_t k = 0; k < K; ++k) row = std::max(row, std::fabs(r[k]));
+      for (int64_t k = 0; k < K; ++k) {
+        const double err = std::fabs(static_cast<double>(g[k]) - r[k]);
+        const double bound = 0x1p-8 * (std::fabs(r[k]) + row);
+        worst = std::max(worst, err / bound);
+        if (!(err <= bound) && bad++ < 3) {
+          ADD_FAILURE() << dtype_name(t) << " row " << n << " col " << k << ": gpu " << g[k]
+                        << " file " << r[k] << " (row max " << row << ")";
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0) << dtype_name(t);
+    std::printf("  %-5s worst error / bound %.3f\n", std::string(dtype_name(t)).c_str(), worst);
+  }
+}
+
+// The linear tests' bounds (linear_test.cpp): bf16 out, f32 out.
+Tolerance tolerance_for(DType out) {
+  return out == DType::BF16 ? Tolerance{5e-3, 4.0 / 256} : Tolerance{2e-4, 2e-3};
+}
+
+void check_problem(DType t, int64_t M, int64_t N, int64_t K, uint32_t seed, bool accumulate) {
+  const Tensor w = to_gpu_layout(random_blocks(t, N, K, seed));
+  const Tensor w32 = gpu_weights(w);
+  const Tensor x_host = gpu_test::random_host({M, K}, DType::BF16, seed + 1);
+  const Tensor x32 = to_f32(x_host), x = x_host.to(Device::CUDA);
+  const Tensor b_host = gpu_test::random_host({N}, DType::BF16, seed + 2, -0.5f, 0.5f);
+  const Tensor b32 = to_f32(b_host), b = b_host.to(Device::CUDA);
+  const Tensor start_host = gpu_test::random_host({M, N}, DType::BF16, seed + 3);
+  for (const bool bias : {false, true}) {
+    for (const DType out_dtype : {DType::BF16, DType::F32}) {
+      Tensor ref = Tensor::empty({M, N}, DType::F32);
+      Tensor out = poisoned_cuda({M, N}, out_dtype);
+      if (accumulate) {
+        ops::copy(ref, to_f32(start_host));
+        Tensor start = Tensor::empty({M, N}, out_dtype);
+        ops::copy(start, ref);
+        out = start.to(Device::CUDA);
+        ops::linear_add(ref, x32, w32, bias ? &b32 : nullptr);
+        ops::linear_add(out, x, w, bias ? &b : nullptr);
+      } else {
+        ops::linear(ref, x32, w32, bias ? &b32 : nullptr);
+        ops::linear(out, x, w, bias ? &b : nullptr);
+      }
+      const std::string what =
+          fmt::format("{} M={} N={} K={} bias {} out {}{}", dtype_name(t), M, N, K, bias,
+                      dtype_name(out_dtype), accumulate ? " (accumulate)" : "");
+      expect_within(compare(to_f32(out.to(Device::CPU)), ref), tolerance_for(out_dtype), what);
+    }
+  }
+}
+
+TEST_F(QLinear, MatchesTheCpuOverTypesRowsAndShapes) {
+  uint32_t seed = 100;
+  for (DType t : kTypes) {
+    const bool k_quant = block_size(t) == 256;
+    // K: a chunk count per row that leaves the last group of four part-full (160 and 288 for the
+    // blocks of 32: 5 and 9 chunks of Q4_*, 10 and 18 of Q8_0), and Llama-3-8B's.
+    const int64_t ks[] = {k_quant ? 256 : 160, k_quant ? 768 : 288, 4096};
+    for (int64_t K : ks) {
+      for (int64_t M : {1, 3, 8, 9, 16, 17}) {
+        for (int64_t N : {7, 130}) {
+          const cuda::LinearStats before = cuda::linear_stats();
+          check_problem(t, M, N, K, seed, false);
+          seed += 4;
+          const cuda::LinearStats after = cuda::linear_stats();
+          if (M <= cuda::kQGemvMaxRows) {
+            EXPECT_GT(after.qgemv, before.qgemv) << dtype_name(t) << " M=" << M;
+          } else {
+            EXPECT_GT(after.qbands, before.qbands) << dtype_name(t) << " M=" << M;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(QLinear, AddAccumulatesIntoOut) {
+  uint32_t seed = 900;
+  for (DType t : {DType::Q4_K, DType::Q8_0}) {
+    for (int64_t M : {1, 12, 20}) {
+      check_problem(t, M, 33, 512, seed, true);
+      seed += 4;
+    }
+  }
+}
+
+// Many bands: N past the band's rows (kQLinearBandBytes / (2 K)) at 17 rows.
+TEST_F(QLinear, BandsCoverEveryRowOfALargeMatrix) {
+  const int64_t K = 14336, N = cuda::kQLinearBandBytes / (2 * K) * 2 + 5;
+  const cuda::LinearStats before = cuda::linear_stats();
+  check_problem(DType::Q4_K, 17, N, K, 7, false);
+  EXPECT_GE(cuda::linear_stats().qbands - before.qbands, 3u * 4);  // 3 bands, 4 calls
+}
+
+TEST_F(QLinear, ArgumentErrors) {
+  const Tensor w = to_gpu_layout(random_blocks(DType::Q4_0, 8, 64, 3));
+  const Tensor x16 = Tensor::empty({1, 64}, DType::F16, Device::CUDA);
+  Tensor out = Tensor::empty({1, 8}, DType::BF16, Device::CUDA);
+  EXPECT_THROW(ops::linear(out, x16, w), Error);
+  const Tensor x = Tensor::empty({1, 64}, DType::BF16, Device::CUDA);
+  Tensor out16 = Tensor::empty({1, 8}, DType::F16, Device::CUDA);
+  EXPECT_THROW(ops::linear(out16, x, w), Error);
+  const Tensor q5k = Tensor::empty({8, 256}, DType::Q5_K, Device::CUDA);
+  const Tensor x256 = Tensor::empty({1, 256}, DType::BF16, Device::CUDA);
+  EXPECT_THROW(ops::linear(out, x256, q5k), Error);
+}
+
+}  // namespace
+}  // namespace llmk

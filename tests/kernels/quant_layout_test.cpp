@@ -1,0 +1,65 @@
+// kernels/quant_layout.h: the GPU layout of block-quantised matrices, on the host.
+#include "kernels/quant_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace llmk {
+namespace {
+
+constexpr DType kKept[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                           DType::Q8_0, DType::Q4_K, DType::Q6_K};
+
+// Each layout splits the GGUF block exactly: sizes agree with dtype_info, the values are whole
+// 16-byte units, and they sit inside the block.
+TEST(QuantLayout, SplitsEachKeptBlockIntoAlignedValuesAndMeta) {
+  for (DType t : kKept) {
+    const qlayout::Layout l = qlayout::layout(t);
+    EXPECT_TRUE(qlayout::gpu_keeps(t)) << dtype_name(t);
+    EXPECT_EQ(l.block_elems, block_size(t)) << dtype_name(t);
+    EXPECT_EQ(l.block_bytes, dtype_info(t).block_bytes) << dtype_name(t);
+    EXPECT_EQ(l.q_bytes % 16, 0) << dtype_name(t);
+    EXPECT_LE(l.q_off + l.q_bytes, l.block_bytes) << dtype_name(t);
+    EXPECT_GT(l.meta_bytes(), 0) << dtype_name(t);
+  }
+  for (DType t :
+       {DType::F32, DType::BF16, DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q5_K, DType::Q8_K}) {
+    EXPECT_FALSE(qlayout::gpu_keeps(t)) << dtype_name(t);
+  }
+}
+
+// repack moves every byte once: values first (row after row), then the meta in block order; and
+// unpack undoes it.
+TEST(QuantLayout, RepackPlacesEveryByteAndUnpackRestoresTheFile) {
+  std::mt19937 rng(5);
+  for (DType t : kKept) {
+    const qlayout::Layout l = qlayout::layout(t);
+    const int64_t rows = 3, k = 2 * l.block_elems, blocks = rows * 2;
+    std::vector<uint8_t> file(static_cast<size_t>(blocks * l.block_bytes));
+    for (uint8_t& b : file) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> gpu(file.size(), 0), back(file.size(), 0);
+    qlayout::repack(t, file.data(), gpu.data(), rows, k);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = file.data() + b * l.block_bytes;
+      for (int i = 0; i < l.q_bytes; ++i) {
+        ASSERT_EQ(gpu[b * l.q_bytes + i], block[l.q_off + i]) << dtype_name(t) << " block " << b;
+      }
+      const uint8_t* meta = gpu.data() + blocks * l.q_bytes + b * l.meta_bytes();
+      int m = 0;
+      for (int i = 0; i < l.block_bytes; ++i) {
+        if (i >= l.q_off && i < l.q_off + l.q_bytes) continue;
+        ASSERT_EQ(meta[m++], block[i]) << dtype_name(t) << " block " << b << " byte " << i;
+      }
+    }
+    qlayout::unpack(t, gpu.data(), back.data(), rows, k);
+    EXPECT_EQ(back, file) << dtype_name(t);
+  }
+}
+
+}  // namespace
+}  // namespace llmk

@@ -182,7 +182,7 @@ class DecoderModel final : public Model {
 void DecoderModel::load_weights(WeightLoader& w) {
   const ModelConfig& c = config();
   const int64_t d = c.d_model, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
-  tok_embd_ = w.table("token_embd.weight", {c.vocab_size, d});
+  tok_embd_ = w.matrix("token_embd.weight", {c.vocab_size, d});
   output_norm_ = w.vector("output_norm.weight", {d});
   // GGUF files leave out output.weight when it is tied; HF configs say so explicitly
   // (tie_word_embeddings), and a missing lm_head.weight is then an error, not the embeddings.

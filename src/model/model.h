@@ -61,7 +61,7 @@ struct LoadOptions {
   // The activations' dtype on CUDA: bf16 (nullopt, the default), f16 or f32; the weights are
   // converted to it at load. The CPU computes in f32 (f32 or nullopt only).
   std::optional<DType> dtype;
-  // CUDA with bf16 activations: keep the linear layers' GGUF matrices of the types the GPU
+  // CUDA with bf16 activations: keep the GGUF matrices (embeddings too) of the types the GPU
   // kernels read (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) quantised on the GPU, about a quarter to a
   // half of their bf16 bytes; false dequantises them to bf16 at load, as every other type is.
   bool quantized_weights = true;

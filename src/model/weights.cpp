@@ -177,7 +177,7 @@ WeightLoader::WeightLoader(const WeightSource& src, Device device, ProgressFn pr
 DType WeightLoader::placed_dtype(DType stored, Kind kind) const {
   if (kind == Kind::Vector) return DType::F32;
   if (device_ == Device::CPU) return stored;
-  return kind == Kind::Matrix && keep_quantized_ && qlayout::gpu_keeps(stored) ? stored : act_;
+  return keep_quantized_ && qlayout::gpu_keeps(stored) ? stored : act_;
 }
 
 bool WeightLoader::has(const std::string& name) const { return src_.find(name).defined(); }
@@ -314,9 +314,6 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
 
 Tensor WeightLoader::matrix(const std::string& name, const Shape& shape) {
   return place(name, shape, Kind::Matrix, true);
-}
-Tensor WeightLoader::table(const std::string& name, const Shape& shape) {
-  return place(name, shape, Kind::Table, true);
 }
 Tensor WeightLoader::vector(const std::string& name, const Shape& shape) {
   return place(name, shape, Kind::Vector, true);

@@ -5,7 +5,7 @@
 // ("model.layers.3.self_attn.q_proj.weight"). A WeightLoader checks each tensor's shape and
 // places it: on the CPU matrices stay in the file's dtype (borrowed from the mapping) and
 // vectors become f32; on CUDA vectors become f32 and matrices the activations' dtype (bf16), except
-// that with bf16 activations the linear layers' matrices of a block type the GPU kernels read
+// that with bf16 activations the matrices (embeddings too) of a block type the GPU kernels read
 // (kernels/quant_layout.h: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) stay quantised, repacked into that
 // file's GPU layout (keep_quantized, on by default).
 #pragma once
@@ -66,12 +66,9 @@ class WeightLoader {
   WeightLoader(const WeightSource& src, Device device, ProgressFn progress = nullptr,
                DType act = DType::BF16, bool keep_quantized = true);
 
-  // A linear layer's weight matrix [rows, cols]: CPU keeps the stored dtype, CUDA the
+  // A weight matrix [rows, cols] (also embeddings): CPU keeps the stored dtype, CUDA the
   // activations' (bf16 by default) or, for a kept block type, the block type (GPU layout).
   Tensor matrix(const std::string& name, const Shape& shape);
-  // A table read a row at a time (token embeddings): as matrix(), but never a block type on
-  // CUDA.
-  Tensor table(const std::string& name, const Shape& shape);
   // Norm weights: f32 on either device.
   Tensor vector(const std::string& name, const Shape& shape);
   // Like vector() but an absent tensor gives an undefined Tensor.
@@ -94,7 +91,7 @@ class WeightLoader {
   void finish_plan();
 
  private:
-  enum class Kind { Matrix, Table, Vector };
+  enum class Kind { Matrix, Vector };
   Tensor place(const std::string& name, const Shape& shape, Kind kind, bool required);
   // The dtype a stored tensor of dtype `stored` takes when placed as `kind`.
   DType placed_dtype(DType stored, Kind kind) const;

@@ -6,6 +6,8 @@
 
 #ifdef LLMK_HAS_CUDA
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm/qlinear.h"
+#include "kernels/quant_layout.h"
 #endif
 
 namespace llmk::ops {
@@ -16,7 +18,18 @@ void embedding(Tensor& out, const Tensor& table, const Tensor& ids) {
   constexpr std::string_view op = "embedding";
   const bool cuda = on_cuda(op, {{"out", &out}, {"table", &table}, {"ids", &ids}});
   require_ndim(op, "table", table, 2);
-  if (cuda) {
+  const bool quantized = is_quantized(table.dtype());
+  if (cuda && quantized) {
+#ifdef LLMK_HAS_CUDA
+    LLMK_CHECK(qlayout::gpu_keeps(table.dtype()),
+               "ops::embedding: table is {} on the GPU, but the CUDA embedding reads the block "
+               "types Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K only",
+               table.str());
+    require_dtype(op, "out", out, DType::BF16);
+    LLMK_CHECK(table.is_contiguous(),
+               "ops::embedding: table is {}: a quantised table must be contiguous", table.str());
+#endif
+  } else if (cuda) {
     require_activations(op, cuda, {{"table", &table}, {"out", &out}});
   } else {
     LLMK_CHECK(cpu::can_dequantize(table.dtype()),
@@ -35,6 +48,15 @@ void embedding(Tensor& out, const Tensor& table, const Tensor& ids) {
   if (cuda) {
 #ifdef LLMK_HAS_CUDA
     // Ids stay on the device: out-of-range ones write zeros (ops.h).
+    if (quantized) {
+      LLMK_CHECK(out.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(out.data()) % 16 == 0,
+                 "ops::embedding: out is {}: rows of a quantised table's output must start "
+                 "16-byte aligned",
+                 out.str());
+      cuda::qembedding(out.data(), out.stride(0), table.data(), table.dtype(), V, D, id,
+                       ids.stride(0), T);
+      return;
+    }
     cuda::embedding(out.data(), out.stride(0), table.data(), table.stride(0), V, D,
                     static_cast<int>(element_size(table.dtype())), id, ids.stride(0), T);
 #endif

@@ -224,6 +224,31 @@ TEST_F(QLinear, BandsCoverEveryRowOfALargeMatrix) {
   EXPECT_GE(cuda::linear_stats().qbands - before.qbands, 3u * 4);  // 3 bands, 4 calls
 }
 
+// Token embeddings from a quantised table: each row as qdequant gives it (the same decode), bit
+// for bit; ids outside the vocabulary give zeros.
+TEST_F(QLinear, EmbeddingRowsAreTheDequantisedRows) {
+  uint32_t seed = 40;
+  for (DType t : kTypes) {
+    const int64_t K = block_size(t) == 256 ? 512 : 96, V = 37;
+    const Tensor w = to_gpu_layout(random_blocks(t, V, K, seed++));
+    const Tensor all = gpu_weights(w);
+    const std::vector<int32_t> ids = {0, 5, 36, -1, 37, 5, 17};
+    const auto T = static_cast<int64_t>(ids.size());
+    const Tensor ids_dev = gpu_test::i32_host(ids).to(Device::CUDA);
+    Tensor out = poisoned_cuda({T, K}, DType::BF16);
+    ops::embedding(out, w, ids_dev);
+    const Tensor got = to_f32(out.to(Device::CPU));
+    for (int64_t i = 0; i < T; ++i) {
+      const int32_t id = ids[static_cast<size_t>(i)];
+      for (int64_t k = 0; k < K; ++k) {
+        const float want = id >= 0 && id < V ? all.data<const float>()[id * K + k] : 0.0f;
+        ASSERT_EQ(got.data<const float>()[i * K + k], want)
+            << dtype_name(t) << " token " << i << " (id " << id << ") column " << k;
+      }
+    }
+  }
+}
+
 TEST_F(QLinear, ArgumentErrors) {
   const Tensor w = to_gpu_layout(random_blocks(DType::Q4_0, 8, 64, 3));
   const Tensor x16 = Tensor::empty({1, 64}, DType::F16, Device::CUDA);

@@ -9,7 +9,7 @@
 // layer differently: separate Q|K|V of two types (Q4_K, Q6_K) and a stacked gate|up (Q4_0) in
 // layer 0; a stacked Q|K|V of one type (Q5_0) and a stacked gate|up of another (Q4_1) in layer
 // 1; Q5_K (not kept: dequantised at load) beside Q8_0 in layer 2; the output Q6_K, the
-// embeddings Q8_0 (a table, dequantised at load).
+// embeddings Q8_0 (rows dequantised per token: cuda::qembedding).
 //
 // Yardstick: the bf16 model's own error against the CPU. The quantised path rounds each weight's
 // scale and then the weight to bf16 (two roundings, qlinear.h), where the bf16 load rounds the
@@ -155,7 +155,8 @@ TEST(QuantizedModelGpu, KeptQuantisedWeightsMatchTheCpuAsBf16WeightsDo) {
   const size_t before = cuda::allocator().stats().bytes_in_use;
   auto quant = Model::load(path, {.context = 64, .device = Device::CUDA});
   const size_t quant_bytes = cuda::allocator().stats().bytes_in_use - before;
-  auto bf16 = Model::load(path, {.context = 64, .device = Device::CUDA, .quantized_weights = false});
+  auto bf16 =
+      Model::load(path, {.context = 64, .device = Device::CUDA, .quantized_weights = false});
   const size_t bf16_bytes = cuda::allocator().stats().bytes_in_use - before - quant_bytes;
   std::printf("device bytes after load: quantised weights %zu, bf16 weights %zu\n", quant_bytes,
               bf16_bytes);

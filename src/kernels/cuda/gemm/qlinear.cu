@@ -465,6 +465,7 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
   // g and g + 8 of the meta: lane t copies words 2t and 2t + 1.
   const uint32_t lane_q = ring_s + lane * 16;
   const uint32_t lane_m = ring_s + R::kQBytes + (g * kMetaWords + 2 * t) * 4;
+  const uint32_t row_m = ring_s + R::kQBytes + g * kMetaWords * 4;
   const auto issue = [&] {
     if (kn < mine) {
       const bool live = c + 32 * kn < a.chunks;
@@ -476,11 +477,18 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
           attn::cp_async_16_at(lane_q + slot + (r * kV + v) * kWarp * 16, qn[r][v], live);
           qn[r][v] += kQStep<T>;
         }
+        if constexpr (T == DType::Q4_K) {
+          // A super-block's 16 aligned bytes, inside the tensor: one copy a row (lanes t = 0, 1).
+          if (t == r) {
+            attn::cp_async_16_at(row_m + slot + r * 8 * kMetaWords * 4, mn[r] - 8 * t, true);
+          }
+        } else {
 #pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          const int left = mleft[r] - 4 * w;
-          cp_async_4_n(lane_m + slot + (r * 8 * kMetaWords + w) * 4,
-                       left > 0 ? mn[r] + 4 * w : msrc[r], left >= 4 ? 4 : max(left, 0));
+          for (int w = 0; w < 2; ++w) {
+            const int left = mleft[r] - 4 * w;
+            cp_async_4_n(lane_m + slot + (r * 8 * kMetaWords + w) * 4,
+                         left > 0 ? mn[r] + 4 * w : msrc[r], left >= 4 ? 4 : max(left, 0));
+          }
         }
         mn[r] += kMStep;
         mleft[r] -= kMStep;
@@ -561,25 +569,35 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
   }
 }
 
-// dst row r = w's row n0 + r: one thread a chunk.
+// dst row r = w's row n0 + r, or (ids set) row ids[r * ids_stride] (zeros for an id outside
+// [0, N)): one thread a chunk.
 template <DType T>
 __global__ void qdequant_kernel(__nv_bfloat16* dst, int64_t ld, const uint8_t* wq,
-                                const uint8_t* wm, int64_t qrow, int64_t mrow, int64_t n0,
-                                int64_t rows, int chunks) {
+                                const uint8_t* wm, int64_t qrow, int64_t mrow, int64_t N,
+                                int64_t n0, int64_t rows, int chunks, const int32_t* ids,
+                                int64_t ids_stride) {
   using D = Dec<T>;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * chunks) return;
   const int64_t r = i / chunks;
   const int c = static_cast<int>(i % chunks);
-  const typename D::Raw raw = D::load(wq + (n0 + r) * qrow, wm + (n0 + r) * mrow, c);
-  uint32_t w[D::kSteps][2];
-  decode_chunk<T>(raw, c, w);
+  const int64_t src = ids != nullptr ? ids[r * ids_stride] : n0 + r;
   int pos[D::kSteps];
   D::positions(c, pos);
   __nv_bfloat16* row = dst + r * ld;
+  uint32_t w[D::kSteps][2] = {};
+  if (src >= 0 && src < N) {
+    const typename D::Raw raw = D::load(wq + src * qrow, wm + src * mrow, c);
+    decode_chunk<T>(raw, c, w);
+  }
+  // 16-byte stores: steps s and s + kPair hold 8 weights in a row (pos[s + kPair] = pos[s] + 4):
+  // the nibble types' low runs in even steps and high runs in odd ones; Q8_0's steps in order.
+  constexpr int kPair = D::kSteps == 8 ? 2 : 1;
 #pragma unroll
   for (int s = 0; s < D::kSteps; ++s) {
-    *reinterpret_cast<uint2*>(row + pos[s]) = make_uint2(w[s][0], w[s][1]);
+    if ((s / kPair) % 2 != 0) continue;
+    *reinterpret_cast<uint4*>(row + pos[s]) =
+        make_uint4(w[s][0], w[s][1], w[s + kPair][0], w[s + kPair][1]);
   }
 }
 
@@ -692,9 +710,10 @@ bool qgemv(const QLinearArgs& a) {
   return true;
 }
 
-void qdequant(void* dst, DType dtype, int64_t ld, const void* w, DType wtype, int64_t N, int64_t K,
-              int64_t n0, int64_t rows) {
-  (void)dtype;  // BF16 (ops::linear checks)
+namespace {
+
+void launch_dequant(void* dst, int64_t ld, const void* w, DType wtype, int64_t N, int64_t K,
+                    int64_t n0, int64_t rows, const int32_t* ids, int64_t ids_stride) {
   if (rows <= 0 || K <= 0) return;
   const qlayout::Layout l = qlayout::layout(wtype);
   const int64_t nb = K / l.block_elems;
@@ -706,9 +725,23 @@ void qdequant(void* dst, DType dtype, int64_t ld, const void* w, DType wtype, in
   for_type(wtype, [&]<DType T>() {
     qdequant_kernel<T>
         <<<static_cast<unsigned>(ceil_div(n, int64_t{256})), 256, 0, current_stream()>>>(
-            static_cast<__nv_bfloat16*>(dst), ld, wq, wm, qrow, mrow, n0, rows, chunks);
+            static_cast<__nv_bfloat16*>(dst), ld, wq, wm, qrow, mrow, N, n0, rows, chunks, ids,
+            ids_stride);
   });
   check_launch("cuda::qdequant");
+}
+
+}  // namespace
+
+void qdequant(void* dst, DType dtype, int64_t ld, const void* w, DType wtype, int64_t N, int64_t K,
+              int64_t n0, int64_t rows) {
+  (void)dtype;  // BF16 (ops::linear checks)
+  launch_dequant(dst, ld, w, wtype, N, K, n0, rows, nullptr, 0);
+}
+
+void qembedding(void* out, int64_t ldo, const void* table, DType wtype, int64_t V, int64_t D,
+                const int32_t* ids, int64_t ids_stride, int64_t T) {
+  launch_dequant(out, ldo, table, wtype, V, D, 0, T, ids, ids_stride);
 }
 
 }  // namespace llmk::cuda

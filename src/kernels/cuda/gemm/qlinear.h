@@ -38,9 +38,15 @@ bool qgemv_applies(const QLinearArgs& a);
 // Enqueues the product on cuda::current_stream(); false (nothing enqueued) where it does not apply.
 bool qgemv(const QLinearArgs& a);
 
-// dst rows [0, rows) = w's rows [n0, n0 + rows) dequantised, in dtype (BF16 or F16), rows ld
-// elements apart (ld >= K, a multiple of 2); on cuda::current_stream().
+// dst rows [0, rows) = w's rows [n0, n0 + rows) dequantised, in dtype (BF16), rows ld elements
+// apart (ld >= K, a multiple of 8; dst 16-byte aligned); on cuda::current_stream().
 void qdequant(void* dst, DType dtype, int64_t ld, const void* w, DType wtype, int64_t N, int64_t K,
               int64_t n0, int64_t rows);
+
+// out row t (bf16, rows ldo elements apart: ldo a multiple of 8, out 16-byte aligned) = the table's row
+// ids[t * ids_stride] dequantised (ids in device memory; zeros for an id outside [0, V)): the
+// token embeddings of a quantised table, on cuda::current_stream().
+void qembedding(void* out, int64_t ldo, const void* table, DType wtype, int64_t V, int64_t D,
+                const int32_t* ids, int64_t ids_stride, int64_t T);
 
 }  // namespace llmk::cuda

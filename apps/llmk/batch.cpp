@@ -156,7 +156,8 @@ int run_batch(const BatchArgs& a) {
   auto t0 = std::chrono::steady_clock::now();
   const std::optional<DType> dtype = parse_dtype(a.dtype, device);
   auto model = Engine::load(a.model, a.ctx, sequences, page, device, a.kv_memory,
-                            parse_kv_type(a.kv_dtype, device, dtype), dtype, a.batch_invariant);
+                            parse_kv_type(a.kv_dtype, device, dtype), dtype, a.batch_invariant,
+                            !a.dequantize);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   t0 = std::chrono::steady_clock::now();

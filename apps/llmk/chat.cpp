@@ -19,6 +19,7 @@ namespace llmk::cli {
 Command add_chat(CLI::App& cmd) {
   struct Args {
     std::string model, system, device, dtype;
+    bool dequantize = false;
     int n_predict = 512;
     int64_t ctx = 0;
     int threads = 0;
@@ -36,6 +37,7 @@ Command add_chat(CLI::App& cmd) {
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
+  add_dequantize_flag(cmd, a->dequantize);
   cmd.footer(
       fmt::format("One message per line on stdin (at most {} MiB a line); each reply is streamed "
                   "to stdout,\nits speed to stderr.\n"
@@ -49,7 +51,8 @@ Command add_chat(CLI::App& cmd) {
     auto model = Model::load(a->model, LoadOptions{.context = a->ctx,
                                                    .device = device,
                                                    .progress = load_progress(),
-                                                   .dtype = parse_dtype(a->dtype, device)});
+                                                   .dtype = parse_dtype(a->dtype, device),
+                                                   .quantized_weights = !a->dequantize});
     const Tokenizer tok = load_tokenizer(*model, a->model);
     const ChatTemplate tmpl = chat_template_for(*model, tok, a->model);
     const bool tty = isatty(STDIN_FILENO) != 0;

@@ -231,6 +231,13 @@ void add_dtype_option(CLI::App& cmd, std::string& dtype) {
       ->default_val("auto");
 }
 
+void add_dequantize_flag(CLI::App& cmd, bool& on) {
+  cmd.add_flag("--dequantize", on,
+               "On CUDA, convert a GGUF's quantised matrices to bf16 at load, as other types are; "
+               "by default Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K stay quantised on the GPU (a "
+               "quarter to a half of bf16's memory, read faster by decode)");
+}
+
 void add_batch_invariant_flag(CLI::App& cmd, bool& on) {
   cmd.add_flag("--batch-invariant", on,
                "On CUDA, compute each sequence the same way whatever runs beside it, so that its "

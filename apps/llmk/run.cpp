@@ -23,7 +23,8 @@ Command add_run(CLI::App& cmd) {
     int n_predict = 128, n = 1;
     int64_t ctx = 0, max_running = 64, step_tokens = 512;
     int threads = 0;
-    bool chat = false, echo = false, ignore_eos = false, stats = false, batch_invariant = false;
+    bool chat = false, echo = false, ignore_eos = false, stats = false, batch_invariant = false,
+         dequantize = false;
     SamplerOptions s;
   };
   auto a = std::make_shared<Args>();
@@ -68,6 +69,7 @@ Command add_run(CLI::App& cmd) {
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
+  add_dequantize_flag(cmd, a->dequantize);
   add_batch_invariant_flag(cmd, a->batch_invariant);
   cmd.footer(
       "Examples:\n"
@@ -95,6 +97,7 @@ Command add_run(CLI::App& cmd) {
                         .kv_dtype = a->kv_dtype,
                         .dtype = a->dtype,
                         .batch_invariant = a->batch_invariant,
+                        .dequantize = a->dequantize,
                         .n = a->n,
                         .chat = a->chat,
                         .system = a->system,
@@ -120,7 +123,8 @@ Command add_run(CLI::App& cmd) {
     auto model = Model::load(a->model, LoadOptions{.context = a->ctx,
                                                    .device = device,
                                                    .progress = load_progress(),
-                                                   .dtype = parse_dtype(a->dtype, device)});
+                                                   .dtype = parse_dtype(a->dtype, device),
+                                                   .quantized_weights = !a->dequantize});
     const Tokenizer tok = load_tokenizer(*model, a->model);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

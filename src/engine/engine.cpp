@@ -46,7 +46,7 @@ int64_t Engine::bucket(int64_t b) const {
 std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, int64_t sequences,
                                     int64_t page_size, Device device, int64_t kv_memory,
                                     KvType kv_type, std::optional<DType> dtype,
-                                    bool batch_invariant) {
+                                    bool batch_invariant, bool quantized_weights) {
   LLMK_CHECK(sequences >= 1 && page_size >= 1,
              "engine: {} sequences of pages of {} tokens: both must be at least 1", sequences,
              page_size);
@@ -58,6 +58,7 @@ std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, in
                                        .scratch_page = true,
                                        .kv_type = kv_type,
                                        .dtype = dtype,
+                                       .quantized_weights = quantized_weights,
                                        .batch_invariant = batch_invariant});
 }
 

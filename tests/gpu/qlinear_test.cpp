@@ -186,8 +186,9 @@ TEST_F(QLinear, MatchesTheCpuOverTypesRowsAndShapes) {
   for (DType t : kTypes) {
     const bool k_quant = block_size(t) == 256;
     // K: a chunk count per row that leaves the last group of four part-full (160 and 288 for the
-    // blocks of 32: 5 and 9 chunks of Q4_*, 10 and 18 of Q8_0), and Llama-3-8B's.
-    const int64_t ks[] = {k_quant ? 256 : 160, k_quant ? 768 : 288, 4096};
+    // blocks of 32: 5 and 9 chunks of Q4_*, 10 and 18 of Q8_0), groups left over after the
+    // 8 warps' turns (2560 and 2080: 20 and 17 groups of four), and Llama-3-8B's.
+    const int64_t ks[] = {k_quant ? 256 : 160, k_quant ? 768 : 288, k_quant ? 2560 : 2080, 4096};
     for (int64_t K : ks) {
       for (int64_t M : {1, 3, 8, 9, 16, 17}) {
         for (int64_t N : {7, 130}) {

@@ -1,6 +1,7 @@
 // Benchmark of the linear layer over block-quantised weights (cuda::qlinear, kernels/cuda/gemm/
 // qlinear.h) at Llama-3-8B's and Qwen2.5-0.5B's decode shapes, beside the bf16 linear
-// (cuda::linear: llmk's one-row kernel at M = 1, cuBLASLt above) on the same shape in the same run.
+// (cuda::linear: llmk's one-row kernel at M = 1, or cuBLASLt with --cublas; cuBLASLt above) on the
+// same shape in the same run. Last, the dequantisation of a band (qlinear above 16 rows).
 //
 // Weights: random bytes in the GPU layout (kernels/quant_layout.h) with every block's f16 scale
 // fields set to finite values (never zeros), rotated over enough buffers to span 4x the L2 so
@@ -9,6 +10,7 @@
 // us per call. GB/s counts the weight bytes read (the quantised bytes; bf16's 2 per weight).
 //
 //   build/cuda/bench/qlinear_bench [--samples N] [--types q4_k,q6_k,q8_0,q4_0] [--rows 1,8]
+//                                  [--only MODEL/LAYER] [--cublas]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -99,6 +101,7 @@ double graph_us(Events& ev, int samples, int batch, Fn&& fn) {
 int main_impl(int argc, char** argv) {
   int samples = 25;
   std::string types = "q4_k,q6_k,q8_0,q4_0", rows = "1,8", only;
+  bool cublas = false;  // the bf16 peer at M = 1: cuBLASLt instead of llmk's one-row kernel
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--samples") && i + 1 < argc) {
       samples = std::max(3, std::atoi(argv[++i]));
@@ -106,12 +109,14 @@ int main_impl(int argc, char** argv) {
       types = argv[++i];
     } else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc) {
       rows = argv[++i];
+    } else if (!std::strcmp(argv[i], "--cublas")) {
+      cublas = true;
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];  // "model/layer", e.g. llama-3-8b/gate/up
     } else {
       std::fprintf(stderr,
                    "usage: qlinear_bench [--samples N] [--types q4_k,q6_k,q8_0,q4_0,q4_1,q5_0] "
-                   "[--rows 1,8,16] [--only MODEL/LAYER]\n");
+                   "[--rows 1,8,16] [--only MODEL/LAYER] [--cublas]\n");
       return 2;
     }
   }
@@ -141,7 +146,8 @@ int main_impl(int argc, char** argv) {
   for (const Layer& l : layers) {
     if (!only.empty() && only != std::string(l.model) + "/" + l.name) continue;
     for (int64_t M : ms) {
-      // bf16 first: llmk's one-row kernel at M = 1, cuBLASLt above.
+      // bf16 first: llmk's one-row kernel at M = 1 (with --cublas: cuBLASLt), cuBLASLt above.
+      cuda::set_linear_gemv(!cublas);
       const size_t bbytes = static_cast<size_t>(l.N * l.K) * 2;
       const int bbufs = static_cast<int>(std::max<size_t>(1, (4 * l2 + bbytes - 1) / bbytes));
       void *wb = nullptr, *x = nullptr, *out = nullptr;
@@ -165,6 +171,7 @@ int main_impl(int argc, char** argv) {
         cuda::linear(a);
       });
       LLMK_CUDA_CHECK(cudaFree(wb));
+      cuda::set_linear_gemv(true);
       for (const TypeCase& tc : kTypes) {
         if (types.find(tc.name) == std::string::npos) continue;
         const qlayout::Layout lay = qlayout::layout(tc.t);

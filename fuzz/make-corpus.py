@@ -61,9 +61,13 @@ def gguf_file(metadata, tensors, version=3, alignment=32):
 
 
 def quant_blocks():
-    """(ggml type, weights, raw block bytes) of each tests/fixtures/quant/*.bin."""
+    """(ggml type, weights, raw block bytes) of each dequantisation fixture in
+    tests/fixtures/quant (make_quant.py's; make_quantize.py's quantize_*.bin hold quantiser inputs
+    and outputs in another format)."""
     blocks = []
     for path in sorted((FIXTURES / "quant").glob("*.bin")):
+        if path.name.startswith("quantize_"):
+            continue
         raw = path.read_bytes()
         assert raw[:8] == b"LLMKQFX1", path
         ggml_type, n, nbytes = struct.unpack_from("<III", raw, 8)

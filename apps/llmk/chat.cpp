@@ -19,7 +19,7 @@ namespace llmk::cli {
 Command add_chat(CLI::App& cmd) {
   struct Args {
     std::string model, system, device, dtype;
-    bool dequantize = false;
+    bool quantized = false;
     int n_predict = 512;
     int64_t ctx = 0;
     int threads = 0;
@@ -37,7 +37,7 @@ Command add_chat(CLI::App& cmd) {
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
-  add_dequantize_flag(cmd, a->dequantize);
+  add_quantized_weights_flag(cmd, a->quantized);
   cmd.footer(
       fmt::format("One message per line on stdin (at most {} MiB a line); each reply is streamed "
                   "to stdout,\nits speed to stderr.\n"
@@ -52,7 +52,7 @@ Command add_chat(CLI::App& cmd) {
                                                    .device = device,
                                                    .progress = load_progress(),
                                                    .dtype = parse_dtype(a->dtype, device),
-                                                   .quantized_weights = !a->dequantize});
+                                                   .quantized_weights = a->quantized});
     const Tokenizer tok = load_tokenizer(*model, a->model);
     const ChatTemplate tmpl = chat_template_for(*model, tok, a->model);
     const bool tty = isatty(STDIN_FILENO) != 0;

@@ -231,11 +231,12 @@ void add_dtype_option(CLI::App& cmd, std::string& dtype) {
       ->default_val("auto");
 }
 
-void add_dequantize_flag(CLI::App& cmd, bool& on) {
-  cmd.add_flag("--dequantize", on,
-               "On CUDA, convert a GGUF's quantised matrices to bf16 at load, as other types are; "
-               "by default Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K stay quantised on the GPU (a "
-               "quarter to a half of bf16's memory, read faster by decode)");
+void add_quantized_weights_flag(CLI::App& cmd, bool& on) {
+  cmd.add_flag("--quantized-weights", on,
+               "On CUDA, keep a GGUF's Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K matrices quantised "
+               "on the GPU (a quarter to a half of bf16's memory, faster decode) instead of "
+               "converting them to bf16 at load; each weight is then rounded to bf16 twice, so "
+               "logits drift a little further from the CPU's (docs/perf.md)");
 }
 
 void add_batch_invariant_flag(CLI::App& cmd, bool& on) {

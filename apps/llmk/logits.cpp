@@ -18,7 +18,7 @@ Command add_logits(CLI::App& cmd) {
   struct Args {
     std::string model, device, ids_file, out, dtype;
     int prefill = 0, threads = 0;
-    bool dequantize = false;
+    bool quantized = false;
   };
   auto a = std::make_shared<Args>();
   add_model_option(cmd, a->model);
@@ -33,7 +33,7 @@ Command add_logits(CLI::App& cmd) {
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
-  add_dequantize_flag(cmd, a->dequantize);
+  add_quantized_weights_flag(cmd, a->quantized);
   return [a] {
     prepare(a->model, a->threads);
     const std::vector<int32_t> ids =
@@ -48,7 +48,7 @@ Command add_logits(CLI::App& cmd) {
                                                    .device = device,
                                                    .progress = load_progress(),
                                                    .dtype = parse_dtype(a->dtype, device),
-                                                   .quantized_weights = !a->dequantize});
+                                                   .quantized_weights = a->quantized});
     const int64_t vocab = model->config().vocab_size;
     for (size_t i = 0; i < ids.size(); ++i) {
       LLMK_CHECK(ids[i] < vocab, "{}: element {} ({}) is outside the model's vocabulary of {}",

@@ -24,7 +24,7 @@ Command add_run(CLI::App& cmd) {
     int64_t ctx = 0, max_running = 64, step_tokens = 512;
     int threads = 0;
     bool chat = false, echo = false, ignore_eos = false, stats = false, batch_invariant = false,
-         dequantize = false;
+         quantized = false;
     SamplerOptions s;
   };
   auto a = std::make_shared<Args>();
@@ -69,7 +69,7 @@ Command add_run(CLI::App& cmd) {
   add_threads_option(cmd, a->threads);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
-  add_dequantize_flag(cmd, a->dequantize);
+  add_quantized_weights_flag(cmd, a->quantized);
   add_batch_invariant_flag(cmd, a->batch_invariant);
   cmd.footer(
       "Examples:\n"
@@ -97,7 +97,7 @@ Command add_run(CLI::App& cmd) {
                         .kv_dtype = a->kv_dtype,
                         .dtype = a->dtype,
                         .batch_invariant = a->batch_invariant,
-                        .dequantize = a->dequantize,
+                        .quantized = a->quantized,
                         .n = a->n,
                         .chat = a->chat,
                         .system = a->system,
@@ -124,7 +124,7 @@ Command add_run(CLI::App& cmd) {
                                                    .device = device,
                                                    .progress = load_progress(),
                                                    .dtype = parse_dtype(a->dtype, device),
-                                                   .quantized_weights = !a->dequantize});
+                                                   .quantized_weights = a->quantized});
     const Tokenizer tok = load_tokenizer(*model, a->model);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

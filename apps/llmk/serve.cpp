@@ -72,7 +72,7 @@ std::string error_body(const ApiError& e) {
 struct ServeArgs {
   std::string model, device, host = "127.0.0.1", api_key, kv_memory, kv_dtype, dtype;
   bool batch_invariant = false;
-  bool dequantize = false;
+  bool quantized = false;
   int port = 8080;
   int64_t ctx = 0, max_running = 64, max_queue = 256, step_tokens = 512, max_n = 16;
   int64_t max_body = 8 << 20, threads = 64;
@@ -995,9 +995,9 @@ int run_serve(const ServeArgs& a) {
   fmt::print(stderr, "[llmk serve] loading {} ...\n", a.model);
   // (ctx 0: the model's context, at most 4096.)
   const std::optional<DType> dtype = parse_dtype(a.dtype, device);
-  auto model = Engine::load(a.model, a.ctx, a.max_running, 16, device, parse_kv_memory(a.kv_memory),
-                            parse_kv_type(a.kv_dtype, device, dtype), dtype, a.batch_invariant,
-                            !a.dequantize);
+  auto model =
+      Engine::load(a.model, a.ctx, a.max_running, 16, device, parse_kv_memory(a.kv_memory),
+                   parse_kv_type(a.kv_dtype, device, dtype), dtype, a.batch_invariant, a.quantized);
   std::string id = a.model;
   while (!id.empty() && id.back() == '/') id.pop_back();
   id = id.substr(id.find_last_of('/') + 1);
@@ -1022,7 +1022,7 @@ Command add_serve(CLI::App& app) {
   cmd->add_option("--port", a->port, "Port")->check(in_range(1, 65535))->default_val(8080);
   add_device_option(*cmd, a->device);
   add_dtype_option(*cmd, a->dtype);
-  add_dequantize_flag(*cmd, a->dequantize);
+  add_quantized_weights_flag(*cmd, a->quantized);
   add_batch_invariant_flag(*cmd, a->batch_invariant);
   cmd->add_option("--api-key", a->api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");

@@ -11,9 +11,9 @@
 // 1; Q5_K (not kept: dequantised at load) beside Q8_0 in layer 2; the output Q6_K, the
 // embeddings Q8_0 (rows dequantised per token: cuda::qembedding).
 //
-// Yardstick: the bf16 model's own error against the CPU. The quantised path rounds each weight's
-// scale and then the weight to bf16 (two roundings, qlinear.h), where the bf16 load rounds the
-// weight once, so its error may be up to twice that.
+// Yardstick: the bf16 model's own error against the CPU. The quantised path rounds each weight
+// once to bf16 in fp32 (qlinear.h), as the bf16 load does, so its error is the bf16 model's up to
+// the order of the sums and the rare weight whose two fp32 values round differently: 1.2x.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -182,8 +182,8 @@ TEST(QuantizedModelGpu, KeptQuantisedWeightsMatchTheCpuAsBf16WeightsDo) {
       static_cast<long long>(eq.count), eq.worst, eq.sum / eq.count,
       static_cast<long long>(eq.top1), eb.worst, eb.sum / eb.count,
       static_cast<long long>(eb.top1));
-  EXPECT_LE(eq.worst, 2.0 * eb.worst);
-  EXPECT_LE(eq.sum, 2.0 * eb.sum);
+  EXPECT_LE(eq.worst, 1.2 * eb.worst);
+  EXPECT_LE(eq.sum, 1.2 * eb.sum);
   EXPECT_GE(eq.top1, eb.top1 - 1);
   EXPECT_GT(eq.worst, 0.0);
   std::filesystem::remove(path);

@@ -10,6 +10,7 @@
 
 #include "core/cuda/device.h"
 #include "engine/generator.h"
+#include "kernels/cuda/gemm/linear.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "test_paths.h"
@@ -44,14 +45,19 @@ double rel_err(const float* a, const float* ref, int64_t n) {
 
 int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
 
-TEST(SmolLM2Gpu, CudaLogitsMatchTheCpuPath) {
+// The prompt of each fixture case as one prefill, then each continuation token as a
+// graph-replayed step, against the CPU's logits of the whole sequence: the yardstick above.
+// quantized: the GGUF's Q4_1 / Q8_0 matrices stay quantised on the GPU (LoadOptions).
+void check_logits(bool quantized) {
   cuda::init();
   std::ifstream in(test::source_path("tests/fixtures/smollm2_reference.json"));
   ASSERT_TRUE(in.good());
   nlohmann::json ref;
   in >> ref;
   auto cpu = Model::load(test::smollm2_path(), {.context = 128, .device = Device::CPU});
-  auto gpu = Model::load(test::smollm2_path(), {.context = 128, .device = Device::CUDA});
+  const cuda::LinearStats before = cuda::linear_stats();
+  auto gpu = Model::load(test::smollm2_path(),
+                         {.context = 128, .device = Device::CUDA, .quantized_weights = quantized});
   const int64_t vocab = cpu->config().vocab_size;
   std::vector<double> errs, hf_errs;
   int64_t agree = 0, hf_agree = 0;
@@ -93,15 +99,27 @@ TEST(SmolLM2Gpu, CudaLogitsMatchTheCpuPath) {
   const double hf_worst = *std::max_element(hf_errs.begin(), hf_errs.end());
   const double top1 = agree / total, hf_top1 = hf_agree / total;
   std::printf(
-      "SmolLM2 CUDA vs CPU over %.0f positions: relative logit error worst %.4f, median "
-      "%.4f, top-1 agreement %.3f; transformers bf16 vs f32: worst %.4f, median %.4f, "
+      "SmolLM2 CUDA (%s weights) vs CPU over %.0f positions: relative logit error worst %.4f, "
+      "median %.4f, top-1 agreement %.3f; transformers bf16 vs f32: worst %.4f, median %.4f, "
       "top-1 %.3f\n",
-      total, worst, median(errs), top1, hf_worst, median(hf_errs), hf_top1);
+      quantized ? "quantised" : "bf16", total, worst, median(errs), top1, hf_worst, median(hf_errs),
+      hf_top1);
+  // Whether the weights stayed quantised: the quantised products ran, or none did.
+  const uint64_t qgemv = cuda::linear_stats().qgemv - before.qgemv;
+  if (quantized) {
+    EXPECT_GT(qgemv, 0u);
+  } else {
+    EXPECT_EQ(qgemv, 0u);
+  }
   EXPECT_LE(worst, kErrRatio * hf_worst);
   EXPECT_LE(median(errs), kErrRatio * median(hf_errs));
   EXPECT_GE(top1, hf_top1 - kTop1Slack);
   EXPECT_GT(worst, 0.0);
 }
+
+TEST(SmolLM2Gpu, CudaLogitsMatchTheCpuPath) { check_logits(false); }
+
+TEST(SmolLM2Gpu, QuantizedWeightsMatchTheCpuPath) { check_logits(true); }
 
 // Four sequences of different lengths stepped together through one captured graph: every row
 // of every step against the CPU path at the same position, with the same yardstick.

@@ -2,27 +2,28 @@
 //
 // qgemv: a block of 8 warps owns 16 output rows; warp w takes every 8th group of 4 chunks of the
 // rows' quantised bytes (a chunk: 16 bytes of values, 32 weights of the 4-, 5- and 6-bit types, 16
-// of Q8_0), lane (g, t) = (lane / 4, lane % 4) chunk t of the group in rows g and g + 8. Each warp
-// streams its groups through a ring of kStages slots in shared memory: cp.async copies a group's
-// values (each lane its own 16-byte vectors) and the 16 rows' meta spans (4-byte words, 8 a row)
-// while the warp computes the group kStages - 1 before it. A chunk's weights become bf16 pairs in
-// registers:
-//   the nibbles (plus high bits) of two bytes go into the mantissas of 128.0 in one bf16x2
-//   (byte_perm to spread the bytes, then a mask and an or), 128 is subtracted (exact), then
-//   w = q * scale + min in one bf16x2 fma (the scale and min rounded to bf16 first);
-//   Q8_0's signed bytes go through fp32 (2^23 + 128 + q, less 2^23 + 128, times d) and are packed
-//   to bf16 pairs, rounded once.
-// Each pair is an A register of mma.sync m16n8k16: a chunk's 4-byte word j gives two k-steps (its
-// low nibbles, then its high ones), each of 16 weights a row over the four lanes t. The k order
-// inside a step is the chunk's own (which weights a lane's registers hold), so x, the B operand,
-// is read at the same positions: lane (g, t) loads token g's four values for the step from x
-// (8 bytes; above 8 rows token g + 8's too, for a second product) and the rows past M read as
-// zeros. fp32 accumulators; the 8 warps' sums meet in
+// of Q8_0). Each warp streams its groups through a ring of kStages slots in shared memory:
+// cp.async copies a group's values (lane (g, t) = (lane / 4, lane % 4) chunk t's 16-byte vectors
+// of rows g and g + 8) and the 16 rows' meta spans (4-byte words, 8 a row) while the warp
+// computes the group kStages - 1 before it. The computing lanes read the slot across: lane (g, t)
+// word t of each of the 4 chunks (see Quad), so that each k-step of mma.sync m16n8k16 (16 weights
+// a row: 4 lanes x 4) lies in one chunk and so under one scale. A word's nibbles (plus high bits)
+// go into the mantissas of 128.0 in bf16 pairs (byte_perm to spread the bytes, a mask and an or),
+// less the type's offset (q - 8 for Q4_0; Q8_0's bytes in two parts): the weights' integers,
+// exact, as the A fragments; x is the B operand (lane (g, t) loads token g's four values of the
+// step from x, 8 bytes; above 8 rows token g + 8's too, for a second product; rows past M read as
+// zeros). Each scale group's products start from zero and are scaled in fp32 into the
+// accumulators (acc += s C, + b X for the types with a minimum, X the sum of x by an mma with A
+// all ones): the products are over the file's weights, as on the CPU. The 8 warps' sums meet in
 // shared memory and warp 0 writes the 16 x M outputs (+ bias, + out when accumulating).
+//
+// qdequant (the bands of rows above 16, the embeddings): a thread a chunk, each weight
+// s (128 + q) + b in fp32, rounded once to bf16.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/cuda/check.h"
 #include "kernels/cuda/attention/tiles.cuh"
@@ -42,23 +43,8 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-__device__ __forceinline__ float half_at(const uint8_t* p) {
-  return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
-}
-
 __device__ __forceinline__ uint32_t bf2(__nv_bfloat162 v) {
   return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ __nv_bfloat162 as_bf2(uint32_t v) {
-  return *reinterpret_cast<const __nv_bfloat162*>(&v);
-}
-
-// The scale and minimum of one run of weights, bf16 pairs: w = q * s + m.
-struct Affine {
-  __nv_bfloat162 s, m;
-};
-__device__ __forceinline__ Affine affine(float s, float m) {
-  return {__floats2bfloat162_rn(s, s), __floats2bfloat162_rn(m, m)};
 }
 
 // (a & b) | c in one instruction (the compiler splits it when b and c are both constants).
@@ -69,216 +55,10 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
 }
 
 // 128 + the 4-bit values in bits 0-3 and 16-19 of `spread` (plus `high`, bits 4 and 5 of each
-// half), then the affine map: two weights.
-__device__ __forceinline__ uint32_t nibble_pair(uint32_t spread, uint32_t high, const Affine& f) {
-  const uint32_t v = and_or(spread, 0x000F000Fu, high | 0x43004300u);
-  const __nv_bfloat162 q = __hsub2(as_bf2(v), __floats2bfloat162_rn(128.0f, 128.0f));
-  return bf2(__hfma2(q, f.s, f.m));
+// half): two exact bf16 values in the mantissas of 128.0.
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t spread, uint32_t high) {
+  return and_or(spread, 0x000F000Fu, high | 0x43004300u);
 }
-
-// A chunk of a 4-bit-style type: 16 bytes of values, byte k's low nibble weight lo0 + k and its
-// high nibble hi0 + k (positions in the row), per-run affine maps lo and hi, and the high bits
-// hb(j, half, hi) to or into the pair of word j (half 0: bytes 4j, 4j+1; 1: 4j+2, 4j+3).
-// a[2j] = low nibbles of word j, a[2j+1] = its high nibbles; each [0] (bytes 4j, 4j+1) and [1]
-// (4j+2, 4j+3).
-template <class HighBits>
-__device__ __forceinline__ void decode_nibbles(const uint4& q, const Affine& lo, const Affine& hi,
-                                               HighBits hb, uint32_t (&a)[8][2]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t w = word(q, j), h = w >> 4;  // h: the high nibbles where the low ones were
-    a[2 * j][0] = nibble_pair(__byte_perm(w, 0, 0x4140), hb(j, 0, false), lo);
-    a[2 * j][1] = nibble_pair(__byte_perm(w, 0, 0x4342), hb(j, 1, false), lo);
-    a[2 * j + 1][0] = nibble_pair(__byte_perm(h, 0, 0x4140), hb(j, 0, true), hi);
-    a[2 * j + 1][1] = nibble_pair(__byte_perm(h, 0, 0x4342), hb(j, 1, true), hi);
-  }
-}
-
-struct NoHigh {
-  __device__ __forceinline__ uint32_t operator()(int, int, bool) const { return 0; }
-};
-
-// Per type: Raw (one row's loads for a chunk), load, decode (to a[kSteps][2]) and the row
-// positions of each step's four weights (pos, pos + 1 in [0]; pos + 2, pos + 3 in [1]).
-template <DType T>
-struct Dec;
-
-// Legacy 4/5-bit blocks of 32: chunk c = block c; low nibbles weights 32c + k, high 32c + 16 + k.
-struct Legacy32 {
-  static constexpr int kSteps = 8;
-  __device__ static void positions(int c, int (&pos)[kSteps]) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      pos[2 * j] = 32 * c + 4 * j;
-      pos[2 * j + 1] = 32 * c + 16 + 4 * j;
-    }
-  }
-  __device__ static const uint8_t* q_at(const uint8_t* qrow, int c) { return qrow + 16 * c; }
-};
-
-template <>
-struct Dec<DType::Q4_0> : Legacy32 {
-  struct Raw {
-    uint4 q;
-    float d;
-  };
-  __device__ static Raw load(const uint8_t* qrow, const uint8_t* mrow, int c) {
-    return {load_stream(q_at(qrow, c)), half_at(mrow + 2 * c)};
-  }
-  __device__ static void decode(const Raw& r, uint32_t (&a)[kSteps][2]) {
-    const Affine f = affine(r.d, -8.0f * r.d);
-    decode_nibbles(r.q, f, f, NoHigh{}, a);
-  }
-};
-
-template <>
-struct Dec<DType::Q4_1> : Legacy32 {
-  struct Raw {
-    uint4 q;
-    float d, m;
-  };
-  __device__ static Raw load(const uint8_t* qrow, const uint8_t* mrow, int c) {
-    return {load_stream(q_at(qrow, c)), half_at(mrow + 4 * c), half_at(mrow + 4 * c + 2)};
-  }
-  __device__ static void decode(const Raw& r, uint32_t (&a)[kSteps][2]) {
-    const Affine f = affine(r.d, r.m);
-    decode_nibbles(r.q, f, f, NoHigh{}, a);
-  }
-};
-
-template <>
-struct Dec<DType::Q5_0> : Legacy32 {
-  struct Raw {
-    uint4 q;
-    float d;
-    uint32_t qh;  // bit k: the fifth bit of weight k
-  };
-  __device__ static Raw load(const uint8_t* qrow, const uint8_t* mrow, int c) {
-    const auto* m = reinterpret_cast<const unsigned short*>(mrow + 6 * c);
-    return {load_stream(q_at(qrow, c)), half_at(mrow + 6 * c),
-            static_cast<uint32_t>(m[1]) | static_cast<uint32_t>(m[2]) << 16};
-  }
-  __device__ static void decode(const Raw& r, uint32_t (&a)[kSteps][2]) {
-    const Affine f = affine(r.d, -16.0f * r.d);
-    // Weights (4j + 2 half, + 1), or 16 more for the high nibbles: their bits to 4 and 20.
-    const auto hb = [&](int j, int half, bool hi) {
-      const uint32_t b = r.qh >> (4 * j + 2 * half + (hi ? 16 : 0));
-      return ((b & 1u) << 4) | ((b & 2u) << 19);
-    };
-    decode_nibbles(r.q, f, f, hb, a);
-  }
-};
-
-template <>
-struct Dec<DType::Q4_K> {
-  static constexpr int kSteps = 8;
-  struct Raw {
-    uint4 q, meta;  // meta: d, dmin; scales[12]
-  };
-  // Chunk c: super-block c / 8, its 64-weight part p = (c % 8) / 2, half h = c % 2: low nibbles
-  // weights 256 sb + 64 p + 16 h + k (sub-block 2p), high ones 32 further (sub-block 2p + 1).
-  __device__ static void positions(int c, int (&pos)[kSteps]) {
-    const int base = 256 * (c / 8) + 64 * ((c % 8) / 2) + 16 * (c % 2);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      pos[2 * j] = base + 4 * j;
-      pos[2 * j + 1] = base + 32 + 4 * j;
-    }
-  }
-  __device__ static Raw load(const uint8_t* qrow, const uint8_t* mrow, int c) {
-    return {load_stream(qrow + 16 * c), __ldg(reinterpret_cast<const uint4*>(mrow + 16 * (c / 8)))};
-  }
-  // Sub-block j's 6-bit scale and minimum (ggml's packing of scales[12]), without branches: the
-  // lanes of a warp hold different j.
-  __device__ static void scale_min(const Raw& r, int j, float& sc, float& m) {
-    const int sh = 8 * (j % 4);
-    const uint32_t A = (r.meta.y >> sh) & 0xFF, B = (r.meta.z >> sh) & 0xFF,
-                   C = (r.meta.w >> sh) & 0xFF;
-    const bool lo = j < 4;
-    const uint32_t s = lo ? A & 63 : (C & 0xF) | ((A >> 6) << 4);
-    const uint32_t n = lo ? B & 63 : (C >> 4) | ((B >> 6) << 4);
-    sc = __uint_as_float(0x4B000000u | s) - 8388608.0f;  // exact: s, n < 64
-    m = __uint_as_float(0x4B000000u | n) - 8388608.0f;
-  }
-  __device__ static void decode(const Raw& r, int c, uint32_t (&a)[kSteps][2]) {
-    const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(r.meta.x))),
-                dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(r.meta.x >> 16)));
-    const int p = (c % 8) / 2;
-    float sc0, m0, sc1, m1;
-    scale_min(r, 2 * p, sc0, m0);
-    scale_min(r, 2 * p + 1, sc1, m1);
-    decode_nibbles(r.q, affine(d * sc0, -dmin * m0), affine(d * sc1, -dmin * m1), NoHigh{}, a);
-  }
-};
-
-template <>
-struct Dec<DType::Q6_K> {
-  static constexpr int kSteps = 8;
-  struct Raw {
-    uint4 ql, qh;
-    float s_lo, s_hi;
-  };
-  // Chunk c: super-block c / 8, half n = (c % 8) / 4, a = c % 4: ql bytes 64 n + 16 a (low
-  // nibbles weights 256 sb + 128 n + 16 a + k, high ones 64 further), qh bytes 32 n + 16 (a % 2)
-  // (bits 2 (a / 2) and 4 + 2 (a / 2) of byte k: the top two bits of those weights); scales
-  // 8 n + a and 8 n + a + 4.
-  __device__ static void positions(int c, int (&pos)[kSteps]) {
-    const int base = 256 * (c / 8) + 128 * ((c % 8) / 4) + 16 * (c % 4);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      pos[2 * j] = base + 4 * j;
-      pos[2 * j + 1] = base + 64 + 4 * j;
-    }
-  }
-  __device__ static Raw load(const uint8_t* qrow, const uint8_t* mrow, int c) {
-    const int sb = c / 8, n = (c % 8) / 4, a = c % 4;
-    const uint8_t* q = qrow + 192 * sb;
-    const uint8_t* m = mrow + 18 * sb;
-    const float d = half_at(m + 16);
-    const auto* sc = reinterpret_cast<const int8_t*>(m);
-    return {load_stream(q + 64 * n + 16 * a), load_stream(q + 128 + 32 * n + 16 * (a % 2)),
-            d * static_cast<float>(sc[8 * n + a]), d * static_cast<float>(sc[8 * n + a + 4])};
-  }
-  __device__ static void decode(const Raw& r, int c, uint32_t (&a)[kSteps][2]) {
-    const int sh = 2 * ((c % 4) / 2);  // the low nibbles' bits in qh; the high ones' 4 above
-    const auto hb = [&](int j, int half, bool hi) {
-      const uint32_t s = __byte_perm(word(r.qh, j), 0, half ? 0x4342 : 0x4140);
-      return hi ? (s >> sh) & 0x00300030u : (s << (4 - sh)) & 0x00300030u;
-    };
-    decode_nibbles(r.ql, affine(r.s_lo, -32.0f * r.s_lo), affine(r.s_hi, -32.0f * r.s_hi), hb, a);
-  }
-};
-
-template <>
-struct Dec<DType::Q8_0> {
-  static constexpr int kSteps = 4;
-  struct Raw {
-    uint4 q;
-    float d;
-  };
-  // Chunk c: half c % 2 of block c / 2: weights 16 c + k.
-  __device__ static void positions(int c, int (&pos)[kSteps]) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) pos[j] = 16 * c + 4 * j;
-  }
-  __device__ static Raw load(const uint8_t* qrow, const uint8_t* mrow, int c) {
-    return {load_stream(qrow + 16 * c), half_at(mrow + 2 * (c / 2))};
-  }
-  __device__ static void decode(const Raw& r, int, uint32_t (&a)[kSteps][2]) {
-    constexpr float kBias = 8388736.0f;  // 2^23 + 128
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t w = word(r.q, j) ^ 0x80808080u;  // signed bytes to q + 128
-      float f[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        f[e] = (__uint_as_float(0x4B000000u | __byte_perm(w, 0, 0x4440 + e)) - kBias) * r.d;
-      }
-      a[j][0] = bf2(__floats2bfloat162_rn(f[0], f[1]));
-      a[j][1] = bf2(__floats2bfloat162_rn(f[2], f[3]));
-    }
-  }
-};
 
 // ---- qgemv's staging: per group of 4 chunks of 16 rows, each lane's values (qvecs 16-byte
 // vectors a row) and each row's meta span, copied by cp.async into the warp's ring ----
@@ -324,42 +104,220 @@ __device__ __forceinline__ float half_bits(uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 }
 
-// Raw of chunk c (group start c0) from its staged values q and its row's staged meta m (m[0] is
-// the span's first byte).
-template <DType T>
-__device__ __forceinline__ typename Dec<T>::Raw staged_raw(const uint4* q, const uint8_t* m, int c,
-                                                           int c0) {
-  const int j = c - c0;
-  if constexpr (T == DType::Q4_0) {
-    return {q[0], half_bits(u16_at(m + 2 * j))};
-  } else if constexpr (T == DType::Q4_1) {
-    return {q[0], half_bits(u16_at(m + 4 * j)), half_bits(u16_at(m + 4 * j + 2))};
-  } else if constexpr (T == DType::Q5_0) {
-    return {q[0], half_bits(u16_at(m + 6 * j)),
-            u16_at(m + 6 * j + 2) | u16_at(m + 6 * j + 4) << 16};
-  } else if constexpr (T == DType::Q8_0) {
-    return {q[0], half_bits(u16_at(m + 2 * (c / 2 - c0 / 2)))};
-  } else if constexpr (T == DType::Q4_K) {
-    // Rows of whole 16-byte metas from a 16-aligned region: the span is 16-aligned, m too.
-    return {q[0], *reinterpret_cast<const uint4*>(m)};
-  } else {  // Q6_K: scales[16], d
-    const int n = (c % 8) / 4, a = c % 4;
-    const float d = half_bits(u16_at(m + 16));
-    const auto* sc = reinterpret_cast<const int8_t*>(m);
-    return {q[0], q[1], d * static_cast<float>(sc[8 * n + a]),
-            d * static_cast<float>(sc[8 * n + a + 4])};
-  }
+// ---- qgemv's view of a group: four chunks c0 .. c0 + 3 (c0 a multiple of 4) across the four
+// lanes t of a row. Lane t takes word t (bytes 4t .. 4t + 3) of every chunk, so the 16 weights a
+// row of one k-step (four lanes, four weights each) come from one chunk and share its scale. The
+// A fragments hold the weights' integers exactly (q less the type's offset, or 128 + q for the
+// types with a minimum), and each scale group's product C is scaled in fp32: acc += s C, plus
+// b X for the types with a minimum (kSums: X the sum of x over the group's positions, an mma
+// with A all ones). Per type: kGroups scale groups a row per group of chunks, each of
+// kGroupSteps k-steps: step n of group grp reads chunk(grp, n), its high nibbles if high(grp, n)
+// (group(i, hi) the inverse);
+// xoff(i, hi) (the step's first weight less the lane's first, which is 4t past chunk c0's
+// first); kParts mma products a step; factor (s and b of group grp, from the row's staged meta),
+// row_bits (what step needs of the meta besides) and step (a row's A registers for a step: [0]
+// its weights +0, +1, [1] +2, +3). ----
+
+// 128 + (q & 0x7F) and 128 + 128 (q >> 7) of two bytes (bits 0-7, 16-23 of spread): Q8_0's
+// bytes q + 128 as two exact parts, each an mma of its own.
+__device__ __forceinline__ uint32_t low7_pair(uint32_t spread) {
+  return and_or(spread, 0x007F007Fu, 0x43004300u);
+}
+__device__ __forceinline__ uint32_t top_bit_pair(uint32_t spread) {
+  return and_or(spread, 0x00800080u, 0x43004300u);
 }
 
-// Decode for the types whose decode takes no chunk index.
-template <DType T, class R, int S>
-__device__ __forceinline__ void decode_chunk(const R& r, int c, uint32_t (&a)[S][2]) {
-  if constexpr (T == DType::Q4_K || T == DType::Q6_K || T == DType::Q8_0) {
-    Dec<T>::decode(r, c, a);
-  } else {
-    Dec<T>::decode(r, a);
-  }
+// 128 + the nibbles of word w's four bytes, the low ones or (hi) the high ones: [0] bytes 0, 1;
+// [1] bytes 2, 3.
+__device__ __forceinline__ void nibble_step(uint32_t w, int hi, uint32_t (&a)[2]) {
+  const uint32_t v = hi ? w >> 4 : w;
+  a[0] = nibble_pair(__byte_perm(v, 0, 0x4140), 0);
+  a[1] = nibble_pair(__byte_perm(v, 0, 0x4342), 0);
 }
+
+// pair - o, two exact bf16 values whose difference is exact (q - offset from 128 + q).
+__device__ __forceinline__ uint32_t minus(uint32_t pair, float o) {
+  const __nv_bfloat162 r =
+      __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&pair), __floats2bfloat162_rn(o, o));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+template <DType T>
+struct Quad;
+
+// Blocks of 32: a chunk is a block (low nibbles weights +0..15, high +16..31).
+struct LegacyQuad {
+  static constexpr int kGroups = 4, kParts = 1;
+  static constexpr bool kSums = false;
+  static constexpr int kGroupSteps = 2;  // chunk grp: its low nibbles, then its high ones
+  __device__ static constexpr int chunk(int grp, int) { return grp; }
+  __device__ static constexpr int high(int, int n) { return n; }
+  __device__ static constexpr int group(int i, int) { return i; }
+  __device__ static constexpr int xoff(int i, int hi) { return 32 * i + 16 * hi; }
+  __device__ static constexpr bool group_live(int grp, int live) { return grp < live; }
+};
+
+template <>
+struct Quad<DType::Q4_0> : LegacyQuad {
+  struct Row {};
+  // w = d (q - 8): A holds q - 8, exact.
+  __device__ static float2 factor(const uint8_t* m, int, int grp) {
+    return {half_bits(u16_at(m + 2 * grp)), 0.0f};
+  }
+  __device__ static void row_bits(const uint8_t*, Row&) {}
+  __device__ static void step(uint32_t w, uint32_t, const Row&, int, int hi, int, int,
+                              uint32_t (&a)[2]) {
+    nibble_step(w, hi, a);
+    a[0] = minus(a[0], 136.0f);
+    a[1] = minus(a[1], 136.0f);
+  }
+};
+
+template <>
+struct Quad<DType::Q4_1> : LegacyQuad {
+  static constexpr bool kSums = true;
+  struct Row {};
+  // w = d q + m = d (128 + q) + m - 128 d
+  __device__ static float2 factor(const uint8_t* m, int, int grp) {
+    const float d = half_bits(u16_at(m + 4 * grp));
+    return {d, fmaf(-128.0f, d, half_bits(u16_at(m + 4 * grp + 2)))};
+  }
+  __device__ static void row_bits(const uint8_t*, Row&) {}
+  __device__ static void step(uint32_t w, uint32_t, const Row&, int, int hi, int, int,
+                              uint32_t (&a)[2]) {
+    nibble_step(w, hi, a);
+  }
+};
+
+template <>
+struct Quad<DType::Q5_0> : LegacyQuad {
+  struct Row {
+    uint32_t qh[4];  // each chunk's fifth bits (bit k: weight k)
+  };
+  // w = d (q - 16): A holds q - 16, exact.
+  __device__ static float2 factor(const uint8_t* m, int, int grp) {
+    return {half_bits(u16_at(m + 6 * grp)), 0.0f};
+  }
+  __device__ static void row_bits(const uint8_t* m, Row& row) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) row.qh[i] = u16_at(m + 6 * i + 2) | u16_at(m + 6 * i + 4) << 16;
+  }
+  __device__ static void step(uint32_t w, uint32_t, const Row& row, int i, int hi, int t, int,
+                              uint32_t (&a)[2]) {
+    const uint32_t v = hi ? w >> 4 : w;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      // Weights 4t + 2 half (+ 16 hi) and the next: their fifth bits to bits 4 and 20.
+      const uint32_t q5 = row.qh[i] >> (4 * t + 2 * half + 16 * hi);
+      a[half] = minus(nibble_pair(__byte_perm(v, 0, half ? 0x4342 : 0x4140),
+                                  ((q5 & 1u) << 4) | ((q5 & 2u) << 19)),
+                      144.0f);
+    }
+  }
+};
+
+// Q8_0: a chunk is half a block (16 weights, one k-step), two chunks a block; the step's bytes
+// u = q + 128 in two exact parts, (u & 0x7F) - 256 and 128 + 128 (u >> 7), which sum to q.
+template <>
+struct Quad<DType::Q8_0> {
+  static constexpr int kGroups = 2, kParts = 2;
+  static constexpr bool kSums = false;
+  struct Row {};
+  static constexpr int kGroupSteps = 2;  // the block's two chunks
+  __device__ static constexpr int chunk(int grp, int n) { return 2 * grp + n; }
+  __device__ static constexpr int high(int, int) { return 0; }
+  __device__ static constexpr int group(int i, int) { return i / 2; }
+  __device__ static constexpr int xoff(int i, int) { return 16 * i; }
+  __device__ static constexpr bool group_live(int grp, int live) { return 2 * grp < live; }
+  __device__ static float2 factor(const uint8_t* m, int, int grp) {
+    return {half_bits(u16_at(m + 2 * grp)), 0.0f};
+  }
+  __device__ static void row_bits(const uint8_t*, Row&) {}
+  // part 0: (u & 0x7F) - 256 (from 128 + (u & 0x7F)), part 1: 128 + 128 (u >> 7).
+  __device__ static void step(uint32_t w, uint32_t, const Row&, int, int, int, int part,
+                              uint32_t (&a)[2]) {
+    const uint32_t u = w ^ 0x80808080u;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t spread = __byte_perm(u, 0, half ? 0x4342 : 0x4140);
+      a[half] = part == 0 ? minus(low7_pair(spread), 384.0f) : top_bit_pair(spread);
+    }
+  }
+};
+
+// Q4_K: the group's four chunks lie in one super-block (c0 % 8 is 0 or 4): chunk i's low nibbles
+// are weights 64 (i / 2) + 16 (i % 2) + k of the group's 128 (sub-block j0 + 2 (i / 2)), its high
+// ones 32 further (the next sub-block); j0 = c0 % 8. Group 2 (i / 2) + hi: sub-block j0 + group.
+template <>
+struct Quad<DType::Q4_K> {
+  static constexpr int kGroups = 4, kParts = 1;
+  static constexpr bool kSums = true;
+  struct Row {};
+  static constexpr int kGroupSteps = 2;  // the sub-block's halves in chunks 2 (grp / 2) + n
+  __device__ static constexpr int chunk(int grp, int n) { return 2 * (grp / 2) + n; }
+  __device__ static constexpr int high(int grp, int) { return grp % 2; }
+  __device__ static constexpr int group(int i, int hi) { return 2 * (i / 2) + hi; }
+  __device__ static constexpr int xoff(int i, int hi) {
+    return 64 * (i / 2) + 16 * (i % 2) + 32 * hi;
+  }
+  __device__ static constexpr bool group_live(int, int) { return true; }
+  // w = d sc q - dmin m = (d sc) (128 + q) - dmin m - 128 d sc; sc and m of sub-blocks j0 ..
+  // j0 + 3 as four bytes each (ggml's packing of scales[12]: the low four directly, the high
+  // four from their low bits in scales[8..11] and top bits in the low four's bytes 6-7).
+  __device__ static float2 factor(const uint8_t* m, int c0, int grp) {
+    const uint4 meta = *reinterpret_cast<const uint4*>(m);  // d, dmin; scales[12]
+    const float d = half_bits(meta.x), dmin = half_bits(meta.x >> 16);
+    uint32_t sc, mn;
+    if (c0 % 8 == 0) {
+      sc = meta.y & 0x3F3F3F3Fu;
+      mn = meta.z & 0x3F3F3F3Fu;
+    } else {
+      sc = (meta.w & 0x0F0F0F0Fu) | ((meta.y >> 2) & 0x30303030u);
+      mn = ((meta.w >> 4) & 0x0F0F0F0Fu) | ((meta.z >> 2) & 0x30303030u);
+    }
+    const float s = d * static_cast<float>((sc >> (8 * grp)) & 0xFFu);
+    return {s, fmaf(-128.0f, s, -dmin * static_cast<float>((mn >> (8 * grp)) & 0xFFu))};
+  }
+  __device__ static void row_bits(const uint8_t*, Row&) {}
+  __device__ static void step(uint32_t w, uint32_t, const Row&, int, int hi, int, int,
+                              uint32_t (&a)[2]) {
+    nibble_step(w, hi, a);
+  }
+};
+
+// Q6_K: chunks a = 0..3 of a super-block half n = (c0 % 8) / 4: chunk i's low nibbles weights
+// 16 i + k of the half's 128 (scale 8 n + i), high ones 64 further (scale 8 n + i + 4); the top
+// two bits in qh vector i % 2 (word t: bytes 4t..4t+3), bits 2 (i / 2) and 4 + 2 (i / 2).
+template <>
+struct Quad<DType::Q6_K> {
+  static constexpr int kGroups = 8, kParts = 1;
+  static constexpr bool kSums = false;
+  struct Row {};
+  static constexpr int kGroupSteps = 1;
+  __device__ static constexpr int chunk(int grp, int) { return grp % 4; }
+  __device__ static constexpr int high(int grp, int) { return grp / 4; }
+  __device__ static constexpr int group(int i, int hi) { return i + 4 * hi; }
+  __device__ static constexpr int xoff(int i, int hi) { return 16 * i + 64 * hi; }
+  __device__ static constexpr bool group_live(int, int) { return true; }
+  // w = d sc (q - 32): A holds q - 32, exact.
+  __device__ static float2 factor(const uint8_t* m, int c0, int grp) {
+    const auto* sc = reinterpret_cast<const int8_t*>(m) + 8 * ((c0 % 8) / 4);
+    return {half_bits(u16_at(m + 16)) * static_cast<float>(sc[grp]), 0.0f};
+  }
+  __device__ static void row_bits(const uint8_t*, Row&) {}
+  // qh: word t of qh vector i % 2.
+  __device__ static void step(uint32_t w, uint32_t qh, const Row&, int i, int hi, int, int,
+                              uint32_t (&a)[2]) {
+    const uint32_t v = hi ? w >> 4 : w;
+    const int sh = 2 * (i / 2);  // the low nibbles' bits in qh; the high ones' 4 above
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t q = __byte_perm(qh, 0, half ? 0x4342 : 0x4140);
+      const uint32_t top = hi ? (q >> sh) & 0x00300030u : (q << (4 - sh)) & 0x00300030u;
+      a[half] = minus(nibble_pair(__byte_perm(v, 0, half ? 0x4342 : 0x4140), top), 160.0f);
+    }
+  }
+};
 
 struct QKernelArgs {
   void* out;
@@ -404,13 +362,22 @@ inline constexpr int kQStep = T == DType::Q6_K ? 4 * 192 : 32 * 16;
 template <DType T>
 inline constexpr int kPStep = T == DType::Q8_0 ? 32 * 16 : 32 * 32;
 
-template <DType T, typename TOut, typename TBias, int kTiles>
+// Where lane (g, t)'s 16-byte vectors of a row go in a slot: 16-byte unit 4g + (t ^ (g / 2)), so
+// that the 4-byte reads of a k-step (word t of chunk i in rows g) hit 32 different banks.
+__device__ __forceinline__ int quad_unit(int g, int i) { return 4 * g + (i ^ (g >> 1)); }
+
+// kOne: M = 1, whose products are column 0 of the mma's 8: the folds skip the other columns.
+template <DType T, typename TOut, typename TBias, int kTiles, bool kOne>
 __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a) {
-  using D = Dec<T>;
+  using Q = Quad<T>;
   using R = Ring<T>;
-  constexpr int kSteps = D::kSteps, kV = kQVecs<T>;
+  constexpr int kV = kQVecs<T>, kG = Q::kGroups;
+  constexpr int kElems = T == DType::Q8_0 ? 16 : 32;  // weights a chunk
   extern __shared__ __align__(16) unsigned char ring_raw[];
   __shared__ float red[kQWarps - 1][kWarp][4 * kTiles];
+  // Each group's s and b for rows g and g + 8, computed by lane t = grp % 4 of the rows' quad and
+  // read by all four (a row of kG + 1 float4 a quad: the 8 quads' reads hit different banks).
+  __shared__ float4 factors[kQWarps][8][kG + 1];
   const int warp = static_cast<int>(threadIdx.x) / kWarp,
             lane = static_cast<int>(threadIdx.x) % kWarp;
   const int g = lane / 4, t = lane % 4;
@@ -418,8 +385,8 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
   const int64_t rr[2] = {min(row0, a.N - 1), min(row1, a.N - 1)};  // past N: re-read, unused
   const int groups = (a.chunks + 3) / 4;
   const int mine = warp < groups ? (groups - warp + kQWarps - 1) / kQWarps : 0;
-  // The warp's first group (chunks c0 .. c0 + 3; this lane's c), and what every later one adds:
-  // the chunk's place in its super-block, which the decode reads, is the same in all of them.
+  // The warp's first group (chunks c0 .. c0 + 3; this lane copies chunk c), and what every later
+  // one adds: the chunks' place in their super-block, which the decode reads, is the same in all.
   const int c0 = 4 * warp, c = c0 + t;
   const uint8_t* meta_end = a.wm + static_cast<int64_t>(a.N) * a.mrow;
   const uint8_t* qsrc[2][kV];
@@ -434,13 +401,11 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
     msrc[r] = span - moff[r];
   }
   constexpr int kMStep = meta_start<T>(32);
-  int pos[kSteps];
-  D::positions(c, pos);
-  const uint16_t* xg[kTiles];  // tokens g and g + 8, at this lane's first positions
+  const uint16_t* xg[kTiles];  // tokens g and g + 8, at this lane's first position (chunk c0)
   bool has_token[kTiles];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) {
-    xg[j] = a.x + static_cast<int64_t>(8 * j + g) * a.ldx + pos[0];
+    xg[j] = a.x + static_cast<int64_t>(8 * j + g) * a.ldx + kElems * c0 + 4 * t;
     has_token[j] = 8 * j + g < a.M;
   }
   unsigned char* ring = ring_raw + static_cast<size_t>(warp) * kStages * R::kSlotBytes;
@@ -461,9 +426,9 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
     mleft[r] = left < (int64_t{1} << 30) ? static_cast<int>(left) : 1 << 30;
   }
   int kn = 0;
-  // Slot layout: values [row r][vector v][lane] x 16 bytes, then meta [row 0..15][8 words]; rows
-  // g and g + 8 of the meta: lane t copies words 2t and 2t + 1.
-  const uint32_t lane_q = ring_s + lane * 16;
+  // Slot layout: values [row r][vector v][quad_unit] x 16 bytes, then meta [row 0..15][8 words];
+  // rows g and g + 8 of the meta: lane t copies words 2t and 2t + 1.
+  const uint32_t lane_q = ring_s + quad_unit(g, t) * 16;
   const uint32_t lane_m = ring_s + R::kQBytes + (g * kMetaWords + 2 * t) * 4;
   const uint32_t row_m = ring_s + R::kQBytes + g * kMetaWords * 4;
   const auto issue = [&] {
@@ -502,36 +467,92 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue();
   grid_dependency_wait(a.release_first);  // the weights are in flight; x is the previous kernel's
-  const unsigned char* lane_slot_q = ring + lane * 16;
+  int lane_word[4];  // word t of chunk i, rows g: its offset in a slot's values
+#pragma unroll
+  for (int i = 0; i < 4; ++i) lane_word[i] = quad_unit(g, i) * 16 + 4 * t;
   const unsigned char* slot_meta[2] = {ring + R::kQBytes + g * kMetaWords * 4 + moff[0],
                                        ring + R::kQBytes + (8 + g) * kMetaWords * 4 + moff[1]};
+  const uint32_t kOnes[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};  // bf16 1.0
   for (int k = 0; k < mine; ++k) {
     __syncwarp();  // every lane is done with slot (k - 1) % kStages, which this issue refills
     issue();
     cp_async_wait<kStages - 1>();
-    __syncwarp();  // the meta words the row's other lanes copied
-    const int slot = (k % kStages) * R::kSlotBytes;
-    const bool live = c + 32 * k < a.chunks;
-    typename D::Raw raw[2];
+    __syncwarp();  // the values and meta words the other lanes copied
+    const unsigned char* slot = ring + (k % kStages) * R::kSlotBytes;
+    const int live = min(4, a.chunks - (c0 + 32 * k));  // chunks of the group inside the row
+    uint32_t wv[2][4], qh[2][4];
+    typename Q::Row row[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint4* q = reinterpret_cast<const uint4*>(lane_slot_q + slot) + r * kV * kWarp;
-      const uint4 qv[2] = {q[0], kV > 1 ? q[kWarp] : q[0]};
-      raw[r] = staged_raw<T>(qv, slot_meta[r] + slot, c, c0);
-    }
-    uint32_t w0[kSteps][2], w1[kSteps][2];
-    decode_chunk<T>(raw[0], c, w0);
-    decode_chunk<T>(raw[1], c, w1);
 #pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      const uint32_t A[4] = {w0[s][0], w1[s][0], w0[s][1], w1[s][1]};
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        uint2 b = make_uint2(0, 0);
-        if (live && has_token[j])
-          b = __ldg(reinterpret_cast<const uint2*>(xg[j] + (pos[s] - pos[0])));
-        attn::mma_bf16_16816(acc[j], A, b.x, b.y);
+      for (int i = 0; i < 4; ++i) {
+        wv[r][i] = *reinterpret_cast<const uint32_t*>(slot + r * kV * kWarp * 16 + lane_word[i]);
+        qh[r][i] = kV > 1 ? *reinterpret_cast<const uint32_t*>(slot + (r * kV + 1) * kWarp * 16 +
+                                                               lane_word[i])
+                          : 0;
       }
+      Q::row_bits(slot_meta[r] + (k % kStages) * R::kSlotBytes, row[r]);
+    }
+#pragma unroll
+    for (int grp = t; grp < kG; grp += 4) {
+      const int at = (k % kStages) * R::kSlotBytes;
+      const float2 f0 = Q::factor(slot_meta[0] + at, c0, grp),
+                   f1 = Q::factor(slot_meta[1] + at, c0, grp);
+      factors[warp][g][grp] = make_float4(f0.x, f0.y, f1.x, f1.y);
+    }
+    __syncwarp();
+    // The group's chunks all inside the row (every group but a row's last, when the chunks a row
+    // are not a multiple of 4): no checks; else a check a step and a group, the same in every
+    // lane.
+    const auto groups_of = [&](auto full) {
+#pragma unroll
+      for (int grp = 0; grp < kG; ++grp) {
+        if (!decltype(full)::value && !Q::group_live(grp, live)) continue;
+        float C[kTiles][4] = {}, X[kTiles][4] = {};
+        (void)X;  // kSums only
+#pragma unroll
+        for (int n = 0; n < Q::kGroupSteps; ++n) {
+          const int i = Q::chunk(grp, n), hi = Q::high(grp, n);
+          if (!decltype(full)::value && i >= live) continue;
+          uint32_t A[Q::kParts][4];
+#pragma unroll
+          for (int part = 0; part < Q::kParts; ++part) {
+            uint32_t r0[2], r1[2];
+            Q::step(wv[0][i], qh[0][i], row[0], i, hi, t, part, r0);
+            Q::step(wv[1][i], qh[1][i], row[1], i, hi, t, part, r1);
+            A[part][0] = r0[0];
+            A[part][1] = r1[0];
+            A[part][2] = r0[1];
+            A[part][3] = r1[1];
+          }
+#pragma unroll
+          for (int j = 0; j < kTiles; ++j) {
+            uint2 b = make_uint2(0, 0);
+            if (has_token[j]) b = __ldg(reinterpret_cast<const uint2*>(xg[j] + Q::xoff(i, hi)));
+#pragma unroll
+            for (int part = 0; part < Q::kParts; ++part)
+              attn::mma_bf16_16816(C[j], A[part], b.x, b.y);
+            if constexpr (Q::kSums) attn::mma_bf16_16816(X[j], kOnes, b.x, b.y);
+          }
+        }
+        // acc[j]: rows g (0, 1) and g + 8 (2, 3); kOne: columns 2t only (t = 0: token 0).
+        const float4 f = factors[warp][g][grp];
+        const float fs[2] = {f.x, f.z}, fb[2] = {f.y, f.w};
+        (void)fb;  // kSums only
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; e += kOne ? 2 : 1) {
+            float v = fmaf(fs[e / 2], C[j][e], acc[j][e]);
+            if constexpr (Q::kSums) v = fmaf(fb[e / 2], X[j][e], v);
+            acc[j][e] = v;
+          }
+      }
+    };
+    if (live == 4) {
+      groups_of(std::true_type{});
+    } else {
+      groups_of(std::false_type{});
     }
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) xg[j] += kPStep<T>;
@@ -570,34 +591,57 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
 }
 
 // dst row r = w's row n0 + r, or (ids set) row ids[r * ids_stride] (zeros for an id outside
-// [0, N)): one thread a chunk.
+// [0, N)): one thread a chunk, qgemv's decode with the thread as the four lanes of a row (word j
+// as lane t = j), each weight s v + b in fp32 (v its integer, or 128 + q: Quad), rounded once.
 template <DType T>
 __global__ void qdequant_kernel(__nv_bfloat16* dst, int64_t ld, const uint8_t* wq,
                                 const uint8_t* wm, int64_t qrow, int64_t mrow, int64_t N,
                                 int64_t n0, int64_t rows, int chunks, const int32_t* ids,
                                 int64_t ids_stride) {
-  using D = Dec<T>;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * chunks) return;
-  const int64_t r = i / chunks;
-  const int c = static_cast<int>(i % chunks);
+  using Q = Quad<T>;
+  constexpr int kElems = T == DType::Q8_0 ? 16 : 32;
+  constexpr int kHalves = T == DType::Q8_0 ? 1 : 2;  // low nibbles, high ones
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= rows * chunks) return;
+  const int64_t r = n / chunks;
+  const int c = static_cast<int>(n % chunks), c0 = c & ~3, i = c & 3;
   const int64_t src = ids != nullptr ? ids[r * ids_stride] : n0 + r;
-  int pos[D::kSteps];
-  D::positions(c, pos);
-  __nv_bfloat16* row = dst + r * ld;
-  uint32_t w[D::kSteps][2] = {};
-  if (src >= 0 && src < N) {
-    const typename D::Raw raw = D::load(wq + src * qrow, wm + src * mrow, c);
-    decode_chunk<T>(raw, c, w);
+  __nv_bfloat16* row = dst + r * ld + kElems * c0;
+  const bool inside = src >= 0 && src < N;
+  uint4 q = make_uint4(0, 0, 0, 0), qh = make_uint4(0, 0, 0, 0);
+  const uint8_t* m = nullptr;
+  typename Q::Row bits{};
+  if (inside) {
+    q = load_stream(qvec_at<T>(wq + src * qrow, c, 0));
+    if constexpr (kQVecs < T >> 1) qh = load_stream(qvec_at<T>(wq + src * qrow, c, 1));
+    m = wm + src * mrow + meta_start<T>(c0);
+    Q::row_bits(m, bits);
   }
-  // 16-byte stores: steps s and s + kPair hold 8 weights in a row (pos[s + kPair] = pos[s] + 4):
-  // the nibble types' low runs in even steps and high runs in odd ones; Q8_0's steps in order.
-  constexpr int kPair = D::kSteps == 8 ? 2 : 1;
 #pragma unroll
-  for (int s = 0; s < D::kSteps; ++s) {
-    if ((s / kPair) % 2 != 0) continue;
-    *reinterpret_cast<uint4*>(row + pos[s]) =
-        make_uint4(w[s][0], w[s][1], w[s + kPair][0], w[s + kPair][1]);
+  for (int hi = 0; hi < kHalves; ++hi) {
+    const float2 f = inside ? Q::factor(m, c0, Q::group(i, hi)) : make_float2(0.0f, 0.0f);
+    uint32_t out[4][2];  // words j: weights +4j .. +4j + 3
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float v[4] = {};
+#pragma unroll
+      for (int part = 0; part < Q::kParts; ++part) {
+        uint32_t a[2];
+        Q::step(word(q, j), word(qh, j), bits, i, hi, j, part, a);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // bf16 to fp32: the high half as it is, the low shifted
+          const uint32_t h = a[e / 2];
+          v[e] += __uint_as_float(e % 2 ? h & 0xFFFF0000u : h << 16);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        out[j][e / 2] = bf2(__floats2bfloat162_rn(fmaf(f.x, v[e], f.y), fmaf(f.x, v[e + 1], f.y)));
+      }
+    }
+    __nv_bfloat16* at = row + Q::xoff(i, hi);
+    *reinterpret_cast<uint4*>(at) = make_uint4(out[0][0], out[0][1], out[1][0], out[1][1]);
+    *reinterpret_cast<uint4*>(at + 8) = make_uint4(out[2][0], out[2][1], out[3][0], out[3][1]);
   }
 }
 
@@ -628,9 +672,9 @@ QKernelArgs kernel_args(const QLinearArgs& a) {
   return k;
 }
 
-template <DType T, typename TOut, typename TBias, int kTiles>
+template <DType T, typename TOut, typename TBias, int kTiles, bool kOne = false>
 void launch_tiles(const QLinearArgs& a) {
-  auto* kernel = qgemv_kernel<T, TOut, TBias, kTiles>;
+  auto* kernel = qgemv_kernel<T, TOut, TBias, kTiles, kOne>;
   constexpr size_t kSmem = Ring<T>::kSmemBytes;
   static const bool raised = [&] {
     LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -644,7 +688,9 @@ void launch_tiles(const QLinearArgs& a) {
 
 template <DType T, typename TOut, typename TBias>
 void launch_q(const QLinearArgs& a) {
-  if (a.M <= 8) {
+  if (a.M == 1) {
+    launch_tiles<T, TOut, TBias, 1, true>(a);
+  } else if (a.M <= 8) {
     launch_tiles<T, TOut, TBias, 1>(a);
   } else {
     launch_tiles<T, TOut, TBias, 2>(a);

@@ -1,12 +1,13 @@
 // Linear layers over block-quantised weights kept on the GPU (kernels/quant_layout.h's layout):
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias), w one of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
 //
-// A few rows (qgemv: M <= kQGemvMaxRows, a decode step) stream the weights once and dequantise
-// them in registers into bf16 A fragments of mma.sync m16n8k16 (x the B operand, 8 tokens as its
-// 8 columns, a second product for tokens 9 to 16; fp32 accumulation): each weight is its scale
-// times its integer value, rounded once to bf16 (the scale itself rounded to bf16 first), as close
-// to the file's value as the bf16 matrix a load-time dequantisation gives. More rows: qdequant a
-// band of w's rows into bf16 and run cuBLASLt on it (cuda::linear), band after band.
+// A few rows (qgemv: M <= kQGemvMaxRows, a decode step) stream the weights once and decode them
+// in registers into bf16 A fragments of mma.sync m16n8k16 (x the B operand, 8 tokens as its 8
+// columns, a second product for tokens 9 to 16; fp32 accumulation) that hold each weight's integer
+// value exactly; each block's scale (and minimum) is applied in fp32 to its partial sums, so the
+// product is over the file's weights, as the CPU's is. More rows: qdequant a band of w's rows into
+// bf16 (each weight its fp32 value rounded once: the matrix a load-time dequantisation gives) and
+// run cuBLASLt on it (cuda::linear), band after band.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +44,8 @@ bool qgemv(const QLinearArgs& a);
 void qdequant(void* dst, DType dtype, int64_t ld, const void* w, DType wtype, int64_t N, int64_t K,
               int64_t n0, int64_t rows);
 
-// out row t (bf16, rows ldo elements apart: ldo a multiple of 8, out 16-byte aligned) = the table's row
-// ids[t * ids_stride] dequantised (ids in device memory; zeros for an id outside [0, V)): the
+// out row t (bf16, rows ldo elements apart: ldo a multiple of 8, out 16-byte aligned) = the table's
+// row ids[t * ids_stride] dequantised (ids in device memory; zeros for an id outside [0, V)): the
 // token embeddings of a quantised table, on cuda::current_stream().
 void qembedding(void* out, int64_t ldo, const void* table, DType wtype, int64_t V, int64_t D,
                 const int32_t* ids, int64_t ids_stride, int64_t T);

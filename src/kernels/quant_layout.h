@@ -8,7 +8,10 @@
 // nb * q_bytes bytes at n * nb * q_bytes, nb = K / block_elems), then every block's remaining
 // bytes (its "meta": scales, minimums, high bits), in the block's order, row after row. The q
 // bytes of each type are a multiple of 16 per block, so every row's values start 16-byte aligned
-// and a kernel streams them with 16-byte loads; the meta is small and read beside them. The size
+// and a kernel streams them with 16-byte loads; the meta is small and read beside them. Inside
+// each 4-byte word of the values, bytes 1 and 2 trade places (b0 b2 b1 b3), so that a kernel
+// finds bytes 0 and 1 of the file's word at bits 0-7 and 16-23, and bytes 2 and 3 eight bits
+// higher: the two halves of a bf16 pair, one mask apart (kernels/cuda/gemm/qlinear.cu). The size
 // is the GGUF size (bytes_for), so a Tensor of the block dtype holds either layout: on the CPU
 // the file's, on CUDA this one.
 //
@@ -54,6 +57,15 @@ inline Layout layout(DType t) {
 // Whether the GPU keeps matrices of this type quantised.
 inline bool gpu_keeps(DType t) { return layout(t).block_elems > 0; }
 
+// Bytes 1 and 2 of each 4-byte word of n bytes (n a multiple of 4) trade places; its own inverse.
+inline void swap_middle_bytes(uint8_t* p, int n) {
+  for (int i = 0; i < n; i += 4) {
+    const uint8_t b = p[i + 1];
+    p[i + 1] = p[i + 2];
+    p[i + 2] = b;
+  }
+}
+
 // GGUF rows (n_rows rows of k elements, whole blocks, back to back) -> the GPU layout (same size).
 inline void repack(DType t, const void* gguf, void* gpu, int64_t n_rows, int64_t k) {
   const Layout l = layout(t);
@@ -64,6 +76,7 @@ inline void repack(DType t, const void* gguf, void* gpu, int64_t n_rows, int64_t
   const int tail = l.block_bytes - l.q_off - l.q_bytes;
   for (int64_t b = 0; b < blocks; ++b, src += l.block_bytes) {
     std::memcpy(q + b * l.q_bytes, src + l.q_off, static_cast<size_t>(l.q_bytes));
+    swap_middle_bytes(q + b * l.q_bytes, l.q_bytes);
     uint8_t* m = meta + b * l.meta_bytes();
     std::memcpy(m, src, static_cast<size_t>(l.q_off));
     std::memcpy(m + l.q_off, src + l.q_off + l.q_bytes, static_cast<size_t>(tail));
@@ -81,6 +94,7 @@ inline void unpack(DType t, const void* gpu, void* gguf, int64_t n_rows, int64_t
   for (int64_t b = 0; b < blocks; ++b, dst += l.block_bytes) {
     const uint8_t* m = meta + b * l.meta_bytes();
     std::memcpy(dst + l.q_off, q + b * l.q_bytes, static_cast<size_t>(l.q_bytes));
+    swap_middle_bytes(dst + l.q_off, l.q_bytes);
     std::memcpy(dst, m, static_cast<size_t>(l.q_off));
     std::memcpy(dst + l.q_off + l.q_bytes, m + l.q_off, static_cast<size_t>(tail));
   }

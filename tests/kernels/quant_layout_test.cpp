@@ -33,8 +33,8 @@ TEST(QuantLayout, SplitsEachKeptBlockIntoAlignedValuesAndMeta) {
   }
 }
 
-// repack moves every byte once: values first (row after row), then the meta in block order; and
-// unpack undoes it.
+// repack moves every byte once: values first (row after row, bytes 1 and 2 of each word
+// swapped), then the meta in block order; and unpack undoes it.
 TEST(QuantLayout, RepackPlacesEveryByteAndUnpackRestoresTheFile) {
   std::mt19937 rng(5);
   for (DType t : kKept) {
@@ -46,8 +46,10 @@ TEST(QuantLayout, RepackPlacesEveryByteAndUnpackRestoresTheFile) {
     qlayout::repack(t, file.data(), gpu.data(), rows, k);
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = file.data() + b * l.block_bytes;
-      for (int i = 0; i < l.q_bytes; ++i) {
-        ASSERT_EQ(gpu[b * l.q_bytes + i], block[l.q_off + i]) << dtype_name(t) << " block " << b;
+      for (int i = 0; i < l.q_bytes; ++i) {  // bytes 1 and 2 of each word trade places
+        const int from = i % 4 == 1 ? i + 1 : i % 4 == 2 ? i - 1 : i;
+        ASSERT_EQ(gpu[b * l.q_bytes + i], block[l.q_off + from])
+            << dtype_name(t) << " block " << b << " value byte " << i;
       }
       const uint8_t* meta = gpu.data() + blocks * l.q_bytes + b * l.meta_bytes();
       int m = 0;

@@ -8,7 +8,8 @@
 // computes the group kStages - 1 before it. The computing lanes read the slot across: lane (g, t)
 // word t of each of the 4 chunks (see Quad), so that each k-step of mma.sync m16n8k16 (16 weights
 // a row: 4 lanes x 4) lies in one chunk and so under one scale. A word's nibbles (plus high bits)
-// go into the mantissas of 128.0 in bf16 pairs (byte_perm to spread the bytes, a mask and an or),
+// go into the mantissas of 128.0 in bf16 pairs (the layout's words hold bytes 0, 2, 1, 3 of the
+// file's, so a pair is a shift, a mask and an or),
 // less the type's offset (q - 8 for Q4_0; Q8_0's bytes in two parts): the weights' integers,
 // exact, as the A fragments; x is the B operand (lane (g, t) loads token g's four values of the
 // step from x, 8 bytes; above 8 rows token g + 8's too, for a second product; rows past M read as
@@ -127,12 +128,12 @@ __device__ __forceinline__ uint32_t top_bit_pair(uint32_t spread) {
   return and_or(spread, 0x00800080u, 0x43004300u);
 }
 
-// 128 + the nibbles of word w's four bytes, the low ones or (hi) the high ones: [0] bytes 0, 1;
-// [1] bytes 2, 3.
+// 128 + the nibbles of word w's four bytes, the low ones or (hi) the high ones: [0] the file's
+// bytes 0, 1; [1] bytes 2, 3.
 __device__ __forceinline__ void nibble_step(uint32_t w, int hi, uint32_t (&a)[2]) {
   const uint32_t v = hi ? w >> 4 : w;
-  a[0] = nibble_pair(__byte_perm(v, 0, 0x4140), 0);
-  a[1] = nibble_pair(__byte_perm(v, 0, 0x4342), 0);
+  a[0] = nibble_pair(v, 0);
+  a[1] = nibble_pair(v >> 8, 0);
 }
 
 // pair - o, two exact bf16 values whose difference is exact (q - offset from 128 + q).
@@ -209,9 +210,8 @@ struct Quad<DType::Q5_0> : LegacyQuad {
     for (int half = 0; half < 2; ++half) {
       // Weights 4t + 2 half (+ 16 hi) and the next: their fifth bits to bits 4 and 20.
       const uint32_t q5 = row.qh[i] >> (4 * t + 2 * half + 16 * hi);
-      a[half] = minus(nibble_pair(__byte_perm(v, 0, half ? 0x4342 : 0x4140),
-                                  ((q5 & 1u) << 4) | ((q5 & 2u) << 19)),
-                      144.0f);
+      a[half] =
+          minus(nibble_pair((half ? v >> 8 : v), ((q5 & 1u) << 4) | ((q5 & 2u) << 19)), 144.0f);
     }
   }
 };
@@ -239,7 +239,7 @@ struct Quad<DType::Q8_0> {
     const uint32_t u = w ^ 0x80808080u;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const uint32_t spread = __byte_perm(u, 0, half ? 0x4342 : 0x4140);
+      const uint32_t spread = half ? u >> 8 : u;
       a[half] = part == 0 ? minus(low7_pair(spread), 384.0f) : top_bit_pair(spread);
     }
   }
@@ -312,9 +312,9 @@ struct Quad<DType::Q6_K> {
     const int sh = 2 * (i / 2);  // the low nibbles' bits in qh; the high ones' 4 above
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const uint32_t q = __byte_perm(qh, 0, half ? 0x4342 : 0x4140);
+      const uint32_t q = half ? qh >> 8 : qh;
       const uint32_t top = hi ? (q >> sh) & 0x00300030u : (q << (4 - sh)) & 0x00300030u;
-      a[half] = minus(nibble_pair(__byte_perm(v, 0, half ? 0x4342 : 0x4140), top), 160.0f);
+      a[half] = minus(nibble_pair((half ? v >> 8 : v), top), 160.0f);
     }
   }
 };

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a GGUF of a Llama-family shape with random quantised weights, for decode benchmarks
-of quantised models (`llmk bench -m OUT --device cuda --quantized-weights`), with numpy only
-(the GPU machine has no network to fetch real models).
+of quantised models (`llmk bench -m OUT --device cuda`, which keeps them quantised on the GPU),
+with numpy only (the GPU machine has no network to fetch real models).
 
 Every block is random bytes except its f16 scale fields, set to finite values of random sign
 (so no weight is inf or NaN, and none is zero as a whole); the norms are f32 ones. No tokenizer:

@@ -122,7 +122,7 @@ Command add_bench(CLI::App& cmd) {
   struct Args {
     std::string model, device, json, kv_dtype, kv_memory, dtype;
     int prompt_tokens = 512, gen_tokens = 128, batch = 1, reps = 3, threads = 0, concurrency = 0;
-    bool no_graph = false, batch_invariant = false, quantized = false;
+    bool no_graph = false, batch_invariant = false, quantized = true;
     bool no_lookahead = false;
     uint64_t seed = 1;
   };

@@ -19,7 +19,7 @@ namespace llmk::cli {
 Command add_chat(CLI::App& cmd) {
   struct Args {
     std::string model, system, device, dtype;
-    bool quantized = false;
+    bool quantized = true;
     int n_predict = 512;
     int64_t ctx = 0;
     int threads = 0;

@@ -42,7 +42,7 @@ struct BatchArgs {
   std::string kv_dtype = "auto";  // LoadOptions::kv_type (parse_kv_type)
   std::string dtype = "auto";     // LoadOptions::dtype (parse_dtype)
   bool batch_invariant = false;   // LoadOptions::batch_invariant
-  bool quantized = false;         // LoadOptions::quantized_weights
+  bool quantized = true;          // LoadOptions::quantized_weights
   int n = 1;
   bool chat = false;   // each prompt as the user's message in the model's chat template
   std::string system;  // with chat: the system message
@@ -82,7 +82,7 @@ void prepare(const std::string& model_path, int threads);
 void add_device_option(CLI::App& cmd, std::string& device);
 // Adds --dtype auto|bf16|f16|f32 (LoadOptions::dtype through parse_dtype).
 void add_dtype_option(CLI::App& cmd, std::string& dtype);
-// Adds --quantized-weights (LoadOptions::quantized_weights).
+// Adds --quantized-weights / --dequantize (LoadOptions::quantized_weights, on by default).
 void add_quantized_weights_flag(CLI::App& cmd, bool& on);
 // Adds --batch-invariant (LoadOptions::batch_invariant).
 void add_batch_invariant_flag(CLI::App& cmd, bool& on);

@@ -18,7 +18,7 @@ Command add_logits(CLI::App& cmd) {
   struct Args {
     std::string model, device, ids_file, out, dtype;
     int prefill = 0, threads = 0;
-    bool quantized = false;
+    bool quantized = true;
   };
   auto a = std::make_shared<Args>();
   add_model_option(cmd, a->model);

@@ -72,7 +72,7 @@ std::string error_body(const ApiError& e) {
 struct ServeArgs {
   std::string model, device, host = "127.0.0.1", api_key, kv_memory, kv_dtype, dtype;
   bool batch_invariant = false;
-  bool quantized = false;
+  bool quantized = true;  // LoadOptions::quantized_weights
   int port = 8080;
   int64_t ctx = 0, max_running = 64, max_queue = 256, step_tokens = 512, max_n = 16;
   int64_t max_body = 8 << 20, threads = 64;

@@ -156,7 +156,8 @@ TEST(QuantizedModelGpu, KeptQuantisedWeightsMatchTheCpuAsBf16WeightsDo) {
   auto quant =
       Model::load(path, {.context = 64, .device = Device::CUDA, .quantized_weights = true});
   const size_t quant_bytes = cuda::allocator().stats().bytes_in_use - before;
-  auto bf16 = Model::load(path, {.context = 64, .device = Device::CUDA});
+  auto bf16 =
+      Model::load(path, {.context = 64, .device = Device::CUDA, .quantized_weights = false});
   const size_t bf16_bytes = cuda::allocator().stats().bytes_in_use - before - quant_bytes;
   std::printf("device bytes after load: quantised weights %zu, bf16 weights %zu\n", quant_bytes,
               bf16_bytes);

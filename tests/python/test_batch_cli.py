@@ -215,6 +215,20 @@ def test_batch_invariant_flag(tmp_path):
     assert r.returncode == 1 and "--batch-invariant needs --concurrency" in r.stderr
 
 
+def test_quantized_weights_flags():
+    # --quantized-weights (the default) and --dequantize choose how CUDA holds a GGUF's quantised
+    # matrices; every command that loads a model takes them, and the CPU (which reads the
+    # quantised blocks either way) gives the same tokens with each.
+    model = fixture("llama3")
+    args = ("-p", "Hello world", "--temp", 0, "-n", 6, "--ignore-eos", "--device", "cpu", "-t", 1)
+    base = run("run", "-m", model, *args).stdout
+    assert run("run", "-m", model, *args, "--dequantize").stdout == base
+    assert run("run", "-m", model, *args, "--quantized-weights").stdout == base
+    for command in ("run", "chat", "bench", "logits", "serve"):
+        h = run(command, "--help").stdout
+        assert "--quantized-weights" in h and "--dequantize" in h, command
+
+
 def test_bench_concurrency(tmp_path):
     model = fixture("gemma3")
     out = tmp_path / "b.json"

@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "formats/hf_config.h"
+#include "formats/hf_quant.h"
 #include "formats/safetensors.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -241,7 +242,7 @@ Source read_hf_folder(const std::string& path) {
   const ModelConfig c = ModelConfig::from_hf(hf);
   check_gguf_can_hold(c, hf.path());
   const safetensors::Folder folder = safetensors::Folder::open(path);
-  const std::unique_ptr<WeightSource> src = hf_source(folder, c.hf_layer_names);
+  const std::unique_ptr<WeightSource> src = hf_source(folder, c.hf_layer_names, read_hf_quant(hf));
   check_layer_count(*src, c.n_layers);
 
   Source s;
@@ -260,6 +261,12 @@ Source read_hf_folder(const std::string& path) {
                src->file_of(w.name), printable(origin), shape_str(t.shape()), hf.path(),
                shape_str(w.shape));
     used.insert(origin);
+    constexpr std::string_view kPacked = ".qweight";  // AWQ / GPTQ: read with its companions
+    if (origin.size() > kPacked.size() &&
+        origin.compare(origin.size() - kPacked.size(), kPacked.size(), kPacked) == 0) {
+      const std::string base = origin.substr(0, origin.size() - kPacked.size());
+      for (const char* part : {".qzeros", ".scales", ".g_idx"}) used.insert(base + part);
+    }
     s.tensors.push_back({w.name, origin, std::move(t), w.edit, w.heads});
   }
   // Llama 3 scaling: GGUF files carry the divisors as a tensor (the loader reads it first).

@@ -8,6 +8,7 @@
 #include "core/cuda/device.h"
 #endif
 #include "formats/hf_config.h"
+#include "formats/hf_quant.h"
 #include "formats/safetensors.h"
 #include "model/decoder.h"
 #include "ops/ops.h"
@@ -205,7 +206,7 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& op
     const HfConfig hf = HfConfig::open(path);
     config = ModelConfig::from_hf(hf);
     folder = safetensors::Folder::open(path);
-    src = hf_source(*folder, config.hf_layer_names);
+    src = hf_source(*folder, config.hf_layer_names, read_hf_quant(hf));
   } else {
     file = gguf::File::open(path);
     config = ModelConfig::from_gguf(*file);

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <string_view>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/text.h"
@@ -108,18 +109,44 @@ std::string to_hf_name(const std::string& n, const NameMap& family) {
   return n;
 }
 
+// A folder's tensors under transformers' names. In a quantised checkpoint (HfQuant) a linear
+// layer's "<layer>.weight" is absent and "<layer>.qweight" with its scales and zero points stands
+// for it: find() gives that layer dequantised to f16 (dequantize_packed), kept after the first
+// call, since the loader asks for a tensor more than once.
 class HfSource final : public WeightSource {
  public:
-  HfSource(const safetensors::Folder& f, NameMap names) : f_(f), names_(std::move(names)) {}
+  HfSource(const safetensors::Folder& f, NameMap names, HfQuant quant)
+      : f_(f), names_(std::move(names)), quant_(quant) {}
   const std::string& path() const override { return f_.path(); }
-  std::string file_name(const std::string& n) const override { return to_hf_name(n, names_); }
+  std::string file_name(const std::string& n) const override {
+    const std::string h = to_hf_name(n, names_);
+    const std::string packed = packed_base(h);
+    return packed.empty() ? h : packed + ".qweight";
+  }
   Tensor find(const std::string& n) const override {
     const std::string h = to_hf_name(n, names_);
-    return f_.find(h) ? f_.tensor(h) : Tensor();
+    if (f_.find(h)) return f_.tensor(h);
+    const std::string packed = packed_base(h);
+    if (packed.empty()) return Tensor();
+    auto it = dequantized_.find(h);
+    if (it == dequantized_.end()) {
+      const auto part = [&](const char* suffix) {
+        const std::string name = packed + suffix;
+        return f_.find(name) ? f_.tensor(name) : Tensor();
+      };
+      const PackedLinear p{part(".qweight"), part(".qzeros"), part(".scales"), part(".g_idx")};
+      it = dequantized_
+               .emplace(h, dequantize_packed(
+                               quant_, p, f_.shard_of(packed + ".qweight").path() + ": " + packed))
+               .first;
+    }
+    return it->second;
   }
   std::string file_of(const std::string& n) const override {
     const std::string h = to_hf_name(n, names_);
-    return f_.find(h) ? f_.shard_of(h).path() : f_.path();
+    if (f_.find(h)) return f_.shard_of(h).path();
+    const std::string packed = packed_base(h);
+    return packed.empty() ? f_.path() : f_.shard_of(packed + ".qweight").path();
   }
   std::string config_name() const override { return f_.path() + "/config.json"; }
   std::string last_layer_tensor(int64_t& layers) const override {
@@ -129,8 +156,21 @@ class HfSource final : public WeightSource {
   }
 
  private:
+  // "<layer>" when `h` is "<layer>.weight", absent, and packed as "<layer>.qweight"; else "".
+  std::string packed_base(const std::string& h) const {
+    constexpr std::string_view kWeight = ".weight";
+    if (quant_.method == HfQuant::Method::None || h.size() <= kWeight.size() ||
+        h.compare(h.size() - kWeight.size(), kWeight.size(), kWeight) != 0 || f_.find(h)) {
+      return "";
+    }
+    std::string base = h.substr(0, h.size() - kWeight.size());
+    return f_.find(base + ".qweight") ? base : "";
+  }
+
   safetensors::Folder f_;
   NameMap names_;
+  HfQuant quant_;
+  mutable std::unordered_map<std::string, Tensor> dequantized_;
 };
 
 // " (<folder>/config.json)" for messages about sizes, or "" (GGUF: the same file).
@@ -153,8 +193,9 @@ void check_weight_dtype(const WeightSource& src, const std::string& name, const 
 std::unique_ptr<WeightSource> gguf_source(const gguf::File& f) {
   return std::make_unique<GgufSource>(f);
 }
-std::unique_ptr<WeightSource> hf_source(const safetensors::Folder& f, NameMap layer_names) {
-  return std::make_unique<HfSource>(f, std::move(layer_names));
+std::unique_ptr<WeightSource> hf_source(const safetensors::Folder& f, NameMap layer_names,
+                                        HfQuant quant) {
+  return std::make_unique<HfSource>(f, std::move(layer_names), quant);
 }
 
 void check_layer_count(const WeightSource& src, int64_t n_layers) {

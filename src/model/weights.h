@@ -18,6 +18,7 @@
 
 #include "core/tensor.h"
 #include "formats/gguf.h"
+#include "formats/hf_quant.h"
 #include "formats/safetensors.h"
 
 namespace llmk {
@@ -48,10 +49,12 @@ class WeightSource {
 void check_layer_count(const WeightSource& src, int64_t n_layers);
 
 std::unique_ptr<WeightSource> gguf_source(const gguf::File& f);
-// `layer_names`: the family's renamings within a layer (ModelConfig::hf_layer_names).
+// `layer_names`: the family's renamings within a layer (ModelConfig::hf_layer_names); `quant`:
+// the folder's quantization_config (read_hf_quant), under which a linear layer packed as
+// "<layer>.qweight" (AWQ, GPTQ) reads as its f16 "<layer>.weight".
 std::unique_ptr<WeightSource> hf_source(
-    const safetensors::Folder& f,
-    std::vector<std::pair<std::string, std::string>> layer_names = {});
+    const safetensors::Folder& f, std::vector<std::pair<std::string, std::string>> layer_names = {},
+    HfQuant quant = {});
 
 struct LoadProgress {
   int64_t done = 0, total = 0;  // tensors

@@ -1,0 +1,50 @@
+// Hugging Face checkpoints of 4-bit weight-only quantisation: config.json's quantization_config
+// and each linear layer's packed tensors, dequantised into an f16 [out, in] matrix the way the
+// formats' own reference code computes it, w = scale * (q - zero) in f32, rounded once to f16.
+//
+// AWQ ("quant_method": "awq", "version": "gemm", AutoAWQ's packing): qweight int32 [in, out / 8],
+// each word eight output columns with column j of the eight in nibble {0, 4, 1, 5, 2, 6, 3, 7}[j];
+// qzeros int32 [in / group, out / 8] packed the same; scales f16 [in / group, out].
+// GPTQ ("quant_method": "gptq"): qweight int32 [in / 8, out], word k / 8 holding input row k in
+// nibble k % 8; qzeros int32 [groups, out / 8], column n in nibble n % 8; scales f16 [groups,
+// out]; g_idx int32 [in] (the group of each input row; absent: row / group). "checkpoint_format"
+// "gptq" (v1, the default) stores each zero point less one, "gptq_v2" as it is.
+//
+// Only 4 bits; other widths, methods and AWQ versions are refused with the key that says so.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+#include "formats/hf_config.h"
+
+namespace llmk {
+
+struct HfQuant {
+  enum class Method { None, Awq, Gptq };
+  Method method = Method::None;
+  int64_t group_size = 0;      // input rows a group; -1 (GPTQ): one group over every row
+  bool zero_less_one = false;  // GPTQ v1: stored zero points are the zero point less one
+
+  // "AWQ 4-bit, group 128" / "GPTQ 4-bit, group 128", for messages.
+  std::string describe() const;
+};
+
+// The folder's quantization_config (Method::None when config.json has none). Throws naming the
+// key for what it cannot read: another quant_method, bits other than 4, an AWQ version other
+// than gemm, AWQ without zero points, a group size of 0 or below -1.
+HfQuant read_hf_quant(const HfConfig& config);
+
+// One linear layer's packed tensors (CPU views); g_idx may be undefined.
+struct PackedLinear {
+  Tensor qweight, qzeros, scales, g_idx;
+};
+
+// The f16 [out, in] weights of `p`. `what` names the layer in errors ("<folder>: model.layers.0.
+// self_attn.q_proj"), which come for a dtype other than int32 (packed tensors) or f16 / bf16 /
+// f32 (scales), shapes that disagree with each other or with the group size, and g_idx entries
+// outside the groups.
+Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::string& what);
+
+}  // namespace llmk

@@ -1,0 +1,145 @@
+// Hugging Face AWQ and GPTQ checkpoints (formats/hf_quant.h) on the CPU against their f16 twins:
+// tests/fixtures/hf_quant, written by make_hf_quant.py there from the llama3 family fixture
+// (4-bit, groups of 64; the GPTQ one in act order, with a shuffled g_idx and v1's zero points
+// less one). The twin holds each quantised layer as the f16 weights scale * (q - zero), computed
+// in float32 by the script and rounded once, which is what llmk's loader must compute too: the
+// logits are compared bit for bit. Then what the loader refuses, one clear line each.
+#include "formats/hf_quant.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "formats/hf_config.h"
+#include "model/family_fixtures.h"
+#include "model/model.h"
+#include "test_paths.h"
+
+namespace llmk {
+namespace {
+
+std::string fixture(const std::string& name) {
+  return test::source_path("tests/fixtures/hf_quant/" + name);
+}
+
+std::unique_ptr<Model> load(const std::string& path) {
+  return Model::load(path, {.context = 64, .device = Device::CPU});
+}
+
+// All-position logits of a prefill of 12 tokens, then 3 single-token steps, concatenated.
+std::vector<float> logits(Model& m) {
+  std::mt19937 rng(3);
+  std::vector<int32_t> ids(15);
+  for (int32_t& t : ids) t = static_cast<int32_t>(rng() % 512);
+  std::vector<float> all;
+  const auto add = [&](const Tensor& t) {
+    all.insert(all.end(), t.data<const float>(), t.data<const float>() + t.numel());
+  };
+  add(m.forward(std::span<const int32_t>(ids).first(12), 0, true));
+  for (size_t p = 12; p < ids.size(); ++p) {
+    add(m.forward(std::span<const int32_t>(ids).subspan(p, 1), static_cast<int64_t>(p), true));
+  }
+  return all;
+}
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
+                      const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_GT(got.size(), 0u);
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << got.size() << " logits differ";
+}
+
+TEST(HfQuant, AwqCheckpointRunsAsItsF16Twin) {
+  const HfQuant q = read_hf_quant(HfConfig::open(fixture("awq")));
+  EXPECT_EQ(q.method, HfQuant::Method::Awq);
+  EXPECT_EQ(q.group_size, 64);
+  EXPECT_EQ(q.describe(), "AWQ 4-bit, group 64");
+  auto awq = load(fixture("awq"));
+  auto twin = load(fixture("awq_twin"));
+  expect_same_bits(logits(*awq), logits(*twin), "awq");
+}
+
+TEST(HfQuant, GptqActOrderCheckpointRunsAsItsF16Twin) {
+  const HfQuant q = read_hf_quant(HfConfig::open(fixture("gptq")));
+  EXPECT_EQ(q.method, HfQuant::Method::Gptq);
+  EXPECT_TRUE(q.zero_less_one);
+  auto gptq = load(fixture("gptq"));
+  auto twin = load(fixture("gptq_twin"));
+  expect_same_bits(logits(*gptq), logits(*twin), "gptq");
+  // The two quantisations differ (other groups), so the comparison can tell them apart.
+  auto awq_twin = load(fixture("awq_twin"));
+  const std::vector<float> a = logits(*awq_twin), g = logits(*twin);
+  EXPECT_NE(std::memcmp(a.data(), g.data(), a.size() * 4), 0);
+}
+
+// A copy of a fixture folder with config.json's quantization_config edited.
+std::string edited(const test::ScratchDir& dir, const std::string& name,
+                   const std::function<void(nlohmann::json&)>& edit) {
+  namespace fs = std::filesystem;
+  const fs::path dst = fs::path(dir.path()) / name;
+  fs::create_directories(dst);
+  for (const char* f : {"model.safetensors", "config.json"}) {
+    fs::copy_file(fs::path(fixture(name)) / f, dst / f, fs::copy_options::overwrite_existing);
+  }
+  std::ifstream in(dst / "config.json");
+  nlohmann::json c;
+  in >> c;
+  in.close();
+  edit(c["quantization_config"]);
+  std::ofstream(dst / "config.json") << c.dump(2);
+  return dst.string();
+}
+
+void expect_refused(const std::string& path, const std::string& part) {
+  try {
+    load(path);
+    ADD_FAILURE() << path << ": loaded, expected an error containing: " << part;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(part), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << "one line: " << m;
+  }
+}
+
+TEST(HfQuant, RefusesWhatItCannotRead) {
+  test::ScratchDir dir;
+  expect_refused(edited(dir, "awq", [](nlohmann::json& q) { q["bits"] = 8; }),
+                 "quantization_config: 8-bit weights are not supported (4-bit only)");
+  expect_refused(edited(dir, "gptq", [](nlohmann::json& q) { q["quant_method"] = "bitsandbytes"; }),
+                 "quantization_config.quant_method 'bitsandbytes' is not supported");
+  expect_refused(edited(dir, "awq", [](nlohmann::json& q) { q["version"] = "gemv"; }),
+                 "quantization_config.version 'gemv' is not supported");
+  expect_refused(edited(dir, "awq", [](nlohmann::json& q) { q["zero_point"] = false; }),
+                 "quantization_config.zero_point false is not supported");
+  expect_refused(edited(dir, "gptq", [](nlohmann::json& q) { q["checkpoint_format"] = "marlin"; }),
+                 "checkpoint_format 'marlin' is not supported");
+  expect_refused(edited(dir, "awq", [](nlohmann::json& q) { q["group_size"] = 0; }),
+                 "quantization_config.group_size 0 is not a group size");
+  expect_refused(edited(dir, "awq", [](nlohmann::json& q) { q["group_size"] = -1; }),
+                 "quantization_config.group_size -1 is not a group size");
+  // Groups of 32 where the tensors hold groups of 64: the scales' shape says so.
+  expect_refused(
+      edited(dir, "awq", [](nlohmann::json& q) { q["group_size"] = 32; }),
+      "self_attn.q_proj.scales: shape [2, 128], expected [4, 128] (AWQ 4-bit, group 32)");
+  // 48 does not divide the 128 input rows.
+  expect_refused(edited(dir, "gptq", [](nlohmann::json& q) { q["group_size"] = 48; }),
+                 "128 input rows are not whole groups of 48");
+  // The GPTQ fixture's g_idx is read (act order): groups of 128 make its group 1 entries
+  // outside the one group there is.
+  expect_refused(edited(dir, "gptq", [](nlohmann::json& q) { q["group_size"] = 128; }),
+                 "self_attn.q_proj.scales: shape [2, 128], expected [1, 128]");
+}
+
+}  // namespace
+}  // namespace llmk

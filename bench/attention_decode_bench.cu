@@ -175,19 +175,11 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
   for (int i = 0; i < sets; ++i) call(i);  // warm-up (and the split workspace, before capture)
   LLMK_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
 
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  const cudaStream_t st = cuda::current_stream();
-  LLMK_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < batch; ++i) call(i);
-  LLMK_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-  LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  LLMK_CUDA_CHECK(cudaGraphLaunch(exec, st));
-  std::vector<float> ms;
-  for (int i = 0; i < samples; ++i) {
-    ms.push_back(ev.time([&] { LLMK_CUDA_CHECK(cudaGraphLaunch(exec, st)); }));
-  }
-  const double us = median(ms) * 1e3 / batch;
+  const double us = graph_ms(ev, samples,
+                             [&] {
+                               for (int i = 0; i < batch; ++i) call(i);
+                             }) *
+                    1e3 / batch;
   // Host time to enqueue one call outside a graph (argument checks, plan, tensor maps, launch):
   // the median of 20 rounds of `batch` calls, each round drained before the next.
   std::vector<double> host;
@@ -210,9 +202,6 @@ void run(const Shape& s, int samples, double copy_gbs, Events& ev) {
       kv_names[s.kv_format], s.kind, B, Hq, Hkv, static_cast<long long>(L), D, s.page_size, split,
       loader, us, host_us, bytes / (us * 1e-6) / 1e9, copy_gbs, bytes / (copy_gbs * 1e9) * 1e6);
   std::fflush(stdout);
-
-  LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
   for (int i = 0; i < sets; ++i) {
     LLMK_CUDA_CHECK(cudaFree(ks[i]));
     LLMK_CUDA_CHECK(cudaFree(vs[i]));

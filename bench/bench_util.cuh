@@ -18,16 +18,21 @@
 
 namespace llmk::bench {
 
+// The hash every fill uses: 64 pseudo-random bits of (seed, index) (splitmix64's finaliser).
+__device__ __forceinline__ uint64_t hash_index(uint64_t seed, int64_t i) {
+  uint64_t z = seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // Deterministic pseudo-random bf16: a hash of the index, so filling a GiB costs one kernel and
 // no host memory. Uniform in [-scale, scale), or (nonzero) of magnitude in [0.1, 1) * scale with a
 // random sign.
 __global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float scale, bool nonzero) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
+    const uint64_t z = hash_index(seed, i);
     const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
     if (nonzero) {
       const float mag = (0.1f + 0.9f * u) * scale;
@@ -42,6 +47,19 @@ inline void fill(void* p, int64_t n, uint64_t seed, float scale, bool nonzero = 
   fill_bf16<<<1024, 256, 0, cuda::current_stream()>>>(static_cast<__nv_bfloat16*>(p), n, seed,
                                                       scale, nonzero);
   cuda::check_launch("fill_bf16");
+}
+
+// n random bytes (the same hash).
+__global__ void fill_bytes_kernel(uint8_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<uint8_t>(hash_index(seed, i));
+  }
+}
+
+inline void fill_bytes(void* p, int64_t n, uint64_t seed) {
+  fill_bytes_kernel<<<1024, 256, 0, cuda::current_stream()>>>(static_cast<uint8_t*>(p), n, seed);
+  cuda::check_launch("fill_bytes");
 }
 
 // A device copy of h (cudaMalloc'd; the caller frees it).
@@ -121,6 +139,29 @@ double time_us(Events& ev, int samples, int sets, Call&& call) {
     }));
   }
   return median(ms) * 1e3 / batch;
+}
+
+// Median milliseconds of `samples` replays of a CUDA graph that captured `work()` once (after
+// one uncaptured warm-up call and one warm-up replay, which uploads the graph).
+template <class Work>
+float graph_ms(Events& ev, int samples, Work&& work) {
+  const cudaStream_t s = cuda::current_stream();
+  work();  // warm-up: plans, workspaces, module loads
+  LLMK_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph = nullptr;
+  LLMK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  work();
+  LLMK_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  LLMK_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  std::vector<float> ms;
+  for (int i = 0; i < samples; ++i) {
+    ms.push_back(ev.time([&] { LLMK_CUDA_CHECK(cudaGraphLaunch(exec, s)); }));
+  }
+  LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
+  return median(ms);
 }
 
 // Device-to-device copy rate of 1 GiB (bytes read + written per second), median of `samples`

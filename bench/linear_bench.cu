@@ -123,22 +123,9 @@ Result run(const Layer& layer, int64_t M, DType out_dtype, int samples, Events& 
   calls();  // warm-up: plan, workspace, module loads
   LLMK_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
 
-  std::vector<float> stream_ms, graph_ms;
+  std::vector<float> stream_ms;
   for (int i = 0; i < samples; ++i) stream_ms.push_back(ev.time(calls));
-
-  const cudaStream_t s = cuda::current_stream();
-  cudaGraph_t graph = nullptr;
-  LLMK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  calls();
-  LLMK_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec = nullptr;
-  LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  LLMK_CUDA_CHECK(cudaGraphLaunch(exec, s));  // warm-up (uploads the graph)
-  for (int i = 0; i < samples; ++i) {
-    graph_ms.push_back(ev.time([&] { LLMK_CUDA_CHECK(cudaGraphLaunch(exec, s)); }));
-  }
-  LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
+  const float graph_median_ms = graph_ms(ev, samples, calls);
   const uint64_t gemv_before = cuda::linear_stats().gemv;
   calls();
   LLMK_CUDA_CHECK(cudaStreamSynchronize(cuda::current_stream()));
@@ -154,7 +141,7 @@ Result run(const Layer& layer, int64_t M, DType out_dtype, int samples, Events& 
   LLMK_CUDA_CHECK(cudaFree(x));
   LLMK_CUDA_CHECK(cudaFree(out));
   Result r{layer, M, out_dtype, kernel, buffers, batch, 0, 0, 0, 0};
-  r.us_graph = median(graph_ms) * 1e3 / batch;
+  r.us_graph = graph_median_ms * 1e3 / batch;
   r.us_stream = median(stream_ms) * 1e3 / batch;
   r.weight_gbs = static_cast<double>(wbytes) / (r.us_graph * 1e-6) / 1e9;
   r.tflops = 2.0 * static_cast<double>(M * N * K) / (r.us_graph * 1e-6) / 1e12;

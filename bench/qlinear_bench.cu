@@ -32,17 +32,6 @@
 namespace llmk::bench {
 namespace {
 
-// Random bytes (a hash of the index).
-__global__ void fill_bytes(uint8_t* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    p[i] = static_cast<uint8_t>(z ^ (z >> 31));
-  }
-}
-
 // Every block's f16 fields (meta offsets f0, f1; -1: none) set to +-(0.5..1.5) * size.
 __global__ void set_halves(uint8_t* meta, int64_t blocks, int meta_bytes, int f0, int f1,
                            float size) {
@@ -79,23 +68,11 @@ struct Layer {
 // us per call of fn(i) (i over the buffers) replayed from a graph of `batch` calls.
 template <class Fn>
 double graph_us(Events& ev, int samples, int batch, Fn&& fn) {
-  const cudaStream_t s = cuda::current_stream();
-  for (int i = 0; i < batch; ++i) fn(i);  // warm-up: plans, workspaces, module loads
-  LLMK_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t graph = nullptr;
-  LLMK_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < batch; ++i) fn(i);
-  LLMK_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec = nullptr;
-  LLMK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  LLMK_CUDA_CHECK(cudaGraphLaunch(exec, s));
-  std::vector<float> ms;
-  for (int i = 0; i < samples; ++i) {
-    ms.push_back(ev.time([&] { LLMK_CUDA_CHECK(cudaGraphLaunch(exec, s)); }));
-  }
-  LLMK_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  LLMK_CUDA_CHECK(cudaGraphDestroy(graph));
-  return median(ms) * 1e3 / batch;
+  return graph_ms(ev, samples,
+                  [&] {
+                    for (int i = 0; i < batch; ++i) fn(i);
+                  }) *
+         1e3 / batch;
 }
 
 int main_impl(int argc, char** argv) {
@@ -182,8 +159,7 @@ int main_impl(int argc, char** argv) {
         const int bufs = static_cast<int>(std::max<size_t>(1, (4 * l2 + qbytes - 1) / qbytes));
         uint8_t* wq = nullptr;
         LLMK_CUDA_CHECK(cudaMalloc(&wq, stride * bufs));
-        fill_bytes<<<1024, 256, 0, cuda::current_stream()>>>(
-            wq, static_cast<int64_t>(stride * bufs), 5);
+        fill_bytes(wq, static_cast<int64_t>(stride * bufs), 5);
         for (int b = 0; b < bufs; ++b) {
           set_halves<<<1024, 256, 0, cuda::current_stream()>>>(
               wq + stride * b + blocks * lay.q_bytes, blocks, lay.meta_bytes(), tc.f0, tc.f1,
@@ -231,8 +207,7 @@ int main_impl(int argc, char** argv) {
     void* band = nullptr;
     LLMK_CUDA_CHECK(cudaMalloc(&wq, stride * bufs));
     LLMK_CUDA_CHECK(cudaMalloc(&band, static_cast<size_t>(N * K) * 2));
-    fill_bytes<<<1024, 256, 0, cuda::current_stream()>>>(wq, static_cast<int64_t>(stride * bufs),
-                                                         9);
+    fill_bytes(wq, static_cast<int64_t>(stride * bufs), 9);
     for (int b = 0; b < bufs; ++b) {
       set_halves<<<1024, 256, 0, cuda::current_stream()>>>(
           wq + stride * b + blocks * lay.q_bytes, blocks, lay.meta_bytes(), tc.f0, tc.f1, tc.size);

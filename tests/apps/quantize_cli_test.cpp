@@ -30,6 +30,7 @@
 #include "kernels/cpu/dequant.h"
 #include "model/family_fixtures.h"
 #include "model/model.h"
+#include "random_llama_gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace llmk {
@@ -231,52 +232,8 @@ TEST_F(QuantizeCli, QuantisedFilesStayCloseAndGenerate) {
 // A random Llama model whose rows are whole 256-blocks (the fixtures' 128-wide rows make every
 // k-quant fall back), written with the library's GGUF writer: f32, no tokenizer.
 std::string write_wide_model(const std::string& path, int64_t layers) {
-  const int64_t d = 256, ff = 512, vocab = 256, heads = 4, kv_heads = 2, hd = 64;
-  gguf::Writer w;
-  using gguf::Value;
-  using gguf::ValueType;
-  const auto u32 = [](int64_t v) { return Value(ValueType::U32, v); };
-  w.set("general.architecture", Value(ValueType::STRING, std::string("llama")));
-  w.set("llama.block_count", u32(layers));
-  w.set("llama.embedding_length", u32(d));
-  w.set("llama.feed_forward_length", u32(ff));
-  w.set("llama.attention.head_count", u32(heads));
-  w.set("llama.attention.head_count_kv", u32(kv_heads));
-  w.set("llama.context_length", u32(128));
-  w.set("llama.vocab_size", u32(vocab));
-  w.set("llama.attention.layer_norm_rms_epsilon", Value(ValueType::F32, 1e-5));
-  std::vector<std::pair<std::string, Shape>> tensors = {{"token_embd.weight", {vocab, d}},
-                                                        {"output_norm.weight", {d}},
-                                                        {"output.weight", {vocab, d}}};
-  for (int64_t i = 0; i < layers; ++i) {
-    const std::string b = "blk." + std::to_string(i) + ".";
-    for (const auto& [n, s] :
-         std::vector<std::pair<std::string, Shape>>{{"attn_norm.weight", {d}},
-                                                    {"attn_q.weight", {heads * hd, d}},
-                                                    {"attn_k.weight", {kv_heads * hd, d}},
-                                                    {"attn_v.weight", {kv_heads * hd, d}},
-                                                    {"attn_output.weight", {d, heads * hd}},
-                                                    {"ffn_norm.weight", {d}},
-                                                    {"ffn_gate.weight", {ff, d}},
-                                                    {"ffn_up.weight", {ff, d}},
-                                                    {"ffn_down.weight", {d, ff}}}) {
-      tensors.emplace_back(b + n, s);
-    }
-  }
-  for (const auto& [n, s] : tensors) w.add_tensor(n, s, DType::F32);
-  w.open(path);
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const auto& [n, s] : tensors) {
-    std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-    const bool norm = s.size() == 1;
-    // Weights scaled so that activations keep their size through the layers.
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.back()));
-    for (float& x : v) x = norm ? 1.0f + 0.1f * normal(rng) : scale * normal(rng);
-    w.write(v.data(), v.size() * sizeof(float));
-  }
-  w.finish();
-  return path;
+  return test::write_random_llama(path, {.layers = layers},
+                                  [](const std::string&) { return DType::F32; });
 }
 
 TEST_F(QuantizeCli, Q4KMFollowsLlamaCppOnWholeBlockRows) {

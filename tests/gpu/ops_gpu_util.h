@@ -114,6 +114,17 @@ class DiffAccumulator {
   int64_t n_ = 0;
 };
 
+// ||a - ref|| / ||ref|| over n values (a row of logits); a non-finite a makes it non-finite.
+inline double rel_l2(const float* a, const float* ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(a[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
 // out, ref: host tensors of one shape (f32, f16 or bf16; any strides).
 inline Diff compare(const Tensor& out_any, const Tensor& ref_any) {
   const Tensor out = to_f32(out_any), ref = to_f32(ref_any);

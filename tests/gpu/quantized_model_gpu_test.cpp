@@ -32,84 +32,47 @@
 #include "kernels/cuda/gemm/linear.h"
 #include "model/model.h"
 #include "ops/ops.h"
+#include "ops_gpu_util.h"
+#include "random_llama_gguf.h"
 
 namespace llmk {
 namespace {
 
 constexpr int64_t kD = 256, kFF = 768, kVocab = 512, kHeads = 4, kKvHeads = 2, kHd = 64;
 
-std::string write_model(const std::string& path) {
-  gguf::Writer w;
-  using gguf::Value;
-  using gguf::ValueType;
-  const auto u32 = [](int64_t v) { return Value(ValueType::U32, v); };
-  w.set("general.architecture", Value(ValueType::STRING, std::string("llama")));
-  w.set("llama.block_count", u32(3));
-  w.set("llama.embedding_length", u32(kD));
-  w.set("llama.feed_forward_length", u32(kFF));
-  w.set("llama.attention.head_count", u32(kHeads));
-  w.set("llama.attention.head_count_kv", u32(kKvHeads));
-  w.set("llama.context_length", u32(128));
-  w.set("llama.vocab_size", u32(kVocab));
-  w.set("llama.attention.layer_norm_rms_epsilon", Value(ValueType::F32, 1e-5));
-  struct T {
-    std::string name;
-    Shape shape;
-    DType dtype;
-  };
-  std::vector<T> ts = {{"token_embd.weight", {kVocab, kD}, DType::Q8_0},
-                       {"output_norm.weight", {kD}, DType::F32},
-                       {"output.weight", {kVocab, kD}, DType::Q6_K}};
+// Each projection's type by layer (blocks of 32 and of 256; stacked and separate).
+DType type_of(const std::string& name) {
   const DType q[3] = {DType::Q4_K, DType::Q5_0, DType::Q5_K};
   const DType k[3] = {DType::Q4_K, DType::Q5_0, DType::Q8_0};
   const DType v[3] = {DType::Q6_K, DType::Q5_0, DType::Q5_K};
   const DType o[3] = {DType::Q8_0, DType::Q4_K, DType::Q6_K};
   const DType gu[3] = {DType::Q4_0, DType::Q4_1, DType::Q8_0};
   const DType down[3] = {DType::Q4_1, DType::Q4_K, DType::Q5_K};
-  for (int i = 0; i < 3; ++i) {
-    const std::string b = "blk." + std::to_string(i) + ".";
-    ts.push_back({b + "attn_norm.weight", {kD}, DType::F32});
-    ts.push_back({b + "attn_q.weight", {kHeads * kHd, kD}, q[i]});
-    ts.push_back({b + "attn_k.weight", {kKvHeads * kHd, kD}, k[i]});
-    ts.push_back({b + "attn_v.weight", {kKvHeads * kHd, kD}, v[i]});
-    ts.push_back({b + "attn_output.weight", {kD, kHeads * kHd}, o[i]});
-    ts.push_back({b + "ffn_norm.weight", {kD}, DType::F32});
-    ts.push_back({b + "ffn_gate.weight", {kFF, kD}, gu[i]});
-    ts.push_back({b + "ffn_up.weight", {kFF, kD}, gu[i]});
-    ts.push_back({b + "ffn_down.weight", {kD, kFF}, down[i]});
-  }
-  for (const T& t : ts) w.add_tensor(t.name, t.shape, t.dtype);
-  w.open(path);
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const T& t : ts) {
-    std::vector<float> x(static_cast<size_t>(shape_numel(t.shape)));
-    const bool norm = t.shape.size() == 1;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(t.shape.back()));
-    for (float& e : x) e = norm ? 1.0f + 0.1f * normal(rng) : scale * normal(rng);
-    if (t.dtype == DType::F32) {
-      w.write(x.data(), x.size() * sizeof(float));
-      continue;
-    }
-    const int64_t cols = t.shape.back(), rows = static_cast<int64_t>(x.size()) / cols;
-    std::vector<uint8_t> row(static_cast<size_t>(bytes_for(t.dtype, cols)));
-    for (int64_t r = 0; r < rows; ++r) {
-      cpu::quantize_row(t.dtype, x.data() + r * cols, row.data(), cols);
-      w.write(row.data(), row.size());
-    }
-  }
-  w.finish();
-  return path;
+  if (name == "token_embd.weight") return DType::Q8_0;
+  if (name == "output.weight") return DType::Q6_K;
+  if (name.rfind("blk.", 0) != 0) return DType::F32;
+  const int i = name[4] - '0';
+  const auto is = [&](const char* n) { return name.find(n) != std::string::npos; };
+  if (is("attn_q.")) return q[i];
+  if (is("attn_k.")) return k[i];
+  if (is("attn_v.")) return v[i];
+  if (is("attn_output.")) return o[i];
+  if (is("ffn_gate.") || is("ffn_up.")) return gu[i];
+  if (is("ffn_down.")) return down[i];
+  return DType::F32;  // the norms
 }
 
-double rel_err(const float* a, const float* ref, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(a[i]) - ref[i];
-    num += d * d;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
+std::string write_model(const std::string& path) {
+  return test::write_random_llama(path,
+                                  {.layers = 3,
+                                   .d = kD,
+                                   .ff = kFF,
+                                   .vocab = kVocab,
+                                   .heads = kHeads,
+                                   .kv_heads = kKvHeads,
+                                   .head_dim = kHd,
+                                   .seed = 11},
+                                  type_of);
 }
 
 struct Errors {
@@ -138,7 +101,7 @@ void add(Errors& e, const Tensor& got, const Tensor& ref) {
   for (int64_t p = 0; p < got.dim(0); ++p) {
     const float* g = got.data<float>() + p * kVocab;
     const float* r = ref.data<float>() + p * kVocab;
-    const double err = rel_err(g, r, kVocab);
+    const double err = gpu_test::rel_l2(g, r, kVocab);
     e.worst = std::max(e.worst, err);
     e.sum += err;
     ++e.count;

@@ -13,6 +13,7 @@
 #include "kernels/cuda/gemm/linear.h"
 #include "model/model.h"
 #include "ops/ops.h"
+#include "ops_gpu_util.h"
 #include "test_paths.h"
 
 namespace llmk {
@@ -31,16 +32,6 @@ constexpr double kTop1Slack = 0.02;
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-double rel_err(const float* a, const float* ref, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(a[i]) - ref[i];
-    num += d * d;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / den);
 }
 
 int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
@@ -88,7 +79,7 @@ void check_logits(bool quantized) {
       const float* g = gpu_logits.data<float>() + p * vocab;
       const float* r = cpu_logits.data<float>() + p * vocab;
       ASSERT_TRUE(std::isfinite(g[0]) && std::isfinite(g[vocab - 1])) << "position " << p;
-      errs.push_back(rel_err(g, r, vocab));
+      errs.push_back(gpu_test::rel_l2(g, r, vocab));
       hf_errs.push_back(hf_err[static_cast<size_t>(p)]);
       agree += argmax(g, vocab) == argmax(r, vocab);
       hf_agree += hf_top1[static_cast<size_t>(p)];
@@ -180,7 +171,7 @@ TEST(SmolLM2Gpu, BatchedStepsMatchTheCpuPath) {
       const int64_t p = pos[static_cast<size_t>(b)] + j;
       const float* g = rows[static_cast<size_t>(b)].data() + static_cast<int64_t>(j) * vocab;
       const float* r = cpu_logits.data<float>() + p * vocab;
-      errs.push_back(rel_err(g, r, vocab));
+      errs.push_back(gpu_test::rel_l2(g, r, vocab));
       hf_errs.push_back(hf_err[static_cast<size_t>(p)]);
       agree += argmax(g, vocab) == argmax(r, vocab);
       hf_agree += hf_top1[static_cast<size_t>(p)];

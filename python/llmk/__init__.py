@@ -26,13 +26,23 @@ class LLM:
     device: "cpu", "cuda" or "auto". context: KV-cache length in tokens (0: the model's, at most
     4096). threads: CPU threads (0: one per hardware thread; the setting is process-wide).
     dtype: the activations' type, "auto" (bf16 on CUDA, f32 on the CPU), "bf16", "f16" or "f32"
-    (the CPU computes in f32 only). Bad arguments and unreadable models raise llmk.Error with a one-line message.
+    (the CPU computes in f32 only). dequantize: on CUDA, convert a GGUF's quantised matrices to
+    bf16 at load instead of keeping them quantised on the GPU (the default; `llmk run
+    --dequantize`). Bad arguments and unreadable models raise llmk.Error with a one-line message.
     """
 
     def __init__(
-        self, path: str, device: str = "auto", context: int = 0, threads: int = 0, dtype: str = "auto"
+        self,
+        path: str,
+        device: str = "auto",
+        context: int = 0,
+        threads: int = 0,
+        dtype: str = "auto",
+        dequantize: bool = False,
     ):
-        self._engine = _Engine(str(path), device, int(context), int(threads), str(dtype))
+        self._engine = _Engine(
+            str(path), device, int(context), int(threads), str(dtype), bool(dequantize)
+        )
 
     @property
     def device(self) -> str:

@@ -30,16 +30,17 @@ namespace {
 class Engine {
  public:
   Engine(const std::string& path, const std::string& device, int64_t context, int threads,
-         const std::string& dtype)
+         const std::string& dtype, bool dequantize)
       : model_([&] {
           LLMK_CHECK(context >= 0, "context {} must be >= 0 (0: the model's, at most 4096)",
                      context);
           LLMK_CHECK(threads >= 0, "threads {} must be >= 0 (0: one per hardware thread)", threads);
           if (threads > 0) set_num_threads(threads);
           const Device dev = resolve_device(device);
-          return Model::load(
-              path,
-              LoadOptions{.context = context, .device = dev, .dtype = parse_dtype(dtype, dev)});
+          return Model::load(path, LoadOptions{.context = context,
+                                               .device = dev,
+                                               .dtype = parse_dtype(dtype, dev),
+                                               .quantized_weights = !dequantize});
         }()),
         tok_(load_tokenizer(*model_, path)) {}
 
@@ -130,9 +131,10 @@ NB_MODULE(_C, m) {
   m.attr("__version__") = LLMK_VERSION;
   nb::exception<llmk::Error>(m, "Error", PyExc_RuntimeError);
   nb::class_<Engine>(m, "_Engine")
-      .def(nb::init<const std::string&, const std::string&, int64_t, int, const std::string&>(),
+      .def(nb::init<const std::string&, const std::string&, int64_t, int, const std::string&,
+                    bool>(),
            nb::arg("path"), nb::arg("device"), nb::arg("context"), nb::arg("threads"),
-           nb::arg("dtype"))
+           nb::arg("dtype"), nb::arg("dequantize"))
       .def("tokenize", &Engine::tokenize, nb::arg("text"), nb::arg("add_bos"),
            nb::arg("parse_special"))
       .def("detokenize", &Engine::detokenize, nb::arg("ids"), nb::arg("skip_special"))

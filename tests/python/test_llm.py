@@ -124,6 +124,21 @@ def test_bad_input_raises_one_clear_error(family):
     assert llm.generate([], max_tokens=1) == []  # no prompts, no texts
 
 
+def test_awq_and_gptq_folders_generate_as_their_f16_twins():
+    # Hugging Face AWQ / GPTQ 4-bit checkpoints load dequantised to f16 (tests/fixtures/hf_quant,
+    # tests/model/hf_quant_test.cpp): greedy tokens equal their f16 twins'. dequantize (a CUDA
+    # setting: bf16 weights instead of quantised ones) changes nothing on the CPU.
+    folder = ROOT / "tests" / "fixtures" / "hf_quant"
+    for q in ("awq", "gptq"):
+        quant = llmk.LLM(folder / q, device="cpu")
+        twin = llmk.LLM(folder / (q + "_twin"), device="cpu", dequantize=True)
+        ids = quant.tokenize("Hello world")
+        assert ids == twin.tokenize("Hello world")
+        got = quant.generate(ids, max_tokens=12, temperature=0, stop_at_eos=False)
+        want = twin.generate(ids, max_tokens=12, temperature=0, stop_at_eos=False)
+        assert got == want, q
+
+
 def test_bad_models_and_settings_raise():
     with pytest.raises(llmk.Error, match="/nonexistent"):
         llmk.LLM("/nonexistent")

@@ -261,11 +261,10 @@ Source read_hf_folder(const std::string& path) {
                src->file_of(w.name), printable(origin), shape_str(t.shape()), hf.path(),
                shape_str(w.shape));
     used.insert(origin);
-    constexpr std::string_view kPacked = ".qweight";  // AWQ / GPTQ: read with its companions
-    if (origin.size() > kPacked.size() &&
-        origin.compare(origin.size() - kPacked.size(), kPacked.size(), kPacked) == 0) {
-      const std::string base = origin.substr(0, origin.size() - kPacked.size());
-      for (const char* part : {".qzeros", ".scales", ".g_idx"}) used.insert(base + part);
+    const std::string_view packed = kPackedParts[0];  // AWQ / GPTQ: read with its companions
+    if (origin.ends_with(packed)) {
+      const std::string base = origin.substr(0, origin.size() - packed.size());
+      for (const char* part : kPackedParts) used.insert(base + part);
     }
     s.tensors.push_back({w.name, origin, std::move(t), w.edit, w.heads});
   }

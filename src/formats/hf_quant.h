@@ -41,6 +41,10 @@ struct PackedLinear {
   Tensor qweight, qzeros, scales, g_idx;
 };
 
+// The names of a packed layer's tensors after "<layer>": qweight, qzeros, scales, g_idx (the
+// members of PackedLinear, in order).
+inline constexpr const char* kPackedParts[] = {".qweight", ".qzeros", ".scales", ".g_idx"};
+
 // The f16 [out, in] weights of `p`. `what` names the layer in errors ("<folder>: model.layers.0.
 // self_attn.q_proj"), which come for a dtype other than int32 (packed tensors) or f16 / bf16 /
 // f32 (scales), shapes that disagree with each other or with the group size, and g_idx entries

@@ -134,7 +134,8 @@ class HfSource final : public WeightSource {
         const std::string name = packed + suffix;
         return f_.find(name) ? f_.tensor(name) : Tensor();
       };
-      const PackedLinear p{part(".qweight"), part(".qzeros"), part(".scales"), part(".g_idx")};
+      const PackedLinear p{part(kPackedParts[0]), part(kPackedParts[1]), part(kPackedParts[2]),
+                           part(kPackedParts[3])};
       it = dequantized_
                .emplace(h, dequantize_packed(
                                quant_, p, f_.shard_of(packed + ".qweight").path() + ": " + packed))
@@ -159,12 +160,9 @@ class HfSource final : public WeightSource {
   // "<layer>" when `h` is "<layer>.weight", absent, and packed as "<layer>.qweight"; else "".
   std::string packed_base(const std::string& h) const {
     constexpr std::string_view kWeight = ".weight";
-    if (quant_.method == HfQuant::Method::None || h.size() <= kWeight.size() ||
-        h.compare(h.size() - kWeight.size(), kWeight.size(), kWeight) != 0 || f_.find(h)) {
-      return "";
-    }
+    if (quant_.method == HfQuant::Method::None || !h.ends_with(kWeight) || f_.find(h)) return "";
     std::string base = h.substr(0, h.size() - kWeight.size());
-    return f_.find(base + ".qweight") ? base : "";
+    return f_.find(base + kPackedParts[0]) ? base : "";
   }
 
   safetensors::Folder f_;

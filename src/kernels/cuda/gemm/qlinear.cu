@@ -44,6 +44,9 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
+// Weights a chunk (16 bytes of values): 32 of the 4-, 5- and 6-bit types, 16 of Q8_0.
+__host__ __device__ constexpr int chunk_elems(DType t) { return t == DType::Q8_0 ? 16 : 32; }
+
 __device__ __forceinline__ uint32_t bf2(__nv_bfloat162 v) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
@@ -155,7 +158,6 @@ struct LegacyQuad {
   __device__ static constexpr int high(int, int n) { return n; }
   __device__ static constexpr int group(int i, int) { return i; }
   __device__ static constexpr int xoff(int i, int hi) { return 32 * i + 16 * hi; }
-  __device__ static constexpr bool group_live(int grp, int live) { return grp < live; }
 };
 
 template <>
@@ -228,7 +230,6 @@ struct Quad<DType::Q8_0> {
   __device__ static constexpr int high(int, int) { return 0; }
   __device__ static constexpr int group(int i, int) { return i / 2; }
   __device__ static constexpr int xoff(int i, int) { return 16 * i; }
-  __device__ static constexpr bool group_live(int grp, int live) { return 2 * grp < live; }
   __device__ static float2 factor(const uint8_t* m, int, int grp) {
     return {half_bits(u16_at(m + 2 * grp)), 0.0f};
   }
@@ -260,7 +261,6 @@ struct Quad<DType::Q4_K> {
   __device__ static constexpr int xoff(int i, int hi) {
     return 64 * (i / 2) + 16 * (i % 2) + 32 * hi;
   }
-  __device__ static constexpr bool group_live(int, int) { return true; }
   // w = d sc q - dmin m = (d sc) (128 + q) - dmin m - 128 d sc; sc and m of sub-blocks j0 ..
   // j0 + 3 as four bytes each (ggml's packing of scales[12]: the low four directly, the high
   // four from their low bits in scales[8..11] and top bits in the low four's bytes 6-7).
@@ -298,7 +298,6 @@ struct Quad<DType::Q6_K> {
   __device__ static constexpr int high(int grp, int) { return grp / 4; }
   __device__ static constexpr int group(int i, int hi) { return i + 4 * hi; }
   __device__ static constexpr int xoff(int i, int hi) { return 16 * i + 64 * hi; }
-  __device__ static constexpr bool group_live(int, int) { return true; }
   // w = d sc (q - 32): A holds q - 32, exact.
   __device__ static float2 factor(const uint8_t* m, int c0, int grp) {
     const auto* sc = reinterpret_cast<const int8_t*>(m) + 8 * ((c0 % 8) / 4);
@@ -372,7 +371,6 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
   using Q = Quad<T>;
   using R = Ring<T>;
   constexpr int kV = kQVecs<T>, kG = Q::kGroups;
-  constexpr int kElems = T == DType::Q8_0 ? 16 : 32;  // weights a chunk
   extern __shared__ __align__(16) unsigned char ring_raw[];
   __shared__ float red[kQWarps - 1][kWarp][4 * kTiles];
   // Each group's s and b for rows g and g + 8, computed by lane t = grp % 4 of the rows' quad and
@@ -405,7 +403,7 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
   bool has_token[kTiles];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) {
-    xg[j] = a.x + static_cast<int64_t>(8 * j + g) * a.ldx + kElems * c0 + 4 * t;
+    xg[j] = a.x + static_cast<int64_t>(8 * j + g) * a.ldx + chunk_elems(T) * c0 + 4 * t;
     has_token[j] = 8 * j + g < a.M;
   }
   unsigned char* ring = ring_raw + static_cast<size_t>(warp) * kStages * R::kSlotBytes;
@@ -507,7 +505,8 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
     const auto groups_of = [&](auto full) {
 #pragma unroll
       for (int grp = 0; grp < kG; ++grp) {
-        if (!decltype(full)::value && !Q::group_live(grp, live)) continue;
+        // A group lies in whole chunks: live when its first is.
+        if (!decltype(full)::value && Q::chunk(grp, 0) >= live) continue;
         float C[kTiles][4] = {}, X[kTiles][4] = {};
         (void)X;  // kSums only
 #pragma unroll
@@ -599,14 +598,13 @@ __global__ void qdequant_kernel(__nv_bfloat16* dst, int64_t ld, const uint8_t* w
                                 int64_t n0, int64_t rows, int chunks, const int32_t* ids,
                                 int64_t ids_stride) {
   using Q = Quad<T>;
-  constexpr int kElems = T == DType::Q8_0 ? 16 : 32;
   constexpr int kHalves = T == DType::Q8_0 ? 1 : 2;  // low nibbles, high ones
   const int64_t n = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= rows * chunks) return;
   const int64_t r = n / chunks;
   const int c = static_cast<int>(n % chunks), c0 = c & ~3, i = c & 3;
   const int64_t src = ids != nullptr ? ids[r * ids_stride] : n0 + r;
-  __nv_bfloat16* row = dst + r * ld + kElems * c0;
+  __nv_bfloat16* row = dst + r * ld + chunk_elems(T) * c0;
   const bool inside = src >= 0 && src < N;
   uint4 q = make_uint4(0, 0, 0, 0), qh = make_uint4(0, 0, 0, 0);
   const uint8_t* m = nullptr;
@@ -647,9 +645,7 @@ __global__ void qdequant_kernel(__nv_bfloat16* dst, int64_t ld, const uint8_t* w
 
 // Chunks a row: 32 weights each (16 bytes of nibbles; Q6_K's 16 bytes of low nibbles with their
 // 8 bytes of high bits), 16 of Q8_0.
-int chunks_per_row(DType t, int64_t K) {
-  return static_cast<int>(K / (t == DType::Q8_0 ? 16 : 32));
-}
+int chunks_per_row(DType t, int64_t K) { return static_cast<int>(K / chunk_elems(t)); }
 
 QKernelArgs kernel_args(const QLinearArgs& a) {
   const qlayout::Layout l = qlayout::layout(a.wtype);

@@ -4,11 +4,13 @@ import statistics
 import torch
 
 
-def timed_interleaved(fns, samples, flush, warmup=3):
+def timed_interleaved(fns, samples, flush, warmup=3, calls=1):
     """The median time in microseconds of each of fns, called `warmup` times each first, then
     sampled interleaved (f1, f2, ..., f1, f2, ...) so that clock and power drift over the run
     weighs on all of them alike. Each sample: flush.fill_(1) (a write larger than the L2), then
-    the call alone between two events."""
+    `calls` calls back to back between two events, the time per call. With calls > 1 the host
+    enqueues the next call while the GPU runs the last, as a training loop does, so a call's
+    start-up on the host shows only in the first."""
     for fn in fns:
         for _ in range(warmup):
             fn()
@@ -18,10 +20,11 @@ def timed_interleaved(fns, samples, flush, warmup=3):
             flush.fill_(1)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fn()
+            for _ in range(calls):
+                fn()
             b.record()
             b.synchronize()
-            times[i].append(a.elapsed_time(b) * 1e3)
+            times[i].append(a.elapsed_time(b) * 1e3 / calls)
     return [statistics.median(t) for t in times]
 
 

@@ -1,7 +1,8 @@
 // Benchmark of the linear layer over block-quantised weights (cuda::qlinear, kernels/cuda/gemm/
 // qlinear.h) at Llama-3-8B's and Qwen2.5-0.5B's decode shapes, beside the bf16 linear
 // (cuda::linear: llmk's one-row kernel at M = 1, or cuBLASLt with --cublas; cuBLASLt above) on the
-// same shape in the same run. Last, the dequantisation of a band (qlinear above 16 rows).
+// same shape in the same run; above 16 rows (qgemm on sm_90) also the bands qgemm replaces there,
+// and each path's TFLOP/s. Last, the dequantisation of a band (the bands' first step).
 //
 // Weights: random bytes in the GPU layout (kernels/quant_layout.h) with every block's f16 scale
 // fields set to finite values (never zeros), rotated over enough buffers to span 4x the L2 so
@@ -26,7 +27,9 @@
 #include "core/cuda/check.h"
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
+#include "kernels/cuda/gemm/gemm_act.h"
 #include "kernels/cuda/gemm/linear.h"
+#include "kernels/cuda/gemm/qlinear.h"
 #include "kernels/quant_layout.h"
 
 namespace llmk::bench {
@@ -117,9 +120,9 @@ int main_impl(int argc, char** argv) {
       {"qwen2.5-0.5b", "lm_head", 151936, 896},
   };
   const size_t l2 = dev.l2_bytes;
-  std::printf("\n%-13s %-8s %3s %15s %-5s %9s %10s %8s %6s %10s %8s %7s\n", "model", "layer", "M",
-              "N x K", "type", "weight MB", "us", "GB/s", "%copy", "bf16 us", "bf16 GB/s",
-              "x bf16");
+  std::printf("\n%-13s %-8s %3s %15s %-5s %9s %10s %8s %6s %10s %8s %7s  %9s  %7s %7s %7s\n",
+              "model", "layer", "M", "N x K", "type", "weight MB", "us", "GB/s", "%copy", "bf16 us",
+              "bf16 GB/s", "x bf16", "bands us", "TFLOP/s", "bf16", "bands");
   for (const Layer& l : layers) {
     if (!only.empty() && only != std::string(l.model) + "/" + l.name) continue;
     for (int64_t M : ms) {
@@ -176,17 +179,37 @@ int main_impl(int argc, char** argv) {
         q.N = l.N;
         q.K = l.K;
         const int qbatch = std::max(bufs, 40);
+        // Tuning off: qgemm wherever it applies (tuned, qlinear runs the faster of the two).
+        cuda::set_linear_tuning(false);
         const double us = graph_us(ev, samples, qbatch, [&](int i) {
           q.w = wq + stride * static_cast<size_t>(i % bufs);
           cuda::qlinear(q);
         });
+        cuda::set_linear_tuning(true);
+        // Above 16 rows on sm_90 qlinear runs qgemm; beside it, the bands it replaces there.
+        double bands_us = 0.0;
+        if (M > cuda::kQGemvMaxRows) {
+          cuda::set_gemm_act(false);
+          bands_us = graph_us(ev, samples, qbatch, [&](int i) {
+            q.w = wq + stride * static_cast<size_t>(i % bufs);
+            cuda::qlinear(q);
+          });
+          cuda::set_gemm_act(true);
+        }
         LLMK_CUDA_CHECK(cudaFree(wq));
         const double gbs = static_cast<double>(qbytes) / (us * 1e-6) / 1e9;
         const std::string nk = std::to_string(l.N) + " x " + std::to_string(l.K);
-        std::printf("%-13s %-8s %3lld %15s %-5s %9.2f %10.2f %8.0f %5.0f%% %10.2f %8.0f %7.2f\n",
+        std::printf("%-13s %-8s %3lld %15s %-5s %9.2f %10.2f %8.0f %5.0f%% %10.2f %8.0f %7.2f",
                     l.model, l.name, static_cast<long long>(M), nk.c_str(), tc.name,
                     static_cast<double>(qbytes) / 1e6, us, gbs, 100.0 * gbs / copy_gbs, bf16_us,
                     static_cast<double>(bbytes) / (bf16_us * 1e-6) / 1e9, bf16_us / us);
+        if (bands_us > 0.0) {
+          // TFLOP/s of the product at M rows: 2 M N K flops.
+          const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(l.N * l.K);
+          std::printf("  %9.2f  %7.1f %7.1f %7.1f", bands_us, flop / (us * 1e-6) / 1e12,
+                      flop / (bf16_us * 1e-6) / 1e12, flop / (bands_us * 1e-6) / 1e12);
+        }
+        std::printf("\n");
       }
       LLMK_CUDA_CHECK(cudaFree(x));
       LLMK_CUDA_CHECK(cudaFree(out));

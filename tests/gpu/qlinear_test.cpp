@@ -13,7 +13,8 @@
 //   - the product against the CPU's linear over the weights the path multiplies, with the bf16
 //     x: qgemv (up to 16 rows) the file's weights (its A fragments hold the integer values
 //     exactly, the scales applied in fp32: the CPU's f32 dequantisation), the bands above it
-//     qdequant's bf16 weights through cuBLASLt; the linear tests' tolerances
+//     qdequant's bf16 weights through cuBLASLt or qgemm (which decodes them the same way into
+//     shared memory); the linear tests' tolerances
 //     (tests/gpu/linear_test.cpp), since only the accumulation and the output rounding differ.
 #include "kernels/cuda/gemm/qlinear.h"
 
@@ -206,10 +207,56 @@ TEST_F(QLinear, MatchesTheCpuOverTypesRowsAndShapes) {
           if (M <= cuda::kQGemvMaxRows) {
             EXPECT_GT(after.qgemv, before.qgemv) << dtype_name(t) << " M=" << M;
           } else {
-            EXPECT_GT(after.qbands, before.qbands) << dtype_name(t) << " M=" << M;
+            EXPECT_GT(after.qgemm + after.qbands, before.qgemm + before.qbands)
+                << dtype_name(t) << " M=" << M;
           }
         }
       }
+    }
+  }
+}
+
+// qgemm (more than 16 rows on sm_90): rows of x past a 128-row tile and past a cluster's 256
+// columns, K steps of 64 weights with the last one part-full (K 160 and 288: 5 and 9 chunks of
+// the 4- and 5-bit types), bias and accumulate. Tuning off, so that qgemm runs wherever it
+// applies (tuned, a bucket may choose the bands); elsewhere the same problems run as bands.
+TEST_F(QLinear, QGemmMatchesTheCpu) {
+  const bool hopper = cuda::device_info().compute_capability() == 90;
+  cuda::set_linear_tuning(false);
+  struct Restore {
+    ~Restore() { cuda::set_linear_tuning(true); }
+  } restore;
+  uint32_t seed = 500;
+  for (DType t : kTypes) {
+    const bool k_quant = block_size(t) == 256;
+    const int64_t ks[] = {k_quant ? 256 : 160, k_quant ? 768 : 288, 4096};
+    for (int64_t K : ks) {
+      for (int64_t M : {17, 130, 300}) {
+        for (int64_t N : {8, 264}) {
+          const cuda::LinearStats before = cuda::linear_stats();
+          check_problem(t, M, N, K, seed, M == 130);
+          seed += 4;
+          // Taken where bf16 out (with and without bias).
+          EXPECT_EQ(cuda::linear_stats().qgemm - before.qgemm, hopper ? 2u : 0u)
+              << dtype_name(t) << " M=" << M << " N=" << N << " K=" << K;
+        }
+      }
+    }
+  }
+}
+
+// Tuned (the default): each bucket's first call times qgemm against the bands (an accumulating
+// call on a scratch matrix) and runs the faster; the result is right either way.
+TEST_F(QLinear, TunedChoiceMatchesTheCpu) {
+  uint32_t seed = 700;
+  for (DType t : {DType::Q4_K, DType::Q8_0}) {
+    for (const bool accumulate : {false, true}) {
+      const cuda::LinearStats before = cuda::linear_stats();
+      check_problem(t, 200, 264, 4096, seed, accumulate);
+      seed += 4;
+      const cuda::LinearStats after = cuda::linear_stats();
+      EXPECT_GE(after.qgemm + after.qbands - before.qgemm - before.qbands, 4u)
+          << dtype_name(t) << (accumulate ? " accumulate" : "");
     }
   }
 }

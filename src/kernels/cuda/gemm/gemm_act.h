@@ -9,6 +9,11 @@
 // with the bias and activation applied. Tiles are handed out in bands of rows so the blocks in
 // flight share their operands in L2. kBN = 256 where there are enough tiles for every SM, 128
 // for short x (a decode batch: the product then streams w and is bound by memory).
+//
+// The same kernel is qlinear's qgemm (qlinear.h) for a block-quantised w: two producer
+// warpgroups copy the quantised bytes of each 4 K steps of the tile's rows and decode them into
+// the stages (the consumers and the epilogue are this kernel's, with out += added where the
+// call accumulates).
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <bit>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -94,7 +96,7 @@ using Preference = std::unique_ptr<
 
 struct Counters {
   std::atomic<uint64_t> calls{0}, plans{0}, tuned{0}, bias_epilogue{0}, bias_kernel{0}, gemv{0},
-      gelu_epilogue{0}, qgemv{0}, qbands{0};
+      gelu_epilogue{0}, qgemv{0}, qgemm{0}, qbands{0};
 };
 std::atomic<bool> g_gemv{true};
 std::atomic<bool> g_tune{true};
@@ -289,6 +291,65 @@ bool capturing() {
   return capture != cudaStreamCaptureStatusNone;
 }
 
+// While it lives, this thread's synchronisations are outside any other thread's graph capture
+// (cudaStreamCaptureModeRelaxed): tuning synchronises.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { LLMK_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  ~RelaxedCapture() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+// A scratch matrix of out's layout for timed runs of a call that adds to out (which holds what
+// it adds to); none (null) for a call that overwrites out, whose runs write out itself.
+std::unique_ptr<void, void (*)(void*)> timing_scratch(bool accumulate, int64_t M, int64_t ldo,
+                                                      int64_t N, DType out_dtype) {
+  const size_t bytes = static_cast<size_t>((M - 1) * ldo + N) * element_size(out_dtype);
+  return {accumulate ? allocator().allocate(bytes) : nullptr, [](void* q) {
+            if (q) allocator().deallocate(q);
+          }};
+}
+
+// The median time in ms of each of n candidates on the current stream: kTuneRounds rounds, each
+// a write of kFlushBytes that evicts the L2 and then one run(c) of every candidate, the order
+// rotated every round; each run between its own pair of events (`events`: created on first
+// use), all read after one synchronisation.
+std::vector<float> timed_medians(size_t n, std::vector<cudaEvent_t>& events,
+                                 const std::function<void(size_t)>& run) {
+  const cudaStream_t stream = current_stream();
+  const size_t need = 2 * n * kTuneRounds;
+  while (events.size() < need) {
+    events.push_back(nullptr);
+    LLMK_CUDA_CHECK(cudaEventCreate(&events.back()));
+  }
+  const std::unique_ptr<void, void (*)(void*)> flush(allocator().allocate(kFlushBytes),
+                                                     [](void* q) { allocator().deallocate(q); });
+  for (int r = 0; r < kTuneRounds; ++r) {
+    for (size_t j = 0; j < n; ++j) {
+      const size_t c = (j + static_cast<size_t>(r)) % n, e = 2 * (static_cast<size_t>(r) * n + c);
+      LLMK_CUDA_CHECK(cudaMemsetAsync(flush.get(), r + 1, kFlushBytes, stream));
+      LLMK_CUDA_CHECK(cudaEventRecord(events[e], stream));
+      run(c);
+      LLMK_CUDA_CHECK(cudaEventRecord(events[e + 1], stream));
+    }
+  }
+  LLMK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> medians(n), ms(kTuneRounds);
+  for (size_t c = 0; c < n; ++c) {
+    for (int r = 0; r < kTuneRounds; ++r) {
+      const size_t e = 2 * (static_cast<size_t>(r) * n + c);
+      LLMK_CUDA_CHECK(cudaEventElapsedTime(&ms[static_cast<size_t>(r)], events[e], events[e + 1]));
+    }
+    std::nth_element(ms.begin(), ms.begin() + kTuneRounds / 2, ms.end());
+    medians[c] = ms[kTuneRounds / 2];
+  }
+  return medians;
+}
+
 // Whether cuBLASLt runs `algo` under the plan's descriptor and layouts within the workspace.
 bool Lt::accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) const {
   cublasLtMatmulHeuristicResult_t r{};
@@ -309,26 +370,11 @@ bool Lt::accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) const {
 size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos,
                    const LinearArgs& a) {
   const cudaStream_t stream = current_stream();
-  // Another thread's graph capture must not see this thread's synchronisation as its own.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  LLMK_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  struct Restore {
-    cudaStreamCaptureMode m;
-    ~Restore() { (void)cudaThreadExchangeStreamCaptureMode(&m); }
-  } restore{mode};
-  if (events_.empty()) {
-    events_.resize(2 * kTuneCandidates * kTuneRounds);
-    for (cudaEvent_t& e : events_) LLMK_CUDA_CHECK(cudaEventCreate(&e));
-  }
+  const RelaxedCapture relaxed;
   bind(p, a);
-  // The timed runs write over their output: an accumulating call's out holds what it adds to,
-  // so those runs write a scratch matrix of out's layout instead (beta = 0 there too: cuBLASLt's
-  // algorithms do not depend on beta).
-  const size_t out_bytes = static_cast<size_t>((a.M - 1) * a.ldo + a.N) * element_size(a.out_dtype);
-  const std::unique_ptr<void, void (*)(void*)> scratch(
-      a.accumulate ? allocator().allocate(out_bytes) : nullptr, [](void* q) {
-        if (q) allocator().deallocate(q);
-      });
+  // The timed runs write over their output: an accumulating call's runs write a scratch matrix
+  // instead (beta = 0 there too: cuBLASLt's algorithms do not depend on beta).
+  const auto scratch = timing_scratch(a.accumulate, a.M, a.ldo, a.N, a.out_dtype);
   void* const out = a.accumulate ? scratch.get() : a.out;
   const float alpha = 1.0f, beta = 0.0f;
   const auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
@@ -342,34 +388,13 @@ size_t Lt::fastest(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos
     if (matmul(algos[i]) == CUBLAS_STATUS_SUCCESS) ok.push_back(i);
   }
   if (ok.size() <= 1) return ok.empty() ? 0 : ok[0];
-  // Every timing is enqueued between its own pair of events and read after one synchronisation.
-  const size_t n = ok.size();
-  const std::unique_ptr<void, void (*)(void*)> flush(allocator().allocate(kFlushBytes),
-                                                     [](void* q) { allocator().deallocate(q); });
-  cudaEvent_t last = nullptr;
-  for (int r = 0; r < kTuneRounds; ++r) {
-    for (size_t j = 0; j < n; ++j) {
-      const size_t c = (j + static_cast<size_t>(r)) % n, e = 2 * (static_cast<size_t>(r) * n + c);
-      LLMK_CUDA_CHECK(cudaMemsetAsync(flush.get(), r + 1, kFlushBytes, stream));
-      LLMK_CUDA_CHECK(cudaEventRecord(events_[e], stream));
-      (void)matmul(algos[ok[c]]);
-      LLMK_CUDA_CHECK(cudaEventRecord(events_[e + 1], stream));
-      last = events_[e + 1];
-    }
-  }
-  LLMK_CUDA_CHECK(cudaEventSynchronize(last));
+  const std::vector<float> medians =
+      timed_medians(ok.size(), events_, [&](size_t c) { (void)matmul(algos[ok[c]]); });
   size_t best = ok[0];
   float best_ms = std::numeric_limits<float>::infinity();
-  std::vector<float> ms(kTuneRounds);
   std::string log;
-  for (size_t c = 0; c < n; ++c) {
-    for (int r = 0; r < kTuneRounds; ++r) {
-      const size_t e = 2 * (static_cast<size_t>(r) * n + c);
-      LLMK_CUDA_CHECK(
-          cudaEventElapsedTime(&ms[static_cast<size_t>(r)], events_[e], events_[e + 1]));
-    }
-    std::nth_element(ms.begin(), ms.begin() + kTuneRounds / 2, ms.end());
-    const float median = ms[kTuneRounds / 2];
+  for (size_t c = 0; c < ok.size(); ++c) {
+    const float median = medians[c];
     if (median < best_ms) {
       best_ms = median;
       best = ok[c];
@@ -701,20 +726,17 @@ class QScratch {
 
 }  // namespace
 
-void qlinear(const QLinearArgs& a) {
-  LLMK_CHECK(a.K > 0 && a.M >= 0 && a.N >= 0, "cuda::qlinear: M {} N {} K {}", a.M, a.N, a.K);
-  if (a.M == 0 || a.N == 0) return;
-  ++counters().calls;
-  if (qgemv(a)) {
-    ++counters().qgemv;
-    return;
-  }
-  // Bands of w's rows dequantised to bf16, each then one GEMM into its columns of out.
+namespace {
+
+// out = x @ w^T through bands of w's rows dequantised to bf16, each then one GEMM into its
+// columns of out; returns the bands run.
+uint64_t run_bands(const QLinearArgs& a) {
   cudaStream_t stream = current_stream();
   void* band = QScratch::get(stream);
   const int64_t rows = std::max<int64_t>(
       1, std::min<int64_t>(a.N, static_cast<int64_t>(kQLinearBandBytes) / (a.K * 2)));
   const size_t out_es = element_size(a.out_dtype), bias_es = element_size(a.bias_dtype);
+  uint64_t bands = 0;
   for (int64_t n0 = 0; n0 < a.N; n0 += rows) {
     const int64_t n = std::min(rows, a.N - n0);
     qdequant(band, DType::BF16, a.K, a.w, a.wtype, a.N, a.K, n0, n);
@@ -734,9 +756,84 @@ void qlinear(const QLinearArgs& a) {
     g.K = a.K;
     g.accumulate = a.accumulate;
     linear(g);
-    --counters().calls;  // one qlinear call, counted above
-    ++counters().qbands;
+    --counters().calls;  // one qlinear call, counted by the caller
+    ++bands;
   }
+  return bands;
+}
+
+// Above qgemv's rows, where qgemm takes the operands: qgemm or the bands, whichever ran faster
+// the first time a problem of its bucket (w's type, N, K, bias or not, M rounded up to a power
+// of two) was met outside graph capture, both timed as Lt::fastest times cuBLASLt's candidates
+// (the L2 flushed before each run, the median of kTuneRounds). Neither wins everywhere: qgemm
+// reads the quantised weights once per 128-row tile but decodes them on the tensor cores' side;
+// the bands write and read them as bf16 but multiply at cuBLASLt's speed. In capture, before a
+// choice: the bands. Tuning off (set_linear_tuning): qgemm wherever it applies.
+class QChoice {
+ public:
+  static bool use_qgemm(const QLinearArgs& a) {
+    if (!g_tune.load(std::memory_order_relaxed)) return true;
+    static QChoice* const c = new QChoice();  // never destroyed, like Lt
+    const Key key{static_cast<int>(a.wtype), a.N, a.K, std::bit_ceil(static_cast<uint64_t>(a.M)),
+                  a.bias != nullptr};
+    {
+      std::lock_guard<std::mutex> lock(c->mu_);
+      if (const auto it = c->chosen_.find(key); it != c->chosen_.end()) return it->second;
+    }
+    if (capturing()) return false;
+    const bool gemm = c->time(a);
+    std::lock_guard<std::mutex> lock(c->mu_);
+    c->chosen_.emplace(key, gemm);
+    return gemm;
+  }
+
+ private:
+  using Key = std::tuple<int, int64_t, int64_t, uint64_t, bool>;
+
+  // Times both paths on the call's operands (an accumulating call's runs write a scratch
+  // matrix); true when qgemm's median is the lower.
+  bool time(const QLinearArgs& a) {
+    const RelaxedCapture relaxed;
+    std::lock_guard<std::mutex> lock(time_mu_);
+    const auto scratch = timing_scratch(a.accumulate, a.M, a.ldo, a.N, a.out_dtype);
+    QLinearArgs t = a;
+    t.accumulate = false;
+    if (a.accumulate) t.out = scratch.get();
+    const auto run = [&](size_t path) {
+      if (path == 0) return qgemm(t);
+      run_bands(t);
+      return true;
+    };
+    if (!run(0)) return false;
+    run(1);
+    const std::vector<float> median = timed_medians(2, events_, [&](size_t c) { run(c); });
+    if (g_tune_log) {
+      fmt::print(stderr, "llmk: qlinear {} M {} N {} K {}: qgemm {:.1f} us, bands {:.1f} us\n",
+                 dtype_name(a.wtype), a.M, a.N, a.K, 1e3f * median[0], 1e3f * median[1]);
+    }
+    return median[0] <= median[1];
+  }
+
+  std::mutex mu_, time_mu_;
+  std::map<Key, bool> chosen_;
+  std::vector<cudaEvent_t> events_;
+};
+
+}  // namespace
+
+void qlinear(const QLinearArgs& a) {
+  LLMK_CHECK(a.K > 0 && a.M >= 0 && a.N >= 0, "cuda::qlinear: M {} N {} K {}", a.M, a.N, a.K);
+  if (a.M == 0 || a.N == 0) return;
+  ++counters().calls;
+  if (qgemv(a)) {
+    ++counters().qgemv;
+    return;
+  }
+  if (QChoice::use_qgemm(a) && qgemm(a)) {
+    ++counters().qgemm;
+    return;
+  }
+  counters().qbands += run_bands(a);
 }
 
 void set_linear_gemv(bool on) { g_gemv.store(on, std::memory_order_relaxed); }
@@ -745,9 +842,9 @@ void set_linear_tuning(bool on) { g_tune.store(on, std::memory_order_relaxed); }
 
 LinearStats linear_stats() {
   const Counters& c = counters();
-  return {c.calls.load(),         c.plans.load(),       c.tuned.load(),
-          c.bias_epilogue.load(), c.bias_kernel.load(), c.gelu_epilogue.load(),
-          c.gemv.load(),          c.qgemv.load(),       c.qbands.load()};
+  return {c.calls.load(),       c.plans.load(),         c.tuned.load(), c.bias_epilogue.load(),
+          c.bias_kernel.load(), c.gelu_epilogue.load(), c.gemv.load(),  c.qgemv.load(),
+          c.qgemm.load(),       c.qbands.load()};
 }
 
 }  // namespace llmk::cuda

@@ -98,10 +98,10 @@ bool linear_gated_row(const LinearArgs& a, Activation act);
 bool linear_rope_row(const LinearArgs& a, const GemvRope& rope);
 
 // out = x @ w^T (+ bias) over block-quantised weights on the GPU (qlinear.h): up to
-// kQGemvMaxRows rows in qgemv; more, or operands qgemv does not take, through bands of w's rows
-// dequantised to bf16 (at most kQLinearBandBytes, a buffer per stream allocated at its first
-// such call, outside graph capture) each multiplied by cuBLASLt (linear). x bf16; out bf16 or
-// f32; bias bf16 or f32. Throws llmk::Error as linear does.
+// kQGemvMaxRows rows in qgemv; more in qgemm on sm_90 (w dequantised into shared memory); else
+// through bands of w's rows dequantised to bf16 (at most kQLinearBandBytes, a buffer per stream
+// allocated at its first such call, outside graph capture) each multiplied by cuBLASLt (linear). x
+// bf16; out bf16 or f32; bias bf16 or f32. Throws llmk::Error as linear does.
 inline constexpr size_t kQLinearBandBytes = size_t{64} << 20;
 void qlinear(const QLinearArgs& a);
 
@@ -115,7 +115,8 @@ struct LinearStats {
   uint64_t gelu_epilogue = 0;  // linear_gelu calls that ran GELU in the epilogue
   uint64_t gemv = 0;           // calls the one-row kernel ran (gemv.h), bias included
   uint64_t qgemv = 0;          // qlinear calls qgemv ran (a few rows over quantised weights)
-  uint64_t qbands = 0;         // bands qlinear dequantised for a GEMM (more rows)
+  uint64_t qgemm = 0;          // qlinear calls the dequantising GEMM ran (more rows, sm_90)
+  uint64_t qbands = 0;         // bands qlinear dequantised for a GEMM (more rows, elsewhere)
 };
 LinearStats linear_stats();
 

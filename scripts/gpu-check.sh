@@ -37,7 +37,9 @@ note() { echo "$*" | tee -a "$summary"; }
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 parts=$(scripts/device/join-model.sh) || note "model: scripts/device/join-model.sh failed"
 [ -n "$parts" ] && note "$parts"
-[ -f "$model" ] && note "model: $model ($(sha256sum "$model" | cut -c1-12))" || note "model: $model missing"
+for m in "$model" models/gemma-3-270m-q4_k_m.gguf; do
+  [ -f "$m" ] && note "model: $m ($(sha256sum "$m" | cut -c1-12))" || note "model: $m missing"
+done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu: /' | tee -a "$summary"
 
 if has build; then

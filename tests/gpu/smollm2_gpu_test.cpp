@@ -1,5 +1,6 @@
-// SmolLM2 end to end on CUDA (bf16 weights and activations, fp32 accumulation) against the CPU
-// path (fp32) on the same GGUF: logits of a batched prefill and of graph-replayed decode steps.
+// SmolLM2 (Q4_1) and Gemma 3 270M (Q4_K_M) end to end on CUDA (bf16 activations, fp32
+// accumulation; weights in bf16 or kept quantised) against the CPU path (fp32) on the same GGUF:
+// logits of a batched prefill and of graph-replayed decode steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,10 +23,10 @@ namespace {
 // The yardstick is transformers itself in bf16: tests/fixtures/make_references.py records, per
 // position, its relative logit error against its float32 run and whether its top-1 agrees. llmk's
 // CUDA path (bf16 weights and activations, fp32 accumulation) is compared with llmk's CPU path,
-// which matches transformers' float32 to 6e-5 (tests/engine), and must lose no more than 1.5x what
-// transformers loses in bf16: worst and median error over all positions, and top-1 agreement at
-// most 2 points below. SmolLM2's residual stream carries large activations that bf16 holds
-// coarsely, so both engines reach ~0.1 relative error at a few positions.
+// which matches transformers' float32 (tests/engine/reference_test.cpp), and must lose no more
+// than 1.5x what transformers loses in bf16: worst and median error over all positions, and top-1
+// agreement at most 2 points below. SmolLM2's residual stream carries large activations that bf16
+// holds coarsely, so both engines reach ~0.1 relative error at a few positions.
 constexpr double kErrRatio = 1.5;
 constexpr double kTop1Slack = 0.02;
 
@@ -38,17 +39,19 @@ int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - 
 
 // The prompt of each fixture case as one prefill, then each continuation token as a
 // graph-replayed step, against the CPU's logits of the whole sequence: the yardstick above.
-// quantized: the GGUF's Q4_1 / Q8_0 matrices stay quantised on the GPU (LoadOptions).
-void check_logits(bool quantized) {
+// quantized: the GGUF's quantised matrices (SmolLM2's Q4_1 / Q8_0; Gemma's Q4_K / Q6_K / Q8_0)
+// stay quantised on the GPU (LoadOptions).
+void check_logits(const test::TestModel& model, const char* fixture, bool quantized) {
   cuda::init();
-  std::ifstream in(test::source_path("tests/fixtures/smollm2_reference.json"));
+  std::ifstream in(test::source_path(std::string("tests/fixtures/") + fixture));
   ASSERT_TRUE(in.good());
   nlohmann::json ref;
   in >> ref;
-  auto cpu = Model::load(test::smollm2_path(), {.context = 128, .device = Device::CPU});
+  const std::string path = test::model_path(model);
+  auto cpu = Model::load(path, {.context = 128, .device = Device::CPU});
   const cuda::LinearStats before = cuda::linear_stats();
-  auto gpu = Model::load(test::smollm2_path(),
-                         {.context = 128, .device = Device::CUDA, .quantized_weights = quantized});
+  auto gpu =
+      Model::load(path, {.context = 128, .device = Device::CUDA, .quantized_weights = quantized});
   const int64_t vocab = cpu->config().vocab_size;
   std::vector<double> errs, hf_errs;
   int64_t agree = 0, hf_agree = 0;
@@ -90,11 +93,11 @@ void check_logits(bool quantized) {
   const double hf_worst = *std::max_element(hf_errs.begin(), hf_errs.end());
   const double top1 = agree / total, hf_top1 = hf_agree / total;
   std::printf(
-      "SmolLM2 CUDA (%s weights) vs CPU over %.0f positions: relative logit error worst %.4f, "
+      "%s CUDA (%s weights) vs CPU over %.0f positions: relative logit error worst %.4f, "
       "median %.4f, top-1 agreement %.3f; transformers bf16 vs f32: worst %.4f, median %.4f, "
       "top-1 %.3f\n",
-      quantized ? "quantised" : "bf16", total, worst, median(errs), top1, hf_worst, median(hf_errs),
-      hf_top1);
+      model.file, quantized ? "quantised" : "bf16", total, worst, median(errs), top1, hf_worst,
+      median(hf_errs), hf_top1);
   // Whether the weights stayed quantised: the quantised products ran, or none did.
   const uint64_t qgemv = cuda::linear_stats().qgemv - before.qgemv;
   if (quantized) {
@@ -108,9 +111,21 @@ void check_logits(bool quantized) {
   EXPECT_GT(worst, 0.0);
 }
 
-TEST(SmolLM2Gpu, CudaLogitsMatchTheCpuPath) { check_logits(false); }
+TEST(SmolLM2Gpu, CudaLogitsMatchTheCpuPath) {
+  check_logits(test::kSmolLM2, "smollm2_reference.json", false);
+}
 
-TEST(SmolLM2Gpu, QuantizedWeightsMatchTheCpuPath) { check_logits(true); }
+TEST(SmolLM2Gpu, QuantizedWeightsMatchTheCpuPath) {
+  check_logits(test::kSmolLM2, "smollm2_reference.json", true);
+}
+
+TEST(Gemma3Gpu, CudaLogitsMatchTheCpuPath) {
+  check_logits(test::kGemma3, "gemma3_reference.json", false);
+}
+
+TEST(Gemma3Gpu, QuantizedWeightsMatchTheCpuPath) {
+  check_logits(test::kGemma3, "gemma3_reference.json", true);
+}
 
 // Four sequences of different lengths stepped together through one captured graph: every row
 // of every step against the CPU path at the same position, with the same yardstick.

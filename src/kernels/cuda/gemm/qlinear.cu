@@ -338,7 +338,13 @@ __global__ void qdequant_kernel(__nv_bfloat16* dst, int64_t ld, const uint8_t* w
     q = load_stream(qvec_at<T>(wq + src * qrow, c, 0));
     if constexpr (kQVecs < T >> 1) qh = load_stream(qvec_at<T>(wq + src * qrow, c, 1));
     m = wm + src * mrow + meta_start<T>(c0);
-    Q::row_bits(m, bits);
+    if constexpr (T == DType::Q5_0) {
+      // This chunk's fifth bits only: the group's later chunks may lie past the row (and, in
+      // the last row, past the tensor).
+      bits.qh[i] = u16_at(m + 6 * i + 2) | u16_at(m + 6 * i + 4) << 16;
+    } else {
+      Q::row_bits(m, bits);
+    }
   }
 #pragma unroll
   for (int hi = 0; hi < kHalves; ++hi) {

@@ -7,7 +7,9 @@
 // value exactly; each block's scale (and minimum) is applied in fp32 to its partial sums, so the
 // product is over the file's weights, as the CPU's is. More rows: qdequant a band of w's rows into
 // bf16 (each weight its fp32 value rounded once: the matrix a load-time dequantisation gives) and
-// run cuBLASLt on it (cuda::linear), band after band.
+// run cuBLASLt on it (cuda::linear), band after band; or, on sm_90, qgemm (below), which decodes
+// the same bf16 weights into shared memory tile by tile (cuda::qlinear times the two and keeps
+// the faster for each problem size).
 #pragma once
 
 #include <cstdint>

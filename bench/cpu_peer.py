@@ -23,13 +23,8 @@ import subprocess
 import sys
 import time
 
-PROMPT = ("Once upon a time, in a small village at the edge of a great forest, there lived an old "
-          "woodcutter and his three children. Every morning the woodcutter walked into the forest "
-          "with his axe on his shoulder, and every evening he came home with a bundle of wood on "
-          "his back. The children helped their mother in the garden, fed the chickens and the "
-          "goat, and carried water from the well. One winter the snow fell so deep that the "
-          "woodcutter could not reach the forest for many days, and the family had nothing left "
-          "to burn. Then the youngest child said")
+# About 128 tokens, the prompt of scripts/bench-cpu.sh too.
+PROMPT = open(os.path.join(os.path.dirname(__file__), "cpu_prompt.txt")).read().rstrip("\n")
 MODELS = ("models/SmolLM2-135M-Instruct.Q4_1.gguf", "models/gemma-3-270m-q4_k_m.gguf")
 
 

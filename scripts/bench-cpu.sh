@@ -10,8 +10,9 @@ shift || true
 bin=build/cpu/llmk
 [ -x "$bin" ] || { echo "bench-cpu: build first (cmake --preset cpu && cmake --build --preset cpu)" >&2; exit 1; }
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-# A prompt of ~128 tokens, so that the prompt rate measures a batched prefill.
-prompt="Once upon a time, in a small village at the edge of a great forest, there lived an old woodcutter and his three children. Every morning the woodcutter walked into the forest with his axe on his shoulder, and every evening he came home with a bundle of wood on his back. The children helped their mother in the garden, fed the chickens and the goat, and carried water from the well. One winter the snow fell so deep that the woodcutter could not reach the forest for many days, and the family had nothing left to burn. Then the youngest child said"
+# A prompt of ~128 tokens (bench/cpu_prompt.txt, which bench/cpu_peer.py reads too), so that the
+# prompt rate measures a batched prefill.
+prompt=$(cat bench/cpu_prompt.txt)
 cmd=("$bin" run -m "$model" -p "$prompt" --temp 0 -n 128 --ignore-eos "$@")
 echo "command: ${cmd[*]}" >&2
 pp=(); tg=()

@@ -54,6 +54,20 @@ inline Layout layout(DType t) {
   }
 }
 
+// Where an [N, K] matrix of type t keeps its rows in this layout: row n's values at
+// q + n * qrow, its meta at meta + n * mrow (the meta region follows all the values).
+struct Regions {
+  const uint8_t* q;
+  const uint8_t* meta;
+  int64_t qrow, mrow;
+};
+inline Regions regions(DType t, const void* w, int64_t N, int64_t K) {
+  const Layout l = layout(t);
+  const int64_t nb = K / l.block_elems;
+  const auto* q = static_cast<const uint8_t*>(w);
+  return {q, q + N * nb * l.q_bytes, nb * l.q_bytes, nb * l.meta_bytes()};
+}
+
 // Whether the GPU keeps matrices of this type quantised.
 inline bool gpu_keeps(DType t) { return layout(t).block_elems > 0; }
 

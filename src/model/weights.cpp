@@ -121,7 +121,7 @@ class HfSource final : public WeightSource {
   std::string file_name(const std::string& n) const override {
     const std::string h = to_hf_name(n, names_);
     const std::string packed = packed_base(h);
-    return packed.empty() ? h : packed + ".qweight";
+    return packed.empty() ? h : packed + kPackedParts[0];
   }
   Tensor find(const std::string& n) const override {
     const std::string h = to_hf_name(n, names_);
@@ -137,8 +137,9 @@ class HfSource final : public WeightSource {
       const PackedLinear p{part(kPackedParts[0]), part(kPackedParts[1]), part(kPackedParts[2]),
                            part(kPackedParts[3])};
       it = dequantized_
-               .emplace(h, dequantize_packed(
-                               quant_, p, f_.shard_of(packed + ".qweight").path() + ": " + packed))
+               .emplace(
+                   h, dequantize_packed(
+                          quant_, p, f_.shard_of(packed + kPackedParts[0]).path() + ": " + packed))
                .first;
     }
     return it->second;
@@ -147,7 +148,7 @@ class HfSource final : public WeightSource {
     const std::string h = to_hf_name(n, names_);
     if (f_.find(h)) return f_.shard_of(h).path();
     const std::string packed = packed_base(h);
-    return packed.empty() ? f_.path() : f_.shard_of(packed + ".qweight").path();
+    return packed.empty() ? f_.path() : f_.shard_of(packed + kPackedParts[0]).path();
   }
   std::string config_name() const override { return f_.path() + "/config.json"; }
   std::string last_layer_tensor(int64_t& layers) const override {

@@ -58,6 +58,13 @@ TEST(QuantLayout, RepackPlacesEveryByteAndUnpackRestoresTheFile) {
         ASSERT_EQ(meta[m++], block[i]) << dtype_name(t) << " block " << b << " byte " << i;
       }
     }
+    // regions(): where the kernels find each row's values and meta.
+    const qlayout::Regions w = qlayout::regions(t, gpu.data(), rows, k);
+    for (int64_t n = 0; n < rows; ++n) {
+      EXPECT_EQ(w.q + n * w.qrow, gpu.data() + n * 2 * l.q_bytes) << dtype_name(t) << " row " << n;
+      EXPECT_EQ(w.meta + n * w.mrow, gpu.data() + blocks * l.q_bytes + n * 2 * l.meta_bytes())
+          << dtype_name(t) << " row " << n;
+    }
     qlayout::unpack(t, gpu.data(), back.data(), rows, k);
     EXPECT_EQ(back, file) << dtype_name(t);
   }

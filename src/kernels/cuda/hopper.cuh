@@ -1,6 +1,7 @@
 // Hopper's asynchronous machinery as inline PTX, shared by the kernels that feed tensor cores
 // through it (attention/, gemm/gemm_act.cu): shared-memory barriers (mbarrier), thread-block
-// clusters, the bulk tensor copy engine (TMA) in both directions, named barriers and stmatrix.
+// clusters, the bulk tensor copy engine (TMA) in both directions, named barriers, stmatrix and
+// plain 16-byte shared-memory accesses.
 // Addresses of shared memory are shared-space byte addresses (smem_addr); a barrier's is that
 // of an 8-byte-aligned barrier word. Included by .cu files only.
 #pragma once
@@ -151,6 +152,22 @@ __device__ __forceinline__ void bulk_commit() {
 // Waits until this thread's committed bulk stores have read their shared memory.
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+// 16 bytes to / from shared memory at a shared-space byte address (16-byte aligned).
+__device__ __forceinline__ void st_shared_v4(uint32_t at, uint32_t a, uint32_t b, uint32_t c,
+                                             uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(a), "r"(b), "r"(c),
+               "r"(d)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t at) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(at)
+               : "memory");
+  return v;
 }
 
 // Four 8x8 b16 matrices from the mma fragment layout into shared memory (sm_90+); lane l gives

@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       for (int c = static_cast<int>(threadIdx.x); c < (kBN - valid) * kChunks; c += 256) {
         const int row = valid + c / kChunks, panel = (c % kChunks) / 8;
         const uint32_t at = sV + panel * kBN * 128 + row * 128 + (c % 8) * 16;
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
+        st_shared_v4(at, 0, 0, 0, 0);
       }
       fence_proxy_async_shared();  // the zeros are what wgmma reads
       named_barrier_sync(1, 256);

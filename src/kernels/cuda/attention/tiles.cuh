@@ -18,11 +18,15 @@ using bf16 = __nv_bfloat16;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// 16 bytes global -> shared (`dst` a shared-space byte address), asynchronously; when !valid
-// the destination is zero-filled and nothing is read (src must still be a valid address).
+// 16 bytes global -> shared (`dst` a shared-space byte address), asynchronously, of which the
+// first n (0..16) are read and the rest zero-filled (n 0: nothing is read, but src must still be
+// a valid address).
+__device__ __forceinline__ void cp_async_16_n(uint32_t dst, const void* src, int n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+// All 16 bytes, or (!valid) zeros.
 __device__ __forceinline__ void cp_async_16_at(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
+  cp_async_16_n(dst, src, valid ? 16 : 0);
 }
 // cp_async_16_at from a generic pointer to shared memory, with an L2 cache policy.
 __device__ __forceinline__ void cp_async_16_policy(void* dst, const void* src, bool valid,
@@ -31,10 +35,12 @@ __device__ __forceinline__ void cp_async_16_policy(void* dst, const void* src, b
       "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
       "l"(src), "r"(valid ? 16 : 0), "l"(policy));
 }
-// 4 bytes global -> shared, as cp_async_16_at (through L1; 4-byte aligned addresses).
+// 4 bytes global -> shared, as cp_async_16_n (through L1; 4-byte aligned addresses).
+__device__ __forceinline__ void cp_async_4_n(uint32_t dst, const void* src, int n) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
 __device__ __forceinline__ void cp_async_4_at(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0));
+  cp_async_4_n(dst, src, valid ? 4 : 0);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `pending` of this thread's committed groups are still in flight.

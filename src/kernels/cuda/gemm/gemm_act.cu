@@ -118,21 +118,6 @@ struct GemmMaps {
   CUtensorMap y, z;  // [M][N] bf16, boxes of 64 x 64
 };
 
-__device__ __forceinline__ void st_shared_v4(uint32_t at, uint32_t a, uint32_t b, uint32_t c,
-                                             uint32_t d) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(a), "r"(b), "r"(c),
-               "r"(d)
-               : "memory");
-}
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t at) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(at)
-               : "memory");
-  return v;
-}
-
 // The cluster tile numbered t: its first row and column. Numbered in bands of kBand cluster-tile
 // rows, down each band's rows first.
 template <class C>
@@ -243,9 +228,8 @@ __global__ void __cluster_dims__(kCs, 1, 1) __launch_bounds__(kW == DType::BF16 
             const uint8_t* from = span - (reinterpret_cast<uintptr_t>(span) & 15) + 16 * v;
             const int64_t left = meta_end - from;  // the bytes past the tensor's end read as zeros
             const int bytes = left >= 16 ? 16 : left > 0 ? static_cast<int>(left) : 0;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                             slot + 128 * C::kPitch + (row * kMV + v) * 16),
-                         "l"(bytes > 0 ? from : p.wm), "r"(bytes));
+            attn::cp_async_16_n(slot + 128 * C::kPitch + (row * kMV + v) * 16,
+                                bytes > 0 ? from : p.wm, bytes);
           }
           if (++iu == units) {
             iu = 0;
@@ -535,17 +519,16 @@ bool launch_q(const QLinearArgs& a) {
       !encode_rows(&maps.y, a.out, a.M, a.N, 64, a.ldo)) {
     return false;
   }
-  const qlayout::Layout l = qlayout::layout(kW);
-  const int64_t nb = a.K / l.block_elems;
+  const qlayout::Regions w = qlayout::regions(kW, a.w, a.N, a.K);
   GemmParams p{};
   p.bias = static_cast<const bf16*>(a.bias);
   p.y = static_cast<bf16*>(a.out);
   p.ldy = a.ldo;
-  p.qrow = nb * l.q_bytes;
-  p.mrow = nb * l.meta_bytes();
-  p.wq = static_cast<const uint8_t*>(a.w);
-  p.wm = p.wq + a.N * p.qrow;
-  p.chunks = static_cast<int>(a.K / qdec::chunk_elems(kW));
+  p.qrow = w.qrow;
+  p.mrow = w.mrow;
+  p.wq = w.q;
+  p.wm = w.meta;
+  p.chunks = qdec::chunks_per_row(kW, a.K);
   p.M = static_cast<int>(a.M);
   p.N = static_cast<int>(a.N);
   p.K = static_cast<int>(a.K);
@@ -557,7 +540,7 @@ bool launch_q(const QLinearArgs& a) {
 
 }  // namespace
 
-bool qgemm(const QLinearArgs& a) {
+bool qgemm_applies(const QLinearArgs& a) {
   if (!g_enabled.load(std::memory_order_relaxed)) return false;
   if (device_info().compute_capability() != 90) return false;
   const qlayout::Layout l = qlayout::layout(a.wtype);
@@ -573,6 +556,11 @@ bool qgemm(const QLinearArgs& a) {
   for (const void* ptr : {static_cast<const void*>(a.out), a.x, a.w, a.bias}) {
     if (ptr != nullptr && !is_aligned(ptr, 16)) return false;
   }
+  return true;
+}
+
+bool qgemm(const QLinearArgs& a) {
+  if (!qgemm_applies(a)) return false;
   bool launched = false;
   qdec::for_type(a.wtype, [&]<DType T>() { launched = launch_q<T>(a); });
   return launched;

@@ -762,7 +762,7 @@ uint64_t run_bands(const QLinearArgs& a) {
   return bands;
 }
 
-// Above qgemv's rows, where qgemm takes the operands: qgemm or the bands, whichever ran faster
+// Above qgemv's rows, where qgemm applies (qgemm_applies): qgemm or the bands, whichever ran faster
 // the first time a problem of its bucket (w's type, N, K, bias or not, M rounded up to a power
 // of two) was met outside graph capture, both timed as Lt::fastest times cuBLASLt's candidates
 // (the L2 flushed before each run, the median of kTuneRounds). Neither wins everywhere: qgemm
@@ -804,7 +804,7 @@ class QChoice {
       run_bands(t);
       return true;
     };
-    if (!run(0)) return false;
+    if (!run(0)) return false;  // a tensor map the driver refused
     run(1);
     const std::vector<float> median = timed_medians(2, events_, [&](size_t c) { run(c); });
     if (g_tune_log) {
@@ -829,7 +829,7 @@ void qlinear(const QLinearArgs& a) {
     ++counters().qgemv;
     return;
   }
-  if (QChoice::use_qgemm(a) && qgemm(a)) {
+  if (qgemm_applies(a) && QChoice::use_qgemm(a) && qgemm(a)) {
     ++counters().qgemm;
     return;
   }

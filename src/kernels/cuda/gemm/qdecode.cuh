@@ -20,6 +20,9 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int j) {
 
 // Weights a chunk (16 bytes of values): 32 of the 4-, 5- and 6-bit types, 16 of Q8_0.
 __host__ __device__ constexpr int chunk_elems(DType t) { return t == DType::Q8_0 ? 16 : 32; }
+// Chunks a row: 32 weights each (16 bytes of nibbles; Q6_K's 16 bytes of low nibbles with their
+// 8 bytes of high bits), 16 of Q8_0.
+inline int chunks_per_row(DType t, int64_t K) { return static_cast<int>(K / chunk_elems(t)); }
 
 __device__ __forceinline__ uint32_t bf2(__nv_bfloat162 v) {
   return *reinterpret_cast<const uint32_t*>(&v);

@@ -74,11 +74,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// 4 bytes global -> shared of which the first n (0..4) are read, the rest zero-filled.
-__device__ __forceinline__ void cp_async_4_n(uint32_t dst, const void* src, int n) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-
 // What advances from one of a warp's groups to its next (32 chunks on): bytes of a row's values
 // and meta, weights of x.
 template <DType T>
@@ -174,8 +169,8 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
 #pragma unroll
           for (int w = 0; w < 2; ++w) {
             const int left = mleft[r] - 4 * w;
-            cp_async_4_n(lane_m + slot + (r * 8 * kMetaWords + w) * 4,
-                         left > 0 ? mn[r] + 4 * w : msrc[r], left >= 4 ? 4 : max(left, 0));
+            attn::cp_async_4_n(lane_m + slot + (r * 8 * kMetaWords + w) * 4,
+                               left > 0 ? mn[r] + 4 * w : msrc[r], left >= 4 ? 4 : max(left, 0));
           }
         }
         mn[r] += kMStep;
@@ -357,22 +352,17 @@ __global__ void qdequant_kernel(__nv_bfloat16* dst, int64_t ld, const uint8_t* w
   }
 }
 
-// Chunks a row: 32 weights each (16 bytes of nibbles; Q6_K's 16 bytes of low nibbles with their
-// 8 bytes of high bits), 16 of Q8_0.
-int chunks_per_row(DType t, int64_t K) { return static_cast<int>(K / chunk_elems(t)); }
-
 QKernelArgs kernel_args(const QLinearArgs& a) {
-  const qlayout::Layout l = qlayout::layout(a.wtype);
-  const int64_t nb = a.K / l.block_elems;
+  const qlayout::Regions w = qlayout::regions(a.wtype, a.w, a.N, a.K);
   QKernelArgs k{};
   k.out = a.out;
   k.ldo = a.ldo;
   k.x = static_cast<const uint16_t*>(a.x);
   k.ldx = a.ldx;
-  k.qrow = nb * l.q_bytes;
-  k.mrow = nb * l.meta_bytes();
-  k.wq = static_cast<const uint8_t*>(a.w);
-  k.wm = k.wq + a.N * k.qrow;
+  k.qrow = w.qrow;
+  k.mrow = w.mrow;
+  k.wq = w.q;
+  k.wm = w.meta;
   k.bias = a.bias;
   k.M = static_cast<int>(a.M);
   k.N = static_cast<int>(a.N);
@@ -450,18 +440,14 @@ namespace {
 void launch_dequant(void* dst, int64_t ld, const void* w, DType wtype, int64_t N, int64_t K,
                     int64_t n0, int64_t rows, const int32_t* ids, int64_t ids_stride) {
   if (rows <= 0 || K <= 0) return;
-  const qlayout::Layout l = qlayout::layout(wtype);
-  const int64_t nb = K / l.block_elems;
-  const int64_t qrow = nb * l.q_bytes, mrow = nb * l.meta_bytes();
-  const auto* wq = static_cast<const uint8_t*>(w);
-  const uint8_t* wm = wq + N * qrow;
+  const qlayout::Regions r = qlayout::regions(wtype, w, N, K);
   const int chunks = chunks_per_row(wtype, K);
   const int64_t n = rows * chunks;
   for_type(wtype, [&]<DType T>() {
     qdequant_kernel<T>
         <<<static_cast<unsigned>(ceil_div(n, int64_t{256})), 256, 0, current_stream()>>>(
-            static_cast<__nv_bfloat16*>(dst), ld, wq, wm, qrow, mrow, N, n0, rows, chunks, ids,
-            ids_stride);
+            static_cast<__nv_bfloat16*>(dst), ld, r.q, r.meta, r.qrow, r.mrow, N, n0, rows, chunks,
+            ids, ids_stride);
   });
   check_launch("cuda::qdequant");
 }

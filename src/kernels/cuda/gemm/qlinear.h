@@ -41,12 +41,14 @@ bool qgemv_applies(const QLinearArgs& a);
 // Enqueues the product on cuda::current_stream(); false (nothing enqueued) where it does not apply.
 bool qgemv(const QLinearArgs& a);
 
-// More rows on Hopper (sm_90a): one GEMM (gemm_act.cu's kernel) whose producer warpgroup
-// dequantises w's tiles into shared memory as qdequant would (each weight's fp32 value rounded
+// More rows on Hopper (sm_90a): one GEMM (gemm_act.cu's kernel) whose producer warpgroups
+// dequantise w's tiles into shared memory as qdequant would (each weight's fp32 value rounded
 // once to bf16) for the wgmma consumers; x bf16 (ldx a multiple of 8), out bf16 (ldo a multiple
-// of 8), bias bf16 or none. Enqueues on cuda::current_stream() and returns true, or returns false
-// with nothing enqueued where it does not take the operands (another device, other dtypes,
-// misaligned rows; set_gemm_act(false)).
+// of 8), bias bf16 or none. qgemm_applies: whether it takes the operands (not on another device,
+// with other dtypes, misaligned rows, or after set_gemm_act(false)). qgemm enqueues on
+// cuda::current_stream() and returns true, or returns false with nothing enqueued where it does
+// not apply (or the driver refused a tensor map).
+bool qgemm_applies(const QLinearArgs& a);
 bool qgemm(const QLinearArgs& a);
 
 // dst rows [0, rows) = w's rows [n0, n0 + rows) dequantised, in dtype (BF16), rows ld elements

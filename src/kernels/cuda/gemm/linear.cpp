@@ -704,52 +704,24 @@ bool linear_rope_row(const LinearArgs& a, const GemvRope& rope) {
 
 namespace {
 
-// Each stream's bands of dequantised weights for qlinear, allocated at its first band (calls on
-// different streams may run at once): the first buffer at the first call of more than 16 rows,
-// and at the first call of more than one band outside capture, a second buffer with a side
-// stream that dequantises band b + 1 into it while the stream multiplies band b, and the events
-// that order the two.
-class QBands {
+// Each stream's band of dequantised weights for qlinear, allocated at its first band: calls on
+// different streams may run at once.
+class QScratch {
  public:
-  struct Set {
-    void* buf[2] = {nullptr, nullptr};
-    cudaStream_t side = nullptr;  // null until the second buffer exists
-    cudaEvent_t start = nullptr, dequantised[2] = {}, multiplied[2] = {};
-  };
-
-  // The stream's set; with `pair`, its second buffer and side stream too where they can be made
-  // (not inside capture: set.side stays null there until a call outside capture makes them).
-  static const Set& get(cudaStream_t stream, bool pair) {
-    static QBands* const q = new QBands();  // never destroyed, like Lt
-    std::lock_guard<std::mutex> lock(q->mu_);
-    Set& set = q->sets_[stream];
-    if (set.buf[0] == nullptr) {
-      set.buf[0] = allocate_for_stream(
-          stream, kQLinearBandBytes,
-          "cuda::qlinear: the first call of more than 16 rows on a stream",
-          "band of dequantised weights; run one such linear on it outside capture first");
-    }
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    LLMK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (pair && set.side == nullptr && capture == cudaStreamCaptureStatusNone) {
-      set.buf[1] = allocate_for_stream(stream, kQLinearBandBytes, "cuda::qlinear",
-                                       "second band of dequantised weights");
-      const auto event = [](cudaEvent_t& e) {
-        LLMK_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      };
-      event(set.start);
-      for (int i = 0; i < 2; ++i) {
-        event(set.dequantised[i]);
-        event(set.multiplied[i]);
-      }
-      LLMK_CUDA_CHECK(cudaStreamCreateWithFlags(&set.side, cudaStreamNonBlocking));
-    }
-    return set;
+  static void* get(cudaStream_t stream) {
+    static QScratch* const s = new QScratch();  // never destroyed, like Lt
+    std::lock_guard<std::mutex> lock(s->mu_);
+    if (const auto it = s->bands_.find(stream); it != s->bands_.end()) return it->second;
+    void* p = allocate_for_stream(
+        stream, kQLinearBandBytes, "cuda::qlinear: the first call of more than 16 rows on a stream",
+        "band of dequantised weights; run one such linear on it outside capture first");
+    s->bands_.emplace(stream, p);
+    return p;
   }
 
  private:
   std::mutex mu_;
-  std::map<cudaStream_t, Set> sets_;
+  std::map<cudaStream_t, void*> bands_;
 };
 
 }  // namespace
@@ -758,7 +730,8 @@ namespace {
 
 // Rows of w a band holds: as many as kQLinearBandBytes of bf16 take, in whole 128-row tiles
 // where the band is not the whole matrix (a band of 2,340 rows of K 14,336 put the next band's
-// output columns off 16-byte alignment, and cuBLASLt ran both bands at a third of its speed).
+// output columns off 16-byte alignment, and the two bands' GEMMs took about 270 us where
+// cuBLASLt multiplies the whole bf16 matrix in 76).
 int64_t band_rows(int64_t N, int64_t K) {
   const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(kQLinearBandBytes) / (K * 2));
   if (fit >= N) return N;
@@ -766,15 +739,16 @@ int64_t band_rows(int64_t N, int64_t K) {
 }
 
 // out = x @ w^T through bands of w's rows dequantised to bf16, each then one GEMM into its
-// columns of out; returns the bands run. With more than one band and the stream's side stream
-// (QBands), band b + 1 is dequantised on the side stream while band b's GEMM runs (two buffers in
-// turn: band b waits for band b - 2's GEMM before it overwrites that buffer).
+// columns of out; returns the bands run. (Dequantising band b + 1 on a side stream into a second
+// buffer while band b's GEMM ran measured the same: the GEMMs hold the SMs.)
 uint64_t run_bands(const QLinearArgs& a) {
-  cudaStream_t stream = current_stream();
-  const int64_t rows = band_rows(a.N, a.K), bands = (a.N + rows - 1) / rows;
-  const QBands::Set& set = QBands::get(stream, bands > 1);
+  void* band = QScratch::get(current_stream());
+  const int64_t rows = band_rows(a.N, a.K);
   const size_t out_es = element_size(a.out_dtype), bias_es = element_size(a.bias_dtype);
-  const auto multiply = [&](void* band, int64_t n0, int64_t n) {
+  uint64_t bands = 0;
+  for (int64_t n0 = 0; n0 < a.N; n0 += rows) {
+    const int64_t n = std::min(rows, a.N - n0);
+    qdequant(band, DType::BF16, a.K, a.w, a.wtype, a.N, a.K, n0, n);
     LinearArgs g;
     g.out = static_cast<char*>(a.out) + n0 * out_es;
     g.out_dtype = a.out_dtype;
@@ -792,32 +766,9 @@ uint64_t run_bands(const QLinearArgs& a) {
     g.accumulate = a.accumulate;
     linear(g);
     --counters().calls;  // one qlinear call, counted by the caller
-  };
-  const bool overlap = bands > 1 && set.side != nullptr;
-  if (overlap) {
-    // Whatever the stream queued before (an earlier call's GEMMs on the buffers) first.
-    LLMK_CUDA_CHECK(cudaEventRecord(set.start, stream));
-    LLMK_CUDA_CHECK(cudaStreamWaitEvent(set.side, set.start));
+    ++bands;
   }
-  for (int64_t b = 0; b < bands; ++b) {
-    const int64_t n0 = b * rows, n = std::min(rows, a.N - n0);
-    const int i = overlap ? static_cast<int>(b % 2) : 0;
-    if (!overlap) {
-      qdequant(set.buf[0], DType::BF16, a.K, a.w, a.wtype, a.N, a.K, n0, n);
-      multiply(set.buf[0], n0, n);
-      continue;
-    }
-    if (b >= 2) LLMK_CUDA_CHECK(cudaStreamWaitEvent(set.side, set.multiplied[i]));
-    {
-      StreamGuard side(set.side);
-      qdequant(set.buf[i], DType::BF16, a.K, a.w, a.wtype, a.N, a.K, n0, n);
-    }
-    LLMK_CUDA_CHECK(cudaEventRecord(set.dequantised[i], set.side));
-    LLMK_CUDA_CHECK(cudaStreamWaitEvent(stream, set.dequantised[i]));
-    multiply(set.buf[i], n0, n);
-    LLMK_CUDA_CHECK(cudaEventRecord(set.multiplied[i], stream));
-  }
-  return static_cast<uint64_t>(bands);
+  return bands;
 }
 
 // Above qgemv's rows, where qgemm applies (qgemm_applies): qgemm or the bands, whichever ran faster

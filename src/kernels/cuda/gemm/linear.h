@@ -100,10 +100,8 @@ bool linear_rope_row(const LinearArgs& a, const GemvRope& rope);
 // out = x @ w^T (+ bias) over block-quantised weights on the GPU (qlinear.h): up to
 // kQGemvMaxRows rows in qgemv; more in qgemm on sm_90 (w dequantised into shared memory); else
 // through bands of w's rows dequantised to bf16 (at most kQLinearBandBytes, a buffer per stream
-// allocated at its first such call, outside graph capture; a second one, with a side stream that
-// dequantises the next band while the GEMM runs, at its first call of several bands outside
-// capture) each multiplied by cuBLASLt (linear). x bf16; out bf16 or f32; bias bf16 or f32.
-// Throws llmk::Error as linear does.
+// allocated at its first such call, outside graph capture) each multiplied by cuBLASLt (linear). x
+// bf16; out bf16 or f32; bias bf16 or f32. Throws llmk::Error as linear does.
 inline constexpr size_t kQLinearBandBytes = size_t{64} << 20;
 void qlinear(const QLinearArgs& a);
 

@@ -100,9 +100,8 @@ cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w,
   return a;
 }
 
-// The same for a block-quantised w on CUDA (cuda::qlinear).
 cuda::QLinearArgs linear_cuda_qargs(Tensor& out, const Tensor& x, const Tensor& w,
-                                    const Tensor* bias, bool accumulate) {
+                                    const Tensor* bias, bool accumulate, bool gated_out) {
   LLMK_CHECK(qlayout::gpu_keeps(w.dtype()),
              "ops::linear: w is {} on the GPU, but the CUDA linear reads the block types Q4_0, "
              "Q4_1, Q5_0, Q8_0, Q4_K and Q6_K only; dequantise the others at load",
@@ -115,7 +114,7 @@ cuda::QLinearArgs linear_cuda_qargs(Tensor& out, const Tensor& x, const Tensor& 
   // The GPU layout (kernels/quant_layout.h) is of the whole matrix: w must be one, not a view.
   LLMK_CHECK(w.is_contiguous(), "ops::linear: w is {}: a quantised matrix must be contiguous",
              w.str());
-  const Dims d = check_shapes(out, x, w, bias);
+  const Dims d = check_shapes(out, x, w, bias, gated_out);
   require_rows_apart("x", x);
   require_rows_apart("out", out);
   cuda::QLinearArgs a;
@@ -208,12 +207,19 @@ void linear_gated(Tensor& out, const Tensor& x, const Tensor& w, Activation act,
   const int64_t F = w.dim(0) / 2;
   require_shape(op, "out", out, {x.dim(0), F});
 #ifdef LLMK_HAS_CUDA
-  // One row: the one-row kernel with the activation in its epilogue, where it takes the operands.
-  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1 &&
-      !is_quantized(w.dtype())) {
+  // One row: the one-row kernel (qgemv over quantised weights) with the activation in its
+  // epilogue, where it takes the operands.
+  if (x.defined() && x.device() == Device::CUDA && x.ndim() == 2 && x.dim(0) == 1) {
     const bool cuda = on_cuda(op, {{"out", &out}, {"x", &x}, {"w", &w}, {"scratch", &scratch}});
-    const cuda::LinearArgs a = linear_cuda_args(out, x, w, bias, true);
-    if (cuda && cuda::linear_gated_row(a, cuda_activation(act))) return;
+    if (is_quantized(w.dtype())) {
+      cuda::QLinearArgs a = linear_cuda_qargs(out, x, w, bias, false, true);
+      a.gated = true;
+      a.act = cuda_activation(act);
+      if (cuda && cuda::qlinear_row(a)) return;
+    } else {
+      const cuda::LinearArgs a = linear_cuda_args(out, x, w, bias, true);
+      if (cuda && cuda::linear_gated_row(a, cuda_activation(act))) return;
+    }
   }
 #endif
   linear(scratch, x, w, bias);

@@ -16,6 +16,9 @@ namespace llmk::ops::detail {
 // the launcher's arguments. gated_out: out holds half of w's rows (act(gate) * up).
 cuda::LinearArgs linear_cuda_args(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias,
                                   bool gated_out = false);
+// The same for a block-quantised w (cuda::qlinear, cuda::qlinear_row).
+cuda::QLinearArgs linear_cuda_qargs(Tensor& out, const Tensor& x, const Tensor& w,
+                                    const Tensor* bias, bool accumulate, bool gated_out = false);
 
 inline cuda::Activation cuda_activation(Activation act) {
   return act == Activation::SiLU ? cuda::Activation::SiLU : cuda::Activation::GeluTanh;

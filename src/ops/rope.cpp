@@ -132,17 +132,16 @@ void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const 
   const Tensor v =
       qkv.slice(1, (n_heads + Hkv) * D, (n_heads + 2 * Hkv) * D).unflatten(1, {Hkv, D});
 #ifdef LLMK_HAS_CUDA
-  // One token on CUDA, every dim rotated: the one-row linear with the rotation and the append in
-  // its epilogue, where it takes the operands (gemv_applies; the epilogue writes the cache rows
-  // in the output's type, so a plain cache of that type).
+  // One token on CUDA, every dim rotated: the one-row linear (qgemv over quantised weights) with
+  // the rotation and the append in its epilogue, where it takes the operands (gemv_applies,
+  // qgemv_applies; the epilogue writes the cache rows in the output's type, so a plain cache of
+  // that type).
   if (scales == nullptr && x.defined() && x.device() == Device::CUDA && x.ndim() == 2 &&
-      x.dim(0) == 1 && (p.rot_dim == 0 || p.rot_dim == D) && k_cache.dtype() == qkv.dtype() &&
-      !is_quantized(w.dtype())) {
+      x.dim(0) == 1 && (p.rot_dim == 0 || p.rot_dim == D) && k_cache.dtype() == qkv.dtype()) {
     const bool cuda = check_rope(op, qk, positions, p);
     const Tensor keys = qk.slice(1, n_heads, n_heads + Hkv);
     check_kv_append(op, k_cache, v_cache, keys, v, cache_rows);
     require_disjoint(op, "qkv", qkv, "x", x);
-    const cuda::LinearArgs a = linear_cuda_args(qkv, x, w, bias);
     const cuda::KvAppendArgs kv = cuda_kv_append_args(k_cache, v_cache, keys, v, cache_rows);
     cuda::GemvRope r;
     r.position = positions.data<const int32_t>();
@@ -161,7 +160,14 @@ void linear_rope_kv_append(Tensor& qkv, const Tensor& x, const Tensor& w, const 
     r.theta = p.theta;
     r.freq_scale = p.freq_scale;
     r.freq_factors = p.freq_factors ? p.freq_factors->data<const float>() : nullptr;
-    if (cuda && cuda::linear_rope_row(a, r)) return;
+    if (is_quantized(w.dtype())) {
+      cuda::QLinearArgs a = linear_cuda_qargs(qkv, x, w, bias, false);
+      a.rope = &r;
+      if (cuda && cuda::qlinear_row(a)) return;
+    } else {
+      const cuda::LinearArgs a = linear_cuda_args(qkv, x, w, bias);
+      if (cuda && cuda::linear_rope_row(a, r)) return;
+    }
   }
 #endif
   linear(qkv, x, w, bias);

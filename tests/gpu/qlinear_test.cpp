@@ -304,6 +304,84 @@ TEST_F(QLinear, EmbeddingRowsAreTheDequantisedRows) {
   }
 }
 
+// The one-token epilogues over quantised weights (ops::linear_gated, ops::linear_rope_kv_append:
+// qgemv with act(g) * u, or RoPE and the KV append, in its epilogue) against the same ops
+// composed on the GPU: qgemv's plain product into a buffer, then gated_act or rope_kv_append.
+// Each row's sum is the same (the same warps fold the same groups in the same order; the fused
+// launch only pairs the rows differently), so the outputs and cache rows must match bit for bit.
+// Shapes: units that leave the last block part-full, K with groups of four chunks part-full, both
+// RoPE pairings, a bias; one launch for the fused op (qgemv counted once), none into scratch.
+TEST_F(QLinear, OneTokenEpiloguesMatchTheComposedOps) {
+  uint32_t seed = 900;
+  for (DType t : kTypes) {
+    const int64_t K = qlayout::layout(t).block_elems == 256 ? 768 : 160;
+    const std::string type(dtype_name(t));
+    for (int64_t F : {int64_t{3}, int64_t{130}}) {
+      for (ops::Activation act : {ops::Activation::SiLU, ops::Activation::GeluTanh}) {
+        for (bool with_bias : {false, true}) {
+          const std::string what = type + " linear_gated F=" + std::to_string(F) +
+                                   (act == ops::Activation::SiLU ? " silu" : " gelu_tanh") +
+                                   (with_bias ? " bias" : "");
+          const Tensor w = to_gpu_layout(random_blocks(t, 2 * F, K, seed++));
+          const Tensor x = gpu_test::random_host({1, K}, DType::BF16, seed++).to(Device::CUDA);
+          const Tensor b =
+              gpu_test::random_host({2 * F}, DType::BF16, seed++, -0.5f, 0.5f).to(Device::CUDA);
+          Tensor scratch = poisoned_cuda({1, 2 * F}, DType::BF16);
+          Tensor out = poisoned_cuda({1, F}, DType::BF16);
+          const uint64_t before = cuda::linear_stats().qgemv;
+          ops::linear_gated(out, x, w, act, scratch, with_bias ? &b : nullptr);
+          EXPECT_EQ(cuda::linear_stats().qgemv, before + 1) << what;
+          EXPECT_EQ(gpu_test::unpoisoned(scratch.to(Device::CPU)), 0) << what;
+          Tensor lin = Tensor::empty({1, 2 * F}, DType::BF16, Device::CUDA);
+          ops::linear(lin, x, w, with_bias ? &b : nullptr);
+          Tensor ref = Tensor::empty({1, F}, DType::BF16, Device::CUDA);
+          ops::gated_act(ref, lin.slice(1, 0, F), lin.slice(1, F, 2 * F), act);
+          EXPECT_EQ(compare(out.to(Device::CPU), ref.to(Device::CPU)).max_abs, 0.0) << what;
+        }
+      }
+    }
+    struct Case {
+      int64_t Hq, Hkv, D;
+      ops::RopeLayout layout;
+      bool bias;
+    };
+    const Case cases[] = {{4, 2, 64, ops::RopeLayout::HalfSplit, true},
+                          {3, 1, 128, ops::RopeLayout::Adjacent, false},
+                          {2, 1, 96, ops::RopeLayout::HalfSplit, false}};
+    for (const Case& c : cases) {
+      const int64_t N = (c.Hq + 2 * c.Hkv) * c.D, cache_len = 5, row = 3;
+      const std::string what = type + " linear_rope_kv_append Hq=" + std::to_string(c.Hq) +
+                               " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D);
+      const Tensor w = to_gpu_layout(random_blocks(t, N, K, seed++));
+      const Tensor x = gpu_test::random_host({1, K}, DType::BF16, seed++).to(Device::CUDA);
+      const Tensor b =
+          gpu_test::random_host({N}, DType::BF16, seed++, -0.5f, 0.5f).to(Device::CUDA);
+      const Tensor cache_host =
+          gpu_test::random_host({2, cache_len, c.Hkv, c.D}, DType::BF16, seed++);
+      const Tensor pos = gpu_test::i32_host({1234}).to(Device::CUDA);
+      const Tensor rows = gpu_test::i32_host({static_cast<int32_t>(row)}).to(Device::CUDA);
+      ops::RopeParams p;
+      p.theta = 10000.0f;
+      p.layout = c.layout;
+      Tensor cache = cache_host.to(Device::CUDA), cache_ref = cache_host.to(Device::CUDA);
+      Tensor kc = cache.select(0, 0), vc = cache.select(0, 1);
+      Tensor kc_ref = cache_ref.select(0, 0), vc_ref = cache_ref.select(0, 1);
+      Tensor qkv = poisoned_cuda({1, N}, DType::BF16);
+      const uint64_t before = cuda::linear_stats().qgemv;
+      ops::linear_rope_kv_append(qkv, x, w, c.bias ? &b : nullptr, c.Hq, pos, p, kc, vc, rows);
+      EXPECT_EQ(cuda::linear_stats().qgemv, before + 1) << what;
+      Tensor ref = Tensor::empty({1, N}, DType::BF16, Device::CUDA);
+      ops::linear(ref, x, w, c.bias ? &b : nullptr);
+      Tensor qk = ref.slice(1, 0, (c.Hq + c.Hkv) * c.D).unflatten(1, {c.Hq + c.Hkv, c.D});
+      ops::rope_kv_append(qk, pos, p, kc_ref, vc_ref,
+                          ref.slice(1, (c.Hq + c.Hkv) * c.D, N).unflatten(1, {c.Hkv, c.D}), rows);
+      EXPECT_EQ(compare(qkv.to(Device::CPU), ref.to(Device::CPU)).max_abs, 0.0) << what;
+      EXPECT_EQ(compare(cache.to(Device::CPU), cache_ref.to(Device::CPU)).max_abs, 0.0)
+          << what << " (cache)";
+    }
+  }
+}
+
 TEST_F(QLinear, ArgumentErrors) {
   const Tensor w = to_gpu_layout(random_blocks(DType::Q4_0, 8, 64, 3));
   const Tensor x16 = Tensor::empty({1, 64}, DType::F16, Device::CUDA);

@@ -20,9 +20,8 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/gemm/gemv.h"
-#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/gemm/pair_epilogue.cuh"
 #include "kernels/cuda/vec.cuh"
 
 namespace llmk::cuda {
@@ -49,9 +48,6 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc)
   return acc;
 }
 
-// The RoPE epilogue's marker (GemvRope).
-struct RopeQkv {};
-
 // The plain output (Act = void), the gated one (Act = SiluMul or GeluTanhMul) or the RoPE
 // epilogue (Act = RopeQkv).
 template <typename TIn, typename TOut, typename TBias, class Act>
@@ -59,33 +55,22 @@ __global__ void __launch_bounds__(kThreads)
     gemv_kernel(TOut* __restrict__ out, const uint16_t* __restrict__ x,
                 const uint16_t* __restrict__ w, int64_t ldw, const TBias* __restrict__ bias, int N,
                 int chunks, const GemvRope rope, bool release_first) {
-  constexpr bool kRope = std::is_same_v<Act, RopeQkv>;
-  constexpr bool kGated = !std::is_void_v<Act> && !kRope;
+  constexpr bool kPaired = !std::is_void_v<Act>;
   static_assert(kRows == 2, "a gated warp owns a gate row and its up row; a RoPE warp a pair");
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int unit = blockIdx.x * kWarps + warp;  // the warp's output (gated) or row pair
-  int row0 = kGated ? unit : unit * kRows;
-  int rows[kRows];
-  int head = 0, pair = 0;  // kRope: the warp's head and rotated pair in it
-  if constexpr (kRope) {   // rows (i, i + D/2) of head h (half-split) or (2i, 2i + 1) (adjacent)
-    const int half = rope.D / 2;
-    head = unit / half;
-    pair = unit % half;
-    row0 = head * rope.D + (rope.half_split ? pair : 2 * pair);
-  }
-  if ((kGated || kRope) ? unit >= N / 2 : row0 >= N) {
+  const int row0 = unit * kRows;
+  PairRows p;  // kPaired: the unit's rows
+  if constexpr (kPaired) p = pair_rows<Act>(unit, N, rope);
+  if (kPaired ? !p.live : row0 >= N) {
     grid_dependency_wait(release_first);
     return;
   }
+  int rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    if constexpr (kGated) {
-      rows[r] = row0 + r * (N / 2);
-    } else if constexpr (kRope) {
-      rows[r] = row0 + r * (rope.half_split ? rope.D / 2 : 1);
-    } else {
-      rows[r] = min(row0 + r, N - 1);  // a missing last row re-reads row N - 1, unused
-    }
+    // Unpaired: a missing last row re-reads row N - 1, unused.
+    rows[r] = kPaired ? p.rows[r] : min(row0 + r, N - 1);
   }
   const uint4* wr[kRows];
 #pragma unroll
@@ -129,44 +114,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
   if (lane == 0) {
-    if constexpr (kGated) {
-      // Each product rounded to TOut (= TIn) as the linear's output would be, then the activation.
-      float v[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        v[r] = to_float(from_float<TOut>(acc[r] + (bias ? to_float(bias[rows[r]]) : 0.0f)));
-      }
-      out[row0] = from_float<TOut>(Act{}(v[0], v[1]));
-    } else if constexpr (kRope) {
-      // The products rounded to TOut (= TIn) as the linear's output would be; then the rotation
-      // (query and key heads), rounded again, as cuda::rope does; then the key or value cache row.
-      float v[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        v[r] = to_float(from_float<TOut>(acc[r] + (bias ? to_float(bias[rows[r]]) : 0.0f)));
-      }
-      if (head < rope.Hq + rope.Hkv) {
-        // The frequency's base in device double precision (cuda::rope takes it from the host).
-        const float2 cs = rope_cos_sin(pow(rope.theta, -2.0 * pair / rope.D), rope.freq_factors,
-                                       pair, rope.freq_scale, static_cast<double>(*rope.position));
-        const float x0 = v[0], x1 = v[1];
-        v[0] = x0 * cs.x - x1 * cs.y;
-        v[1] = x0 * cs.y + x1 * cs.x;
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) out[rows[r]] = from_float<TOut>(v[r]);
-      if (head >= rope.Hq) {
-        const int64_t crow = *rope.cache_row;
-        if (crow >= 0 && crow < rope.L) {
-          const bool is_v = head >= rope.Hq + rope.Hkv;
-          const int kvh = head - rope.Hq - (is_v ? rope.Hkv : 0);
-          TOut* dst = static_cast<TOut*>(is_v ? rope.v_cache : rope.k_cache) +
-                      crow * (is_v ? rope.vc_ld_l : rope.kc_ld_l) +
-                      kvh * (is_v ? rope.vc_ld_h : rope.kc_ld_h) - head * rope.D;
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) dst[rows[r]] = from_float<TOut>(v[r]);
-        }
-      }
+    if constexpr (kPaired) {
+      pair_store<Act>(out, acc, p, unit, bias, rope);
     } else {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {

@@ -830,8 +830,17 @@ class QChoice {
 
 }  // namespace
 
+bool qlinear_row(const QLinearArgs& a) {
+  LLMK_CHECK(a.gated || a.rope, "cuda::qlinear_row: neither a gated output nor a RoPE epilogue");
+  if (a.K <= 0 || a.N <= 0 || !qgemv(a)) return false;
+  ++counters().calls;
+  ++counters().qgemv;
+  return true;
+}
+
 void qlinear(const QLinearArgs& a) {
   LLMK_CHECK(a.K > 0 && a.M >= 0 && a.N >= 0, "cuda::qlinear: M {} N {} K {}", a.M, a.N, a.K);
+  LLMK_CHECK(!a.gated && !a.rope, "cuda::qlinear: an epilogue is cuda::qlinear_row's");
   if (a.M == 0 || a.N == 0) return;
   ++counters().calls;
   if (qgemv(a)) {

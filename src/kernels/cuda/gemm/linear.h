@@ -104,6 +104,10 @@ bool linear_rope_row(const LinearArgs& a, const GemvRope& rope);
 // bf16; out bf16 or f32; bias bf16 or f32. Throws llmk::Error as linear does.
 inline constexpr size_t kQLinearBandBytes = size_t{64} << 20;
 void qlinear(const QLinearArgs& a);
+// One token's product with an epilogue over quantised weights (QLinearArgs::gated or ::rope, as
+// linear_gated_row and linear_rope_row have them over bf16 weights): qgemv with the epilogue.
+// False, with nothing enqueued, where qgemv does not take the operands (qgemv_applies).
+bool qlinear_row(const QLinearArgs& a);
 
 // Counters since process start, for tests and benchmarks.
 struct LinearStats {

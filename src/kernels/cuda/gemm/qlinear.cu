@@ -30,6 +30,7 @@
 #include "core/cuda/check.h"
 #include "kernels/cuda/attention/tiles.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm/pair_epilogue.cuh"
 #include "kernels/cuda/gemm/qdecode.cuh"
 #include "kernels/cuda/gemm/qlinear.h"
 #include "kernels/quant_layout.h"
@@ -57,6 +58,7 @@ struct QKernelArgs {
   int M, N, chunks;  // chunks a row
   bool accumulate;
   bool release_first;
+  GemvRope rope;  // Act = RopeQkv
 };
 
 // kTiles: tokens 8 at a time (M <= 8 x kTiles), one mma each a step. Each warp streams its
@@ -88,8 +90,12 @@ inline constexpr int kPStep = T == DType::Q8_0 ? 32 * 16 : 32 * 32;
 __device__ __forceinline__ int quad_unit(int g, int i) { return 4 * g + (i ^ (g >> 1)); }
 
 // kOne: M = 1, whose products are column 0 of the mma's 8: the folds skip the other columns.
-template <DType T, typename TOut, typename TBias, int kTiles, bool kOne>
+// Act (kOne only): void, the plain output; else pair_epilogue.cuh's epilogue, block b taking its
+// units 8 b .. 8 b + 7, unit 8 b + g's two rows as the lanes' rows g and g + 8.
+template <DType T, typename TOut, typename TBias, int kTiles, bool kOne, class Act = void>
 __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a) {
+  constexpr bool kPaired = !std::is_void_v<Act>;
+  static_assert(!kPaired || kOne, "the epilogues are one token's");
   using Q = Quad<T>;
   using R = Ring<T>;
   constexpr int kV = kQVecs<T>, kG = Q::kGroups;
@@ -102,7 +108,12 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
             lane = static_cast<int>(threadIdx.x) % kWarp;
   const int g = lane / 4, t = lane % 4;
   const int row0 = static_cast<int>(blockIdx.x) * 16 + g, row1 = row0 + 8;
-  const int64_t rr[2] = {min(row0, a.N - 1), min(row1, a.N - 1)};  // past N: re-read, unused
+  const int unit = static_cast<int>(blockIdx.x) * 8 + g;  // kPaired
+  PairRows pair;
+  if constexpr (kPaired) pair = pair_rows<Act>(unit, a.N, a.rope);
+  // The rows' weights (past N, or a unit past the last: row N - 1 or 0 re-read, unused).
+  const int64_t rr[2] = {kPaired ? (pair.live ? pair.rows[0] : 0) : min(row0, a.N - 1),
+                         kPaired ? (pair.live ? pair.rows[1] : 0) : min(row1, a.N - 1)};
   const int groups = (a.chunks + 3) / 4;
   const int mine = warp < groups ? (groups - warp + kQWarps - 1) / kQWarps : 0;
   // The warp's first group (chunks c0 .. c0 + 3; this lane copies chunk c), and what every later
@@ -297,16 +308,20 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
   // acc[j]: (row0, token 8 j + 2t), (row0, + 1), (row1, 8 j + 2t), (row1, + 1).
   TOut* out = static_cast<TOut*>(a.out);
   const TBias* bias = static_cast<const TBias*>(a.bias);
+  if constexpr (kPaired) {
+    if (t == 0 && pair.live) pair_store<Act>(out, {acc[0][0], acc[0][2]}, pair, unit, bias, a.rope);
+  } else {
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
+    for (int j = 0; j < kTiles; ++j) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = i < 2 ? row0 : row1, tok = 8 * j + 2 * t + (i % 2);
-      if (row >= a.N || tok >= a.M) continue;
-      float v = acc[j][i] + (bias ? to_float(bias[row]) : 0.0f);
-      TOut* dst = out + static_cast<int64_t>(tok) * a.ldo + row;
-      if (a.accumulate) v += to_float(*dst);
-      *dst = from_float<TOut>(v);
+      for (int i = 0; i < 4; ++i) {
+        const int row = i < 2 ? row0 : row1, tok = 8 * j + 2 * t + (i % 2);
+        if (row >= a.N || tok >= a.M) continue;
+        float v = acc[j][i] + (bias ? to_float(bias[row]) : 0.0f);
+        TOut* dst = out + static_cast<int64_t>(tok) * a.ldo + row;
+        if (a.accumulate) v += to_float(*dst);
+        *dst = from_float<TOut>(v);
+      }
     }
   }
 }
@@ -387,12 +402,13 @@ QKernelArgs kernel_args(const QLinearArgs& a) {
   k.chunks = chunks_per_row(a.wtype, a.K);
   k.accumulate = a.accumulate;
   k.release_first = release_dependents_first();
+  if (a.rope) k.rope = *a.rope;
   return k;
 }
 
-template <DType T, typename TOut, typename TBias, int kTiles, bool kOne = false>
+template <DType T, typename TOut, typename TBias, int kTiles, bool kOne = false, class Act = void>
 void launch_tiles(const QLinearArgs& a) {
-  auto* kernel = qgemv_kernel<T, TOut, TBias, kTiles, kOne>;
+  auto* kernel = qgemv_kernel<T, TOut, TBias, kTiles, kOne, Act>;
   constexpr size_t kSmem = Ring<T>::kSmemBytes;
   static const bool raised = [&] {
     LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -400,12 +416,29 @@ void launch_tiles(const QLinearArgs& a) {
     return true;
   }();
   (void)raised;
-  launch_dependent(kernel, dim3(static_cast<unsigned>(ceil_div(a.N, 16))), dim3(kQThreads), kSmem,
+  const int64_t blocks = std::is_void_v<Act> ? ceil_div(a.N, 16) : ceil_div(a.N / 2, 8);
+  launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kQThreads), kSmem,
                    kernel_args(a));
 }
 
 template <DType T, typename TOut, typename TBias>
 void launch_q(const QLinearArgs& a) {
+  if constexpr (std::is_same_v<TOut, __nv_bfloat16> && std::is_same_v<TBias, __nv_bfloat16>) {
+    if (a.rope) {
+      launch_tiles<T, TOut, TBias, 1, true, RopeQkv>(a);
+      check_launch("cuda::qgemv");
+      return;
+    }
+    if (a.gated) {
+      if (a.act == Activation::SiLU) {
+        launch_tiles<T, TOut, TBias, 1, true, SiluMul>(a);
+      } else {
+        launch_tiles<T, TOut, TBias, 1, true, GeluTanhMul>(a);
+      }
+      check_launch("cuda::qgemv");
+      return;
+    }
+  }
   if (a.M == 1) {
     launch_tiles<T, TOut, TBias, 1, true>(a);
   } else if (a.M <= 8) {
@@ -444,7 +477,13 @@ bool qgemv_applies(const QLinearArgs& a) {
          a.M <= kQGemvMaxRows && a.N >= 1 && a.N < (int64_t{1} << 31) &&
          (a.out_dtype == DType::BF16 || a.out_dtype == DType::F32) &&
          (a.bias == nullptr || a.bias_dtype == DType::BF16 || a.bias_dtype == DType::F32) &&
-         aligned(a.x, 16) && (a.M == 1 || a.ldx % 8 == 0) && aligned(a.w, 16);
+         aligned(a.x, 16) && (a.M == 1 || a.ldx % 8 == 0) && aligned(a.w, 16) &&
+         (!(a.gated || a.rope) ||
+          (a.M == 1 && a.out_dtype == DType::BF16 && !a.accumulate &&
+           (a.bias == nullptr || a.bias_dtype == DType::BF16) && a.N % 2 == 0)) &&
+         (!a.gated || a.act == Activation::SiLU || a.act == Activation::GeluTanh) &&
+         (!a.rope || (!a.gated && a.rope->D > 0 && a.rope->D % 2 == 0 &&
+                      a.N == int64_t{a.rope->Hq + 2 * a.rope->Hkv} * a.rope->D));
 }
 
 bool qgemv(const QLinearArgs& a) {

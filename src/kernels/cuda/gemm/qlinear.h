@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/cuda/gemm/gemv.h"
 
 namespace llmk::cuda {
 
@@ -32,11 +33,17 @@ struct QLinearArgs {
   DType bias_dtype = DType::BF16;
   int64_t M = 0, N = 0, K = 0;
   bool accumulate = false;  // out += (the sum, then the bias, added to out's value, rounded once)
+  // One token's epilogues, as gemv.h's GemvArgs has them (qgemv with M = 1, out BF16, bias BF16
+  // or none, not accumulating): a gated output act(g) * u of a stacked gate|up (N = 2F, out [F]),
+  // or RoPE and the KV append of a Q|K|V projection (N = (Hq + 2 Hkv) D).
+  bool gated = false;
+  Activation act = Activation::SiLU;
+  const GemvRope* rope = nullptr;
 };
 
 // Whether qgemv takes the operands: a kept type (qlayout::gpu_keeps), K a multiple of its block,
 // 1 <= M <= kQGemvMaxRows, x's rows 16-byte aligned (ldx and x), out BF16 or F32, bias BF16 or
-// F32, N below 2^31.
+// F32, N below 2^31; with an epilogue (gated or rope), as QLinearArgs says.
 bool qgemv_applies(const QLinearArgs& a);
 // Enqueues the product on cuda::current_stream(); false (nothing enqueued) where it does not apply.
 bool qgemv(const QLinearArgs& a);

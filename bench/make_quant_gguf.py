@@ -8,7 +8,8 @@ Every block is random bytes except its f16 scale fields, set to finite values of
 `llmk bench` runs on random token ids.
 
 Types: q4_k_m (llama.cpp's mix for a Llama: Q4_K, Q6_K for the output and for attn_v and
-ffn_down of the layers llama.cpp gives more bits), q4_k, q6_k, q8_0, q4_0 (every matrix).
+ffn_down of the layers llama.cpp gives more bits), q4_k, q6_k, q8_0, q4_0, q5_0 (every matrix;
+q5_0 is what a Hugging Face AWQ checkpoint loads as).
 
     python3 bench/make_quant_gguf.py --shape llama-3-8b --type q4_k_m OUT.gguf
 """
@@ -31,11 +32,12 @@ SHAPES = {
 TYPES = {
     "f32": (0, 1, 4, []),
     "q4_0": (2, 32, 18, [0]),
+    "q5_0": (6, 32, 22, [0]),
     "q8_0": (8, 32, 34, [0]),
     "q4_k": (12, 256, 144, [0, 2]),
     "q6_k": (14, 256, 210, [208]),
 }
-SCALE = {"q4_0": 0.02, "q8_0": 0.001, "q4_k": 0.0005, "q6_k": 0.0002}
+SCALE = {"q4_0": 0.02, "q5_0": 0.01, "q8_0": 0.001, "q4_k": 0.0005, "q6_k": 0.0002}
 
 
 def use_more_bits(i, n):
@@ -99,7 +101,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--shape", default="llama-3-8b", choices=sorted(SHAPES))
-    ap.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q4_k", "q6_k", "q8_0", "q4_0"])
+    ap.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q4_k", "q6_k", "q8_0", "q4_0", "q5_0"])
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     layers, d, ff, heads, kv_heads, vocab, rope = SHAPES[args.shape]

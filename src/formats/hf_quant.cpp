@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -92,58 +93,126 @@ std::vector<float> scales_f32(const Tensor& s, const std::string& what) {
 
 uint32_t nibble(int32_t word, int i) { return (static_cast<uint32_t>(word) >> (4 * i)) & 0xFu; }
 
-}  // namespace
-
-Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::string& what) {
-  LLMK_CHECK(q.method != HfQuant::Method::None, "{}: not a quantised checkpoint", what);
-  check_2d(p.qweight, DType::I32, what, "qweight");
-  check_2d(p.qzeros, DType::I32, what, "qzeros");
-  const bool awq = q.method == HfQuant::Method::Awq;
-  // in x out, from qweight: AWQ [in, out / 8], GPTQ [in / 8, out].
-  const int64_t in = awq ? p.qweight.dim(0) : 8 * p.qweight.dim(0);
-  const int64_t out = awq ? 8 * p.qweight.dim(1) : p.qweight.dim(1);
-  LLMK_CHECK(out % 8 == 0 && in > 0 && out > 0, "{}.qweight: shape {} holds no whole words", what,
-             shape_str(p.qweight.shape()));
-  const int64_t group = q.group_size > 0 ? q.group_size : in;
-  LLMK_CHECK(in % group == 0, "{}: {} input rows are not whole groups of {} ({})", what, in, group,
-             q.describe());
-  const int64_t groups = in / group;
-  const std::vector<float> scale = scales_f32(p.scales, what);
-  check_shape(p.scales, groups, out, what, "scales", q.describe());
-  check_shape(p.qzeros, groups, out / 8, what, "qzeros", q.describe());
-  std::vector<int32_t> group_of(static_cast<size_t>(in));
-  for (int64_t k = 0; k < in; ++k)
-    group_of[static_cast<size_t>(k)] = static_cast<int32_t>(k / group);
-  if (!awq && p.g_idx.defined()) {
-    LLMK_CHECK(p.g_idx.dtype() == DType::I32 && p.g_idx.ndim() == 1 && p.g_idx.dim(0) == in,
-               "{}.g_idx: {} {}, expected I32 [{}]", what, dtype_name(p.g_idx.dtype()),
-               shape_str(p.g_idx.shape()), in);
-    for (int64_t k = 0; k < in; ++k) {
-      const int32_t g = p.g_idx.data<const int32_t>()[k];
-      LLMK_CHECK(g >= 0 && g < groups, "{}.g_idx[{}] = {}: outside the {} groups", what, k, g,
-                 groups);
-      group_of[static_cast<size_t>(k)] = g;
+// A packed layer checked against its quantization_config, read weight by weight.
+class Unpacked {
+ public:
+  Unpacked(const HfQuant& q, const PackedLinear& p, const std::string& what)
+      : awq_(q.method == HfQuant::Method::Awq), zero_add_(q.zero_less_one ? 1 : 0) {
+    LLMK_CHECK(q.method != HfQuant::Method::None, "{}: not a quantised checkpoint", what);
+    check_2d(p.qweight, DType::I32, what, "qweight");
+    check_2d(p.qzeros, DType::I32, what, "qzeros");
+    // in x out, from qweight: AWQ [in, out / 8], GPTQ [in / 8, out].
+    in_ = awq_ ? p.qweight.dim(0) : 8 * p.qweight.dim(0);
+    out_ = awq_ ? 8 * p.qweight.dim(1) : p.qweight.dim(1);
+    LLMK_CHECK(out_ % 8 == 0 && in_ > 0 && out_ > 0, "{}.qweight: shape {} holds no whole words",
+               what, shape_str(p.qweight.shape()));
+    group_ = q.group_size > 0 ? q.group_size : in_;
+    LLMK_CHECK(in_ % group_ == 0, "{}: {} input rows are not whole groups of {} ({})", what, in_,
+               group_, q.describe());
+    const int64_t groups = in_ / group_;
+    scale_ = scales_f32(p.scales, what);
+    check_shape(p.scales, groups, out_, what, "scales", q.describe());
+    check_shape(p.qzeros, groups, out_ / 8, what, "qzeros", q.describe());
+    group_of_.resize(static_cast<size_t>(in_));
+    for (int64_t k = 0; k < in_; ++k)
+      group_of_[static_cast<size_t>(k)] = static_cast<int32_t>(k / group_);
+    if (!awq_ && p.g_idx.defined()) {
+      LLMK_CHECK(p.g_idx.dtype() == DType::I32 && p.g_idx.ndim() == 1 && p.g_idx.dim(0) == in_,
+                 "{}.g_idx: {} {}, expected I32 [{}]", what, dtype_name(p.g_idx.dtype()),
+                 shape_str(p.g_idx.shape()), in_);
+      for (int64_t k = 0; k < in_; ++k) {
+        const int32_t g = p.g_idx.data<const int32_t>()[k];
+        LLMK_CHECK(g >= 0 && g < groups, "{}.g_idx[{}] = {}: outside the {} groups", what, k, g,
+                   groups);
+        group_of_[static_cast<size_t>(k)] = g;
+        in_order_ = in_order_ && g == k / group_;
+      }
     }
+    qw_ = p.qweight.data<const int32_t>();
+    qz_ = p.qzeros.data<const int32_t>();
   }
+
+  int64_t in() const { return in_; }
+  int64_t out() const { return out_; }
+  int64_t group() const { return group_; }
+  // Whether input row k is in group k / group() for every k (no act-order g_idx).
+  bool in_order() const { return in_order_; }
+  int64_t group_of(int64_t k) const { return group_of_[static_cast<size_t>(k)]; }
+  float scale(int64_t g, int64_t n) const { return scale_[static_cast<size_t>(g * out_ + n)]; }
+  // The 4-bit value of weight (n, k) and its group's zero point (1 to 16 in GPTQ v1).
+  int value(int64_t n, int64_t k) const {
+    return static_cast<int>(awq_ ? nibble(qw_[k * (out_ / 8) + n / 8], kAwqNibble[n % 8])
+                                 : nibble(qw_[(k / 8) * out_ + n], static_cast<int>(k % 8)));
+  }
+  int zero(int64_t g, int64_t n) const {
+    // The zero's nibble: AWQ's order; GPTQ packs columns in order.
+    const int nib = awq_ ? kAwqNibble[n % 8] : static_cast<int>(n % 8);
+    return static_cast<int>(nibble(qz_[g * (out_ / 8) + n / 8], nib)) + zero_add_;
+  }
+
+ private:
   // AWQ's nibble of output column j (of each eight): the inverse of its order {0, 2, 4, 6, 1, 3,
   // 5, 7}.
   static constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-  const auto* qw = p.qweight.data<const int32_t>();
-  const auto* qz = p.qzeros.data<const int32_t>();
-  const int64_t zero_cols = out / 8;
-  const int zero_add = q.zero_less_one ? 1 : 0;
+  bool awq_;
+  int zero_add_;
+  int64_t in_ = 0, out_ = 0, group_ = 0;
+  bool in_order_ = true;
+  std::vector<float> scale_;
+  std::vector<int32_t> group_of_;
+  const int32_t* qw_ = nullptr;
+  const int32_t* qz_ = nullptr;
+};
+
+}  // namespace
+
+Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::string& what) {
+  const Unpacked u(q, p, what);
+  const int64_t in = u.in(), out = u.out();
   Tensor w = Tensor::empty({out, in}, DType::F16);
   auto* dst = w.data<uint16_t>();
   for (int64_t k = 0; k < in; ++k) {
-    const int64_t g = group_of[static_cast<size_t>(k)];
-    const float* s = scale.data() + g * out;
+    const int64_t g = u.group_of(k);
     for (int64_t n = 0; n < out; ++n) {
-      const int j = static_cast<int>(n % 8);
-      const int nib = awq ? kAwqNibble[j] : j;  // the zero's nibble; GPTQ packs columns in order
-      const uint32_t qv = awq ? nibble(qw[k * (out / 8) + n / 8], kAwqNibble[j])
-                              : nibble(qw[(k / 8) * out + n], static_cast<int>(k % 8));
-      const int zero = static_cast<int>(nibble(qz[g * zero_cols + n / 8], nib)) + zero_add;
-      dst[n * in + k] = float_to_fp16(s[n] * static_cast<float>(static_cast<int>(qv) - zero));
+      dst[n * in + k] =
+          float_to_fp16(u.scale(g, n) * static_cast<float>(u.value(n, k) - u.zero(g, n)));
+    }
+  }
+  return w;
+}
+
+Tensor repack_packed_q5_0(const HfQuant& q, const PackedLinear& p, const std::string& what) {
+  const Unpacked u(q, p, what);
+  const int64_t in = u.in(), out = u.out();
+  if (!u.in_order() || u.group() % 32 != 0) return Tensor();
+  const int64_t groups = in / u.group();
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t n = 0; n < out; ++n) {
+      const float s = u.scale(g, n);
+      if (fp16_to_float(float_to_fp16(s)) != s) return Tensor();  // d is an f16
+    }
+  }
+  constexpr int64_t kBlock = 22;  // f16 d; u8 qh[4] (bit j: weight j's fifth); u8 qs[16]
+  const int64_t blocks = in / 32;
+  Tensor w = Tensor::empty({out, in}, DType::Q5_0);
+  auto* dst = static_cast<uint8_t*>(w.data());
+  for (int64_t n = 0; n < out; ++n) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t g = 32 * b / u.group();
+      uint8_t* blk = dst + (n * blocks + b) * kBlock;
+      const uint16_t d = float_to_fp16(u.scale(g, n));
+      std::memcpy(blk, &d, 2);
+      uint32_t qh = 0;
+      uint8_t* qs = blk + 6;
+      std::memset(qs, 0, 16);
+      const int zero = u.zero(g, n);
+      for (int j = 0; j < 32; ++j) {
+        // q - zero in [-16, 15] (a GPTQ v1 zero is at most 16): 16 + that in 5 bits.
+        const auto v = static_cast<uint32_t>(16 + u.value(n, 32 * b + j) - zero);
+        qs[j % 16] |= static_cast<uint8_t>((v & 0xFu) << (j < 16 ? 0 : 4));
+        qh |= ((v >> 4) & 1u) << j;
+      }
+      std::memcpy(blk + 2, &qh, 4);
     }
   }
   return w;

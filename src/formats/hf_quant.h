@@ -51,4 +51,12 @@ inline constexpr const char* kPackedParts[] = {".qweight", ".qzeros", ".scales",
 // outside the groups.
 Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::string& what);
 
+// The same layer as GGUF Q5_0 blocks ([out, in], 22 bytes a block of 32 input rows: an f16 scale d
+// and each weight's 16 + q - zero in five bits), whose weights d (v - 16) are scale * (q - zero)
+// exactly: 5.5 bits a weight, and a type the CPU and CUDA linears read without dequantising
+// (QLinear on the GPU). Undefined (no error) where a block cannot hold its weights exactly: an
+// act-order g_idx, a group size not a multiple of 32, or a scale that is not an f16 value. The
+// same errors as dequantize_packed for malformed tensors.
+Tensor repack_packed_q5_0(const HfQuant& q, const PackedLinear& p, const std::string& what);
+
 }  // namespace llmk

@@ -125,9 +125,10 @@ def test_bad_input_raises_one_clear_error(family):
 
 
 def test_awq_and_gptq_folders_generate_as_their_f16_twins():
-    # Hugging Face AWQ / GPTQ 4-bit checkpoints load dequantised to f16 (tests/fixtures/hf_quant,
-    # tests/model/hf_quant_test.cpp): greedy tokens equal their f16 twins'. dequantize (a CUDA
-    # setting: bf16 weights instead of quantised ones) changes nothing on the CPU.
+    # Hugging Face AWQ / GPTQ 4-bit checkpoints (tests/fixtures/hf_quant,
+    # tests/model/hf_quant_test.cpp): the AWQ one kept as exact Q5_0 blocks, the GPTQ one (act
+    # order) dequantised to f16; greedy tokens equal their f16 twins'. dequantize (a CUDA setting:
+    # bf16 weights instead of quantised ones) changes nothing on the CPU.
     folder = ROOT / "tests" / "fixtures" / "hf_quant"
     for q in ("awq", "gptq"):
         quant = llmk.LLM(folder / q, device="cpu")

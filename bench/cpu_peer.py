@@ -59,9 +59,9 @@ LLMK_LINE = re.compile(r"prompt (\d+) tokens, ([\d.]+) tokens/s \| generation (\
                        r"([\d.]+) tokens/s")
 
 
-def run_llmk(binary, model, threads, gen):
+def run_llmk(binary, model, threads, gen, extra=()):
     cmd = [binary, "run", "-m", model, "-p", PROMPT, "--temp", "0", "-n", str(gen),
-           "--ignore-eos", "-t", str(threads)]
+           "--ignore-eos", "-t", str(threads), *extra]
     p = subprocess.run(cmd, capture_output=True, text=True)
     m = LLMK_LINE.search(p.stderr)
     if p.returncode != 0 or not m:
@@ -94,6 +94,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--llmk", default="build/cpu/llmk")
+    ap.add_argument("--int8", action="store_true",
+                    help="also run llmk with --cpu-int8 (8-bit activations against Q8_0 weights)")
     ap.add_argument("--json")
     args = ap.parse_args()
     try:
@@ -110,17 +112,20 @@ def main():
           f"read bandwidth (numpy sum, 1 GiB): "
           + ", ".join(f"{t} threads {bw[t]:.1f} GB/s" for t in threads))
     print("| model | threads | llama.cpp prompt / gen tokens/s | llmk prompt / gen | llmk / peer "
-          "prompt, gen | gen weight GB/s llmk, peer (share of read bw) |")
-    print("|---|---|---|---|---|---|")
+          "prompt, gen | gen weight GB/s llmk, peer (share of read bw) |"
+          + (" llmk --cpu-int8 gen, / peer |" if args.int8 else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if args.int8 else ""))
     rows = []
     for model in args.models.split(","):
         wb = weight_bytes(model)
         for t in threads:
             peer = LlamaCpp(model, t)
-            ours, theirs = [], []
-            for _ in range(args.runs):  # interleaved: both see the same machine state
+            ours, theirs, int8 = [], [], []
+            for _ in range(args.runs):  # interleaved: all see the same machine state
                 theirs.append(peer.run(args.gen))
                 ours.append(run_llmk(args.llmk, model, t, args.gen))
+                if args.int8:
+                    int8.append(run_llmk(args.llmk, model, t, args.gen, ["--cpu-int8"]))
             del peer
             med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
             r = {"model": os.path.basename(model), "threads": t, "weight_bytes": wb,
@@ -129,6 +134,8 @@ def main():
                  "peer_gen_tps": med(theirs, 3),
                  "llmk_prompt_tokens": ours[0][0], "llmk_prompt_tps": med(ours, 1),
                  "llmk_gen_tps": med(ours, 3)}
+            if args.int8:
+                r["llmk_int8_gen_tps"] = med(int8, 3)
             rows.append(r)
             gbs = lambda tps: wb * tps / 1e9  # noqa: E731
             print(f"| {r['model']} | {t} | {r['peer_prompt_tps']:.1f} / {r['peer_gen_tps']:.1f} | "
@@ -136,7 +143,9 @@ def main():
                   f"{r['llmk_prompt_tps'] / r['peer_prompt_tps']:.2f}x, "
                   f"{r['llmk_gen_tps'] / r['peer_gen_tps']:.2f}x | "
                   f"{gbs(r['llmk_gen_tps']):.1f} ({100 * gbs(r['llmk_gen_tps']) / bw[t]:.0f}%), "
-                  f"{gbs(r['peer_gen_tps']):.1f} ({100 * gbs(r['peer_gen_tps']) / bw[t]:.0f}%) |",
+                  f"{gbs(r['peer_gen_tps']):.1f} ({100 * gbs(r['peer_gen_tps']) / bw[t]:.0f}%) |"
+                  + (f" {r['llmk_int8_gen_tps']:.1f}, "
+                     f"{r['llmk_int8_gen_tps'] / r['peer_gen_tps']:.2f}x |" if args.int8 else ""),
                   flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -122,7 +122,7 @@ Command add_bench(CLI::App& cmd) {
   struct Args {
     std::string model, device, json, kv_dtype, kv_memory, dtype;
     int prompt_tokens = 512, gen_tokens = 128, batch = 1, reps = 3, threads = 0, concurrency = 0;
-    bool no_graph = false, batch_invariant = false, quantized = true;
+    bool no_graph = false, batch_invariant = false, quantized = true, cpu_int8 = false;
     bool no_lookahead = false;
     uint64_t seed = 1;
   };
@@ -163,12 +163,13 @@ Command add_bench(CLI::App& cmd) {
                  "With --concurrency: GiB for the KV cache's pages, or 'free' (default: "
                  "--concurrency contexts)");
   add_threads_option(cmd, a->threads);
+  add_cpu_int8_flag(cmd, a->cpu_int8);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
   add_quantized_weights_flag(cmd, a->quantized);
   add_batch_invariant_flag(cmd, a->batch_invariant);
   return [a] {
-    prepare(a->model, a->threads);
+    prepare(a->model, a->threads, a->cpu_int8);
     if (a->concurrency > 0) {
       LLMK_CHECK(a->batch == 1, "give --batch or --concurrency, not both");
     } else {

@@ -76,8 +76,11 @@ CLI::Validator at_least(T min) {
 int max_threads();
 // Adds -t/--threads (default: all hardware threads; at most max_threads()).
 void add_threads_option(CLI::App& cmd, int& threads);
-// Checks the model path exists and applies the thread count.
-void prepare(const std::string& model_path, int threads);
+// Checks the model path exists and applies the thread count and --cpu-int8
+// (cpu::set_int8_activations).
+void prepare(const std::string& model_path, int threads, bool cpu_int8 = false);
+// Adds --cpu-int8 (cpu::set_int8_activations).
+void add_cpu_int8_flag(CLI::App& cmd, bool& on);
 // Adds --device cpu|cuda|auto (default auto: cuda where a GPU and a CUDA build exist).
 void add_device_option(CLI::App& cmd, std::string& device);
 // Adds --dtype auto|bf16|f16|f32 (LoadOptions::dtype through parse_dtype).

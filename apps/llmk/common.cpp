@@ -18,6 +18,7 @@
 #include "core/thread_pool.h"
 #include "formats/gguf.h"
 #include "formats/mapped_file.h"
+#include "kernels/cpu/matmul.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -260,7 +261,14 @@ ProgressFn load_progress() {
   };
 }
 
-void prepare(const std::string& model_path, int threads) {
+void add_cpu_int8_flag(CLI::App& cmd, bool& on) {
+  cmd.add_flag("--cpu-int8", on,
+               "On the CPU, multiply a token's activations quantised to 8 bits (per 32, as Q8_0) "
+               "by integer dot products against Q8_0 weights, as llama.cpp does: faster decode, "
+               "logits less exact than the f32 default's (docs/perf.md, \"CPU\")");
+}
+
+void prepare(const std::string& model_path, int threads, bool cpu_int8) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(model_path, ec)) {
@@ -271,6 +279,7 @@ void prepare(const std::string& model_path, int threads) {
     LLMK_FAIL("{}: no such file", model_path);
   }
   set_num_threads(threads);
+  cpu::set_int8_activations(cpu_int8);
 }
 
 }  // namespace llmk::cli

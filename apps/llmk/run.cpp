@@ -24,7 +24,7 @@ Command add_run(CLI::App& cmd) {
     int64_t ctx = 0, max_running = 64, step_tokens = 512;
     int threads = 0;
     bool chat = false, echo = false, ignore_eos = false, stats = false, batch_invariant = false,
-         quantized = false;
+         quantized = false, cpu_int8 = false;
     SamplerOptions s;
   };
   auto a = std::make_shared<Args>();
@@ -67,6 +67,7 @@ Command add_run(CLI::App& cmd) {
                  "--max-running contexts)");
   add_kv_dtype_option(cmd, a->kv_dtype);
   add_threads_option(cmd, a->threads);
+  add_cpu_int8_flag(cmd, a->cpu_int8);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
   add_quantized_weights_flag(cmd, a->quantized);
@@ -85,7 +86,7 @@ Command add_run(CLI::App& cmd) {
       LLMK_CHECK(!a->echo && !a->stats, "--echo and --stats do not work with --prompts");
       LLMK_CHECK(a->system.empty() || a->chat,
                  "--system needs --chat (it goes into the chat template)");
-      prepare(a->model, a->threads);
+      prepare(a->model, a->threads, a->cpu_int8);
       return run_batch({.model = a->model,
                         .prompts_file = a->prompts,
                         .device = a->device,
@@ -116,7 +117,7 @@ Command add_run(CLI::App& cmd) {
     if (!a->prompt_file.empty()) a->prompt = formats::read_file(a->prompt_file, kMaxTextBytes);
     LLMK_CHECK(!a->prompt.empty(), "no prompt: give -p TEXT or -f FILE");
     const SamplerConfig sampler = a->s.resolve();
-    prepare(a->model, a->threads);
+    prepare(a->model, a->threads, a->cpu_int8);
 
     const auto t0 = std::chrono::steady_clock::now();
     const Device device = resolve_device(a->device);

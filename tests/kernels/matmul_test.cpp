@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/dequant.h"
 #include "kernels/test_util.h"
@@ -177,11 +179,82 @@ TEST(Linear, RejectsUnsupportedTypesAndPartialBlocks) {
 TEST(Linear, AutoPicksFusedForDecodeAndTiledForPrefill) {
   cpu::LinearArgs a;
   a.M = 1;
+  a.wtype = DType::Q8_0;
 #if defined(__AVX2__)
   EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Fused);
+  cpu::set_int8_activations(true);
+  EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Int8);
+  a.wtype = DType::Q4_K;  // no 8-bit path for it: the f32 one
+  EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Fused);
+  cpu::set_int8_activations(false);
 #endif
   a.M = 64;
   EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Tiled);
+}
+
+// LinearPath::Int8 (x quantised per 32 to 8 bits, integer dots against Q8_0 and Q4_1 blocks)
+// against the f32 fused path on the same operands. x's quantisation moves each x_k by at most
+// d/2 (d = max |x| / 127 of its block of 32), so each output by at most sum_k d_k / 2 |w_k - m|
+// (m the block's minimum, multiplied by the block's exact f32 sum of x); the two paths' f32
+// roundings add the double reference's bound (Problem::check, with the minimum's terms) on each
+// side. A wrong block, scale or sign is off by far more (each such change to the kernel fails
+// here). Awkward shapes, bias, accumulation.
+TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
+#if defined(__AVX2__)
+  EXPECT_FALSE(cpu::linear_int8_supports(DType::Q4_K));
+  uint32_t seed = 700;
+  for (DType t : {DType::Q8_0, DType::Q4_1}) {
+    ASSERT_TRUE(cpu::linear_int8_supports(t));
+    const int64_t block_bytes = bytes_for(t, 32);
+    for (const Shape3& s : shapes_for(t)) {
+      for (bool accumulate : {false, true}) {
+        const bool bias = (seed % 2) == 0;
+        Problem f(t, s.M, s.N, s.K, bias, seed), q(t, s.M, s.N, s.K, bias, seed);
+        ++seed;
+        for (size_t i = 0; i < f.y.size(); ++i) {
+          f.y[i] = q.y[i] = 0.25f * static_cast<float>(i % 7);
+        }
+        cpu::LinearArgs fa = f.args(), qa = q.args();
+        fa.accumulate = qa.accumulate = accumulate;
+        cpu::linear(fa, LinearPath::Fused);
+        cpu::linear(qa, LinearPath::Int8);
+        const std::string what = std::string(dtype_name(t)) + " M=" + std::to_string(s.M) +
+                                 " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) +
+                                 (bias ? " +bias" : "") + (accumulate ? " accumulate" : "");
+        std::vector<float> wrow(static_cast<size_t>(s.K));
+        for (int64_t n = 0; n < s.N; ++n) {
+          const uint8_t* row = f.w.data() + n * f.row_bytes();
+          cpu::dequantize_row(t, row, wrow.data(), s.K);
+          for (int64_t m = 0; m < s.M; ++m) {
+            const float* xr = f.x.data() + m * f.ldx;
+            double bound = 0, mag = bias ? std::fabs(f.b[static_cast<size_t>(n)]) : 0.0;
+            for (int64_t b0 = 0; b0 < s.K; b0 += 32) {
+              uint16_t h = 0;
+              if (t == DType::Q4_1) std::memcpy(&h, row + b0 / 32 * block_bytes + 2, 2);
+              const double mn = t == DType::Q4_1 ? fp16_to_float(h) : 0.0;
+              double amax = 0, qsum = 0;
+              for (int64_t k = b0; k < b0 + 32; ++k) {
+                const double x = xr[k], w = wrow[static_cast<size_t>(k)];
+                amax = std::max(amax, std::fabs(x));
+                qsum += std::fabs(w - mn);
+                mag += std::fabs(x * w) + std::fabs(x * mn);
+              }
+              bound += amax / 127.0 / 2.0 * qsum;
+            }
+            const size_t at = static_cast<size_t>(m * f.ldy + n);
+            mag += std::fabs(f.y[at]);
+            const double tol = bound + 4.0 * static_cast<double>(s.K + 3) * test::kU * mag;
+            ASSERT_NEAR(q.y[at], f.y[at], tol) << what << " y[" << m << ", " << n << "]";
+          }
+        }
+      }
+    }
+  }
+  cpu::LinearArgs a = Problem(DType::Q4_K, 1, 2, 256, false, 5).args();
+  EXPECT_THROW(cpu::linear(a, LinearPath::Int8), Error);
+#else
+  GTEST_SKIP() << "no AVX2: no 8-bit path";
+#endif
 }
 
 }  // namespace

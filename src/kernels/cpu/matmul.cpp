@@ -1,6 +1,8 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -340,7 +342,129 @@ void linear_fused(const LinearArgs& a) {
   }
 }
 
+// ---- 8-bit activations (LinearPath::Int8): Q8_0, Q4_1 -----------------------------------------
+
+// Each x row quantised per 32 as Q8_0 quantises its weights (d = max |x| / 127, q = round(x / d),
+// so |q| <= 127), with each block's f32 sum beside it: a block's dot is then 32 products of small
+// integers summed exactly in int32, scaled once by d_w d_x in f32 (plus, for a type with a
+// minimum, m_w times the block's sum of x). Against the float path each block's sum moves by at
+// most d_x / 2 * sum |q_j d_w| (x's rounding) plus f32 rounding.
+struct Q8Acts {
+  std::vector<int8_t> q;      // [M][K]
+  std::vector<float> d, sum;  // [M][K / 32]
+};
+
+void quantize_acts(const LinearArgs& a, Q8Acts& out) {
+  const int64_t nb = a.K / 32;
+  out.q.resize(static_cast<size_t>(a.M * a.K));
+  out.d.resize(static_cast<size_t>(a.M * nb));
+  out.sum.resize(static_cast<size_t>(a.M * nb));
+  for (int64_t m = 0; m < a.M; ++m) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* x = a.x + m * a.ldx + 32 * b;
+      float amax = 0.0f, sum = 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        amax = std::max(amax, std::fabs(x[j]));
+        sum += x[j];
+      }
+      const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+      out.d[static_cast<size_t>(m * nb + b)] = d;
+      out.sum[static_cast<size_t>(m * nb + b)] = sum;
+      int8_t* q = out.q.data() + m * a.K + 32 * b;
+      for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(std::nearbyint(x[j] * inv));
+    }
+  }
+}
+
+// The int8 view of a weight block of 32: its scale, minimum (or none) and the 32 products with a
+// block of int8 activations as 8 int32 sums.
+template <DType T>
+struct Int8Block;
+
+template <>
+struct Int8Block<DType::Q8_0> {  // w = d q, q int8
+  static constexpr int64_t kBytes = sizeof(BlockQ8_0);
+  static constexpr bool kHasMin = false;
+  static float d(const uint8_t* b) { return detail::f16_at(b); }
+  static float m(const uint8_t*) { return 0.0f; }
+  // |q| times x with q's sign (maddubs: u8 x s8, pairs summed in int16, at most 2 * 128 * 127),
+  // then the int16 pairs summed into int32.
+  static __m256i dot(const uint8_t* b, __m256i x) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  }
+};
+
+template <>
+struct Int8Block<DType::Q4_1> {  // w = d q + m, q the nibbles 0..15
+  static constexpr int64_t kBytes = sizeof(BlockQ4_1);
+  static constexpr bool kHasMin = true;
+  static float d(const uint8_t* b) { return detail::f16_at(b); }
+  static float m(const uint8_t* b) { return detail::f16_at(b + 2); }
+  static __m256i dot(const uint8_t* b, __m256i x) {
+    const __m256i p = _mm256_maddubs_epi16(detail::nibbles_lo_then_hi(b + 4), x);
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  }
+};
+
+template <DType T, int M>
+void int8_rows(const LinearArgs& a, const Q8Acts& xs, int64_t n0, int64_t n1) {
+  using B = Int8Block<T>;
+  const int64_t nb = a.K / 32;
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * a.w_row_bytes;
+    __m256 acc[M];
+    float macc[M];
+    for (int m = 0; m < M; ++m) {
+      acc[m] = _mm256_setzero_ps();
+      macc[m] = 0.0f;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = row + b * B::kBytes;
+      const float dw = B::d(blk);
+      for (int m = 0; m < M; ++m) {
+        const size_t at = static_cast<size_t>(m * nb + b);
+        const __m256i xq =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.q.data() + m * a.K + 32 * b));
+        const __m256 dot = _mm256_cvtepi32_ps(B::dot(blk, xq));
+        acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xs.d[at]), dot, acc[m]);
+        if constexpr (B::kHasMin) macc[m] += B::m(blk) * xs.sum[at];
+      }
+    }
+    const float bias = a.bias ? a.bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) {
+      store(a.y[m * a.ldy + n], hsum(acc[m]) + macc[m] + bias, a.accumulate);
+    }
+  }
+}
+
+void linear_int8(const LinearArgs& a) {
+  Q8Acts xs;
+  for (int64_t m0 = 0; m0 < a.M; m0 += kFusedMaxM) {
+    LinearArgs g = a;
+    g.M = std::min(kFusedMaxM, a.M - m0);
+    g.x = a.x + m0 * a.ldx;
+    g.y = a.y + m0 * a.ldy;
+    quantize_acts(g, xs);
+    const auto rows = [&]<DType T>() {
+      with_m(g.M, [&]<int M>() {
+        cpu_pool().parallel_for(g.N, kFusedGrain,
+                                [&](int64_t n0, int64_t n1) { int8_rows<T, M>(g, xs, n0, n1); });
+      });
+    };
+    if (g.wtype == DType::Q4_1) {
+      rows.template operator()<DType::Q4_1>();
+    } else {
+      rows.template operator()<DType::Q8_0>();
+    }
+  }
+}
+
 #endif  // __AVX2__
+
+std::atomic<bool> g_int8_activations{false};
 
 // ---- tiled path -------------------------------------------------------------------------------
 
@@ -436,8 +560,23 @@ void linear_tiled(const LinearArgs& a) {
 
 bool linear_supports(DType wtype) { return can_dequantize(wtype); }
 
+bool linear_int8_supports(DType wtype) {
+#if defined(__AVX2__)
+  return wtype == DType::Q8_0 || wtype == DType::Q4_1;
+#else
+  (void)wtype;
+  return false;
+#endif
+}
+
+void set_int8_activations(bool on) { g_int8_activations.store(on, std::memory_order_relaxed); }
+bool int8_activations() { return g_int8_activations.load(std::memory_order_relaxed); }
+
 LinearPath linear_choose_path(const LinearArgs& a) {
 #if defined(__AVX2__)
+  if (a.M <= kFusedMaxM && int8_activations() && linear_int8_supports(a.wtype)) {
+    return LinearPath::Int8;
+  }
   return a.M <= kFusedMaxM ? LinearPath::Fused : LinearPath::Tiled;
 #else
   (void)a;
@@ -458,9 +597,15 @@ void linear(const LinearArgs& a, LinearPath path) {
     return;
   }
   if (path == LinearPath::Auto) path = linear_choose_path(a);
+  LLMK_CHECK(path != LinearPath::Int8 || linear_int8_supports(a.wtype),
+             "linear: no 8-bit activation path for weight dtype {}", dtype_name(a.wtype));
 #if defined(__AVX2__)
   if (path == LinearPath::Fused) {
     linear_fused(a);
+    return;
+  }
+  if (path == LinearPath::Int8) {
+    linear_int8(a);
     return;
   }
 #endif

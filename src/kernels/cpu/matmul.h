@@ -29,7 +29,19 @@ struct LinearArgs {
   bool accumulate = false;  // y += x @ w^T + bias (y is read), instead of y = ...
 };
 
-enum class LinearPath { Auto, Fused, Tiled };
+// Fused: a few x rows, each weight block decoded once for all of them and multiplied in f32;
+// Tiled: more rows, over f32 tiles of the weights; Int8: a few rows quantised to 8 bits per 32
+// (as Q8_0 quantises weights) and multiplied by integer dot products against the weight blocks
+// (linear_int8_supports), as llama.cpp's CPU path does: less exact than the f32 paths.
+enum class LinearPath { Auto, Fused, Tiled, Int8 };
+
+// The weight dtypes LinearPath::Int8 takes (Q8_0, Q4_1; none without AVX2).
+bool linear_int8_supports(DType wtype);
+// Whether Auto takes Int8 for the few-row products it would give Fused, where the weight dtype
+// has it. Process-wide; off by default (the f32 paths are the reference the tests hold to
+// transformers' logits).
+void set_int8_activations(bool on);
+bool int8_activations();
 
 // True for the weight dtypes linear() takes (the same set as can_dequantize()).
 bool linear_supports(DType wtype);

@@ -264,8 +264,8 @@ ProgressFn load_progress() {
 void add_cpu_int8_flag(CLI::App& cmd, bool& on) {
   cmd.add_flag("--cpu-int8", on,
                "On the CPU, multiply a token's activations quantised to 8 bits (per 32, as Q8_0) "
-               "by integer dot products against Q8_0 weights, as llama.cpp does: faster decode, "
-               "logits less exact than the f32 default's (docs/perf.md, \"CPU\")");
+               "by integer dot products against block-quantised weights, as llama.cpp does: "
+               "faster decode, logits less exact than the f32 default's (docs/perf.md, \"CPU\")");
 }
 
 void prepare(const std::string& model_path, int threads, bool cpu_int8) {

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/block_decode.h"
 #include "kernels/cpu/dequant.h"
 #include "kernels/test_util.h"
 
@@ -184,7 +185,7 @@ TEST(Linear, AutoPicksFusedForDecodeAndTiledForPrefill) {
   EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Fused);
   cpu::set_int8_activations(true);
   EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Int8);
-  a.wtype = DType::Q4_K;  // no 8-bit path for it: the f32 one
+  a.wtype = DType::F16;  // no 8-bit path for it: the f32 one
   EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Fused);
   cpu::set_int8_activations(false);
 #endif
@@ -192,20 +193,22 @@ TEST(Linear, AutoPicksFusedForDecodeAndTiledForPrefill) {
   EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Tiled);
 }
 
-// LinearPath::Int8 (x quantised per 32 to 8 bits, integer dots against Q8_0 and Q4_1 blocks)
+// LinearPath::Int8 (x quantised per 32 to 8 bits, integer dots against every block type)
 // against the f32 fused path on the same operands. x's quantisation moves each x_k by at most
-// d/2 (d = max |x| / 127 of its block of 32), so each output by at most sum_k d_k / 2 |w_k - m|
-// (m the block's minimum, multiplied by the block's exact f32 sum of x); the two paths' f32
+// d/2 (d = max |x| / 127 of its block of 32), so each output by at most sum_k d_k / 2 |s q_k|
+// (w_k = s q_k + min: the minimum multiplies an exact f32 sum of x); the two paths' f32
 // roundings add the double reference's bound (Problem::check, with the minimum's terms) on each
-// side. A wrong block, scale or sign is off by far more (each such change to the kernel fails
-// here). Awkward shapes, bias, accumulation.
+// side. The bound reads s and q from the codec's scalar decode. A wrong block, scale or sign is
+// off by far more (each such change to the kernels fails here). Awkward shapes, bias,
+// accumulation.
 TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
 #if defined(__AVX2__)
-  EXPECT_FALSE(cpu::linear_int8_supports(DType::Q4_K));
+  EXPECT_FALSE(cpu::linear_int8_supports(DType::F16));
   uint32_t seed = 700;
-  for (DType t : {DType::Q8_0, DType::Q4_1}) {
-    ASSERT_TRUE(cpu::linear_int8_supports(t));
-    const int64_t block_bytes = bytes_for(t, 32);
+  for (DType t : {DType::Q8_0, DType::Q4_1, DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q2_K,
+                  DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    ASSERT_TRUE(cpu::linear_int8_supports(t)) << dtype_name(t);
+    const int64_t be = block_size(t), bb = bytes_for(t, be);
     for (const Shape3& s : shapes_for(t)) {
       for (bool accumulate : {false, true}) {
         const bool bias = (seed % 2) == 0;
@@ -221,23 +224,32 @@ TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
         const std::string what = std::string(dtype_name(t)) + " M=" + std::to_string(s.M) +
                                  " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) +
                                  (bias ? " +bias" : "") + (accumulate ? " accumulate" : "");
-        std::vector<float> wrow(static_cast<size_t>(s.K));
+        // Per weight: |s q| (its scale times its integer) and |min|.
+        std::vector<float> sq(static_cast<size_t>(s.K)), mn(static_cast<size_t>(s.K));
         for (int64_t n = 0; n < s.N; ++n) {
           const uint8_t* row = f.w.data() + n * f.row_bytes();
-          cpu::dequantize_row(t, row, wrow.data(), s.K);
+          for (int64_t b = 0; b < s.K / be; ++b) {
+            std::vector<int8_t> qv(static_cast<size_t>(be));
+            std::vector<float> sc(static_cast<size_t>(be / 16)), mi(sc.size(), 0.0f);
+            cpu::detail::visit_codec(t, [&](auto codec) {
+              decltype(codec)::decode_scalar(row + b * bb, qv.data(), sc.data(), mi.data());
+            });
+            for (int64_t j = 0; j < be; ++j) {
+              sq[static_cast<size_t>(b * be + j)] =
+                  std::fabs(sc[static_cast<size_t>(j / 16)] * qv[static_cast<size_t>(j)]);
+              mn[static_cast<size_t>(b * be + j)] = std::fabs(mi[static_cast<size_t>(j / 16)]);
+            }
+          }
           for (int64_t m = 0; m < s.M; ++m) {
             const float* xr = f.x.data() + m * f.ldx;
             double bound = 0, mag = bias ? std::fabs(f.b[static_cast<size_t>(n)]) : 0.0;
             for (int64_t b0 = 0; b0 < s.K; b0 += 32) {
-              uint16_t h = 0;
-              if (t == DType::Q4_1) std::memcpy(&h, row + b0 / 32 * block_bytes + 2, 2);
-              const double mn = t == DType::Q4_1 ? fp16_to_float(h) : 0.0;
               double amax = 0, qsum = 0;
               for (int64_t k = b0; k < b0 + 32; ++k) {
-                const double x = xr[k], w = wrow[static_cast<size_t>(k)];
-                amax = std::max(amax, std::fabs(x));
-                qsum += std::fabs(w - mn);
-                mag += std::fabs(x * w) + std::fabs(x * mn);
+                const double x = std::fabs(xr[k]);
+                amax = std::max(amax, x);
+                qsum += sq[static_cast<size_t>(k)];
+                mag += x * (sq[static_cast<size_t>(k)] + 2 * mn[static_cast<size_t>(k)]);
               }
               bound += amax / 127.0 / 2.0 * qsum;
             }
@@ -250,7 +262,7 @@ TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
       }
     }
   }
-  cpu::LinearArgs a = Problem(DType::Q4_K, 1, 2, 256, false, 5).args();
+  cpu::LinearArgs a = Problem(DType::F16, 1, 2, 64, false, 5).args();
   EXPECT_THROW(cpu::linear(a, LinearPath::Int8), Error);
 #else
   GTEST_SKIP() << "no AVX2: no 8-bit path";

@@ -352,6 +352,7 @@ void linear_fused(const LinearArgs& a) {
 struct Q8Acts {
   std::vector<int8_t> q;      // [M][K]
   std::vector<float> d, sum;  // [M][K / 32]
+  std::vector<float> sum16;   // [M][K / 16]: the sums per group of 16 (block_int8_rows' minima)
 };
 
 void quantize_acts(const LinearArgs& a, Q8Acts& out) {
@@ -359,17 +360,20 @@ void quantize_acts(const LinearArgs& a, Q8Acts& out) {
   out.q.resize(static_cast<size_t>(a.M * a.K));
   out.d.resize(static_cast<size_t>(a.M * nb));
   out.sum.resize(static_cast<size_t>(a.M * nb));
+  out.sum16.resize(static_cast<size_t>(a.M * 2 * nb));
   for (int64_t m = 0; m < a.M; ++m) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* x = a.x + m * a.ldx + 32 * b;
-      float amax = 0.0f, sum = 0.0f;
+      float amax = 0.0f, sum[2] = {0.0f, 0.0f};
       for (int j = 0; j < 32; ++j) {
         amax = std::max(amax, std::fabs(x[j]));
-        sum += x[j];
+        sum[j / 16] += x[j];
       }
+      out.sum16[static_cast<size_t>(m * 2 * nb + 2 * b)] = sum[0];
+      out.sum16[static_cast<size_t>(m * 2 * nb + 2 * b + 1)] = sum[1];
       const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
       out.d[static_cast<size_t>(m * nb + b)] = d;
-      out.sum[static_cast<size_t>(m * nb + b)] = sum;
+      out.sum[static_cast<size_t>(m * nb + b)] = sum[0] + sum[1];
       int8_t* q = out.q.data() + m * a.K + 32 * b;
       for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(std::nearbyint(x[j] * inv));
     }
@@ -408,6 +412,26 @@ struct Int8Block<DType::Q4_1> {  // w = d q + m, q the nibbles 0..15
   }
 };
 
+// One output row's sums for M x rows: the scaled integer dots (8 lanes) and the minima's terms;
+// store() writes y[m, n] = their total + bias.
+template <int M>
+struct Int8Sums {
+  __m256 acc[M];
+  float macc[M];
+  Int8Sums() {
+    for (int m = 0; m < M; ++m) {
+      acc[m] = _mm256_setzero_ps();
+      macc[m] = 0.0f;
+    }
+  }
+  void store_row(const LinearArgs& a, int64_t n) const {
+    const float bias = a.bias ? a.bias[n] : 0.0f;
+    for (int m = 0; m < M; ++m) {
+      store(a.y[m * a.ldy + n], hsum(acc[m]) + macc[m] + bias, a.accumulate);
+    }
+  }
+};
+
 template <DType T, int M>
 void int8_rows(const LinearArgs& a, const Q8Acts& xs, int64_t n0, int64_t n1) {
   using B = Int8Block<T>;
@@ -415,12 +439,9 @@ void int8_rows(const LinearArgs& a, const Q8Acts& xs, int64_t n0, int64_t n1) {
   const auto* w = static_cast<const uint8_t*>(a.w);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * a.w_row_bytes;
-    __m256 acc[M];
-    float macc[M];
-    for (int m = 0; m < M; ++m) {
-      acc[m] = _mm256_setzero_ps();
-      macc[m] = 0.0f;
-    }
+    Int8Sums<M> r;
+    auto& acc = r.acc;
+    auto& macc = r.macc;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = row + b * B::kBytes;
       const float dw = B::d(blk);
@@ -433,10 +454,50 @@ void int8_rows(const LinearArgs& a, const Q8Acts& xs, int64_t n0, int64_t n1) {
         if constexpr (B::kHasMin) macc[m] += B::m(blk) * xs.sum[at];
       }
     }
-    const float bias = a.bias ? a.bias[n] : 0.0f;
-    for (int m = 0; m < M; ++m) {
-      store(a.y[m * a.ldy + n], hsum(acc[m]) + macc[m] + bias, a.accumulate);
+    r.store_row(a, n);
+  }
+}
+
+// Every other block type: each block decoded to int8 values with a scale (and minimum) per 16
+// (detail::decode_block, as the f32 fused path decodes them), then per 32 weights the integer
+// dot in the two 128-bit halves (16 weights each, under their own scale), scaled in f32; the
+// minima times the x sums of their 16.
+template <class C, int M>
+void block_int8_rows(const LinearArgs& a, const Q8Acts& xs, int64_t n0, int64_t n1) {
+  constexpr int kBlockBytes = static_cast<int>(sizeof(typename C::Block));
+  constexpr int kGroups = C::kElems / kGroup;
+  const int64_t nblocks = a.K / C::kElems, nb32 = a.K / 32;
+  const auto* w = static_cast<const uint8_t*>(a.w);
+  alignas(32) int8_t q[C::kElems];
+  alignas(32) float sc[kGroups], mn[kGroups];
+  std::fill(std::begin(mn), std::end(mn), 0.0f);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * a.w_row_bytes;
+    Int8Sums<M> r;
+    auto& acc = r.acc;
+    auto& macc = r.macc;
+    for (int64_t b = 0; b < nblocks; ++b) {
+      detail::decode_block<C>(row + b * kBlockBytes, q, sc, mn);
+      for (int g = 0; g < C::kElems / 32; ++g) {
+        const __m256i wq = _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 32 * g));
+        const __m256i aw = _mm256_sign_epi8(wq, wq);
+        const __m256 scales = _mm256_set_m128(_mm_set1_ps(sc[2 * g + 1]), _mm_set1_ps(sc[2 * g]));
+        const int64_t xb = b * (C::kElems / 32) + g;  // x's block of 32
+        for (int m = 0; m < M; ++m) {
+          const __m256i xq =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.q.data() + m * a.K + 32 * xb));
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, wq)),
+                                              _mm256_set1_epi16(1));
+          const __m256 dx = _mm256_set1_ps(xs.d[static_cast<size_t>(m * nb32 + xb)]);
+          acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(scales, dx), _mm256_cvtepi32_ps(p), acc[m]);
+          if constexpr (C::kHasMin) {
+            const float* s16 = xs.sum16.data() + m * 2 * nb32 + 2 * xb;
+            macc[m] += mn[2 * g] * s16[0] + mn[2 * g + 1] * s16[1];
+          }
+        }
+      }
     }
+    r.store_row(a, n);
   }
 }
 
@@ -456,8 +517,17 @@ void linear_int8(const LinearArgs& a) {
     };
     if (g.wtype == DType::Q4_1) {
       rows.template operator()<DType::Q4_1>();
-    } else {
+    } else if (g.wtype == DType::Q8_0) {
       rows.template operator()<DType::Q8_0>();
+    } else {
+      detail::visit_codec(g.wtype, [&](auto codec) {
+        using C = decltype(codec);
+        with_m(g.M, [&]<int M>() {
+          cpu_pool().parallel_for(g.N, kFusedGrain, [&](int64_t n0, int64_t n1) {
+            block_int8_rows<C, M>(g, xs, n0, n1);
+          });
+        });
+      });
     }
   }
 }
@@ -562,7 +632,7 @@ bool linear_supports(DType wtype) { return can_dequantize(wtype); }
 
 bool linear_int8_supports(DType wtype) {
 #if defined(__AVX2__)
-  return wtype == DType::Q8_0 || wtype == DType::Q4_1;
+  return detail::visit_codec(wtype, [](auto) {});
 #else
   (void)wtype;
   return false;

@@ -32,10 +32,11 @@ struct LinearArgs {
 // Fused: a few x rows, each weight block decoded once for all of them and multiplied in f32;
 // Tiled: more rows, over f32 tiles of the weights; Int8: a few rows quantised to 8 bits per 32
 // (as Q8_0 quantises weights) and multiplied by integer dot products against the weight blocks
-// (linear_int8_supports), as llama.cpp's CPU path does: less exact than the f32 paths.
+// (linear_int8_supports: every block type), as llama.cpp's CPU path does: less exact than the
+// f32 paths.
 enum class LinearPath { Auto, Fused, Tiled, Int8 };
 
-// The weight dtypes LinearPath::Int8 takes (Q8_0, Q4_1; none without AVX2).
+// The weight dtypes LinearPath::Int8 takes (the block types; none without AVX2).
 bool linear_int8_supports(DType wtype);
 // Whether Auto takes Int8 for the few-row products it would give Fused, where the weight dtype
 // has it. Process-wide; off by default (the f32 paths are the reference the tests hold to

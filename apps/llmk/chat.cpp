@@ -19,7 +19,7 @@ namespace llmk::cli {
 Command add_chat(CLI::App& cmd) {
   struct Args {
     std::string model, system, device, dtype;
-    bool quantized = true;
+    bool quantized = true, cpu_int8 = false;
     int n_predict = 512;
     int64_t ctx = 0;
     int threads = 0;
@@ -35,6 +35,7 @@ Command add_chat(CLI::App& cmd) {
   cmd.add_option("-c,--ctx", a->ctx, "Context length in tokens (default: min(model's, 4096))")
       ->check(at_least<int64_t>(0));
   add_threads_option(cmd, a->threads);
+  add_cpu_int8_flag(cmd, a->cpu_int8);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
   add_quantized_weights_flag(cmd, a->quantized);
@@ -46,7 +47,7 @@ Command add_chat(CLI::App& cmd) {
                   kMaxTextBytes >> 20));
   return [a] {
     const SamplerConfig sampler = a->s.resolve();
-    prepare(a->model, a->threads);
+    prepare(a->model, a->threads, a->cpu_int8);
     const Device device = resolve_device(a->device);
     auto model = Model::load(a->model, LoadOptions{.context = a->ctx,
                                                    .device = device,

@@ -18,7 +18,7 @@ Command add_logits(CLI::App& cmd) {
   struct Args {
     std::string model, device, ids_file, out, dtype;
     int prefill = 0, threads = 0;
-    bool quantized = true;
+    bool quantized = true, cpu_int8 = false;
   };
   auto a = std::make_shared<Args>();
   add_model_option(cmd, a->model);
@@ -31,11 +31,12 @@ Command add_logits(CLI::App& cmd) {
                  "Output file: float32 logits [n_ids, vocab], row i predicting id i+1")
       ->required();
   add_threads_option(cmd, a->threads);
+  add_cpu_int8_flag(cmd, a->cpu_int8);
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
   add_quantized_weights_flag(cmd, a->quantized);
   return [a] {
-    prepare(a->model, a->threads);
+    prepare(a->model, a->threads, a->cpu_int8);
     const std::vector<int32_t> ids =
         parse_token_ids(formats::read_file(a->ids_file, kMaxTextBytes), a->ids_file);
     LLMK_CHECK(!ids.empty(), "{}: no token ids", a->ids_file);

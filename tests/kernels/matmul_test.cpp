@@ -194,13 +194,12 @@ TEST(Linear, AutoPicksFusedForDecodeAndTiledForPrefill) {
 }
 
 // LinearPath::Int8 (x quantised per 32 to 8 bits, integer dots against every block type)
-// against the f32 fused path on the same operands. x's quantisation moves each x_k by at most
-// d/2 (d = max |x| / 127 of its block of 32), so each output by at most sum_k d_k / 2 |s q_k|
-// (w_k = s q_k + min: the minimum multiplies an exact f32 sum of x); the two paths' f32
-// roundings add the double reference's bound (Problem::check, with the minimum's terms) on each
-// side. The bound reads s and q from the codec's scalar decode. A wrong block, scale or sign is
-// off by far more (each such change to the kernels fails here). Awkward shapes, bias,
-// accumulation.
+// against the f32 fused path on the same operands. Each output is the dot of the weights with
+// the quantised x (minima times the quantised x's sums), and x's quantisation moves each x_k by at
+// most d/2 (d = max |x| / 127 of its block of 32): so each output moves by at most
+// sum_k d_k / 2 |w_k|; the two paths' f32 roundings add the double reference's bound
+// (Problem::check, with the minima's terms) on each side. A wrong block, scale or sign is off by
+// far more (each such change to the kernels fails here). Awkward shapes, bias, accumulation.
 TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
 #if defined(__AVX2__)
   EXPECT_FALSE(cpu::linear_int8_supports(DType::F16));
@@ -224,10 +223,11 @@ TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
         const std::string what = std::string(dtype_name(t)) + " M=" + std::to_string(s.M) +
                                  " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) +
                                  (bias ? " +bias" : "") + (accumulate ? " accumulate" : "");
-        // Per weight: |s q| (its scale times its integer) and |min|.
-        std::vector<float> sq(static_cast<size_t>(s.K)), mn(static_cast<size_t>(s.K));
+        // Per weight: |w| and |min| (its minimum, from the codec's scalar decode).
+        std::vector<float> wa(static_cast<size_t>(s.K)), mn(static_cast<size_t>(s.K));
         for (int64_t n = 0; n < s.N; ++n) {
           const uint8_t* row = f.w.data() + n * f.row_bytes();
+          cpu::dequantize_row(t, row, wa.data(), s.K);
           for (int64_t b = 0; b < s.K / be; ++b) {
             std::vector<int8_t> qv(static_cast<size_t>(be));
             std::vector<float> sc(static_cast<size_t>(be / 16)), mi(sc.size(), 0.0f);
@@ -235,8 +235,6 @@ TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
               decltype(codec)::decode_scalar(row + b * bb, qv.data(), sc.data(), mi.data());
             });
             for (int64_t j = 0; j < be; ++j) {
-              sq[static_cast<size_t>(b * be + j)] =
-                  std::fabs(sc[static_cast<size_t>(j / 16)] * qv[static_cast<size_t>(j)]);
               mn[static_cast<size_t>(b * be + j)] = std::fabs(mi[static_cast<size_t>(j / 16)]);
             }
           }
@@ -248,8 +246,9 @@ TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
               for (int64_t k = b0; k < b0 + 32; ++k) {
                 const double x = std::fabs(xr[k]);
                 amax = std::max(amax, x);
-                qsum += sq[static_cast<size_t>(k)];
-                mag += x * (sq[static_cast<size_t>(k)] + 2 * mn[static_cast<size_t>(k)]);
+                const double w = std::fabs(wa[static_cast<size_t>(k)]);
+                qsum += w;
+                mag += x * (w + 2 * mn[static_cast<size_t>(k)]);
               }
               bound += amax / 127.0 / 2.0 * qsum;
             }

@@ -345,14 +345,17 @@ void linear_fused(const LinearArgs& a) {
 // ---- 8-bit activations (LinearPath::Int8): Q8_0, Q4_1 -----------------------------------------
 
 // Each x row quantised per 32 as Q8_0 quantises its weights (d = max |x| / 127, q = round(x / d),
-// so |q| <= 127), with each block's f32 sum beside it: a block's dot is then 32 products of small
-// integers summed exactly in int32, scaled once by d_w d_x in f32 (plus, for a type with a
-// minimum, m_w times the block's sum of x). Against the float path each block's sum moves by at
-// most d_x / 2 * sum |q_j d_w| (x's rounding) plus f32 rounding.
+// so |q| <= 127), with the sums of the quantised x per 32 and per 16 beside it: a block's dot is
+// then its integer products summed exactly in int32, scaled once in f32, plus (for a type with a
+// minimum) the minimum times that sum. So each output is exactly the dot of the weights with the
+// quantised x, up to f32 rounding: it moves from the f32 path's by at most sum_k |w_k| d_x / 2.
+// (The minimum times the exact sum of x instead leaves the error sum_k (w_k - min) d_x / 2, which
+// with Q4_1's and the K-quants' unsigned integers is about twice as large: SmolLM2's logits moved
+// twice as far from the f32 path's.)
 struct Q8Acts {
   std::vector<int8_t> q;      // [M][K]
-  std::vector<float> d, sum;  // [M][K / 32]
-  std::vector<float> sum16;   // [M][K / 16]: the sums per group of 16 (block_int8_rows' minima)
+  std::vector<float> d, sum;  // [M][K / 32]: scales, d * sum of q
+  std::vector<float> sum16;   // [M][K / 16]: d * sum of q per group of 16 (block_int8_rows' minima)
 };
 
 void quantize_acts(const LinearArgs& a, Q8Acts& out) {
@@ -364,18 +367,20 @@ void quantize_acts(const LinearArgs& a, Q8Acts& out) {
   for (int64_t m = 0; m < a.M; ++m) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* x = a.x + m * a.ldx + 32 * b;
-      float amax = 0.0f, sum[2] = {0.0f, 0.0f};
-      for (int j = 0; j < 32; ++j) {
-        amax = std::max(amax, std::fabs(x[j]));
-        sum[j / 16] += x[j];
-      }
-      out.sum16[static_cast<size_t>(m * 2 * nb + 2 * b)] = sum[0];
-      out.sum16[static_cast<size_t>(m * 2 * nb + 2 * b + 1)] = sum[1];
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
       const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-      out.d[static_cast<size_t>(m * nb + b)] = d;
-      out.sum[static_cast<size_t>(m * nb + b)] = sum[0] + sum[1];
       int8_t* q = out.q.data() + m * a.K + 32 * b;
-      for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(std::nearbyint(x[j] * inv));
+      int sum[2] = {0, 0};
+      for (int j = 0; j < 32; ++j) {
+        q[j] = static_cast<int8_t>(std::nearbyint(x[j] * inv));
+        sum[j / 16] += q[j];
+      }
+      const size_t at = static_cast<size_t>(m * nb + b);
+      out.d[at] = d;
+      out.sum[at] = d * static_cast<float>(sum[0] + sum[1]);
+      out.sum16[2 * at] = d * static_cast<float>(sum[0]);
+      out.sum16[2 * at + 1] = d * static_cast<float>(sum[1]);
     }
   }
 }

@@ -164,10 +164,8 @@ class Unpacked {
   const int32_t* qz_ = nullptr;
 };
 
-}  // namespace
-
-Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::string& what) {
-  const Unpacked u(q, p, what);
+// The f16 [out, in] weights of u.
+Tensor to_f16(const Unpacked& u) {
   const int64_t in = u.in(), out = u.out();
   Tensor w = Tensor::empty({out, in}, DType::F16);
   auto* dst = w.data<uint16_t>();
@@ -181,8 +179,8 @@ Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::str
   return w;
 }
 
-Tensor repack_packed_q5_0(const HfQuant& q, const PackedLinear& p, const std::string& what) {
-  const Unpacked u(q, p, what);
+// u as exact Q5_0 blocks, or undefined where they cannot hold it (repack_packed_q5_0).
+Tensor to_q5_0(const Unpacked& u) {
   const int64_t in = u.in(), out = u.out();
   if (!u.in_order() || u.group() % 32 != 0) return Tensor();
   const int64_t groups = in / u.group();
@@ -216,6 +214,22 @@ Tensor repack_packed_q5_0(const HfQuant& q, const PackedLinear& p, const std::st
     }
   }
   return w;
+}
+
+}  // namespace
+
+Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::string& what) {
+  return to_f16(Unpacked(q, p, what));
+}
+
+Tensor repack_packed_q5_0(const HfQuant& q, const PackedLinear& p, const std::string& what) {
+  return to_q5_0(Unpacked(q, p, what));
+}
+
+Tensor read_packed(const HfQuant& q, const PackedLinear& p, const std::string& what) {
+  const Unpacked u(q, p, what);
+  Tensor w = to_q5_0(u);
+  return w.defined() ? w : to_f16(u);
 }
 
 }  // namespace llmk

@@ -59,4 +59,8 @@ Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::str
 // same errors as dequantize_packed for malformed tensors.
 Tensor repack_packed_q5_0(const HfQuant& q, const PackedLinear& p, const std::string& what);
 
+// The loader's choice, the layer read and checked once: repack_packed_q5_0's blocks where they
+// hold it, else dequantize_packed's f16 weights.
+Tensor read_packed(const HfQuant& q, const PackedLinear& p, const std::string& what);
+
 }  // namespace llmk

@@ -111,11 +111,10 @@ std::string to_hf_name(const std::string& n, const NameMap& family) {
 
 // A folder's tensors under transformers' names. In a quantised checkpoint (HfQuant) a linear
 // layer's "<layer>.weight" is absent and "<layer>.qweight" with its scales and zero points stands
-// for it: find() gives that layer as Q5_0 blocks holding its weights exactly
-// (repack_packed_q5_0), which the CPU and CUDA linears read as they are, or where those cannot
-// hold them (act order, groups not of 32s, scales not f16) dequantised to f16
-// (dequantize_packed); kept after the first call, since the loader asks for a tensor more than
-// once.
+// for it: find() gives that layer (read_packed) as Q5_0 blocks holding its weights exactly, which
+// the CPU and CUDA linears read as they are, or where those cannot hold them (act order, groups
+// not of 32s, scales not f16) dequantised to f16; kept after the first call, since the loader
+// asks for a tensor more than once.
 class HfSource final : public WeightSource {
  public:
   HfSource(const safetensors::Folder& f, NameMap names, HfQuant quant)
@@ -140,9 +139,7 @@ class HfSource final : public WeightSource {
       const PackedLinear p{part(kPackedParts[0]), part(kPackedParts[1]), part(kPackedParts[2]),
                            part(kPackedParts[3])};
       const std::string what = f_.shard_of(packed + kPackedParts[0]).path() + ": " + packed;
-      Tensor w = repack_packed_q5_0(quant_, p, what);
-      if (!w.defined()) w = dequantize_packed(quant_, p, what);
-      it = dequantized_.emplace(h, std::move(w)).first;
+      it = dequantized_.emplace(h, read_packed(quant_, p, what)).first;
     }
     return it->second;
   }

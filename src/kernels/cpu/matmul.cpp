@@ -385,6 +385,17 @@ void quantize_acts(const LinearArgs& a, Q8Acts& out) {
   }
 }
 
+// The 32 products of unsigned 8-bit u (at most 128 here: |w| of int8 weights, or small unsigned
+// values) and signed 8-bit s (|s| <= 127), as 8 int32 sums: maddubs (pairs summed in int16, at
+// most 2 * 128 * 127, no saturation) then madd.
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+// The same for signed weights w: |w| times x with w's sign.
+inline __m256i dot_s8s8(__m256i w, __m256i x) {
+  return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
 // The int8 view of a weight block of 32: its scale, minimum (or none) and the 32 products with a
 // block of int8 activations as 8 int32 sums.
 template <DType T>
@@ -396,12 +407,8 @@ struct Int8Block<DType::Q8_0> {  // w = d q, q int8
   static constexpr bool kHasMin = false;
   static float d(const uint8_t* b) { return detail::f16_at(b); }
   static float m(const uint8_t*) { return 0.0f; }
-  // |q| times x with q's sign (maddubs: u8 x s8, pairs summed in int16, at most 2 * 128 * 127),
-  // then the int16 pairs summed into int32.
   static __m256i dot(const uint8_t* b, __m256i x) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    return dot_s8s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), x);
   }
 };
 
@@ -412,8 +419,7 @@ struct Int8Block<DType::Q4_1> {  // w = d q + m, q the nibbles 0..15
   static float d(const uint8_t* b) { return detail::f16_at(b); }
   static float m(const uint8_t* b) { return detail::f16_at(b + 2); }
   static __m256i dot(const uint8_t* b, __m256i x) {
-    const __m256i p = _mm256_maddubs_epi16(detail::nibbles_lo_then_hi(b + 4), x);
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    return dot_u8s8(detail::nibbles_lo_then_hi(b + 4), x);
   }
 };
 
@@ -485,14 +491,12 @@ void block_int8_rows(const LinearArgs& a, const Q8Acts& xs, int64_t n0, int64_t 
       detail::decode_block<C>(row + b * kBlockBytes, q, sc, mn);
       for (int g = 0; g < C::kElems / 32; ++g) {
         const __m256i wq = _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 32 * g));
-        const __m256i aw = _mm256_sign_epi8(wq, wq);
         const __m256 scales = _mm256_set_m128(_mm_set1_ps(sc[2 * g + 1]), _mm_set1_ps(sc[2 * g]));
         const int64_t xb = b * (C::kElems / 32) + g;  // x's block of 32
         for (int m = 0; m < M; ++m) {
           const __m256i xq =
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs.q.data() + m * a.K + 32 * xb));
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, wq)),
-                                              _mm256_set1_epi16(1));
+          const __m256i p = dot_s8s8(wq, xq);
           const __m256 dx = _mm256_set1_ps(xs.d[static_cast<size_t>(m * nb32 + xb)]);
           acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(scales, dx), _mm256_cvtepi32_ps(p), acc[m]);
           if constexpr (C::kHasMin) {
@@ -514,24 +518,21 @@ void linear_int8(const LinearArgs& a) {
     g.x = a.x + m0 * a.ldx;
     g.y = a.y + m0 * a.ldy;
     quantize_acts(g, xs);
-    const auto rows = [&]<DType T>() {
+    // rows.template operator()<M>(n0, n1) over the output rows, on the pool.
+    const auto run = [&](auto rows) {
       with_m(g.M, [&]<int M>() {
-        cpu_pool().parallel_for(g.N, kFusedGrain,
-                                [&](int64_t n0, int64_t n1) { int8_rows<T, M>(g, xs, n0, n1); });
+        cpu_pool().parallel_for(
+            g.N, kFusedGrain, [&](int64_t n0, int64_t n1) { rows.template operator()<M>(n0, n1); });
       });
     };
     if (g.wtype == DType::Q4_1) {
-      rows.template operator()<DType::Q4_1>();
+      run([&]<int M>(int64_t n0, int64_t n1) { int8_rows<DType::Q4_1, M>(g, xs, n0, n1); });
     } else if (g.wtype == DType::Q8_0) {
-      rows.template operator()<DType::Q8_0>();
+      run([&]<int M>(int64_t n0, int64_t n1) { int8_rows<DType::Q8_0, M>(g, xs, n0, n1); });
     } else {
       detail::visit_codec(g.wtype, [&](auto codec) {
         using C = decltype(codec);
-        with_m(g.M, [&]<int M>() {
-          cpu_pool().parallel_for(g.N, kFusedGrain, [&](int64_t n0, int64_t n1) {
-            block_int8_rows<C, M>(g, xs, n0, n1);
-          });
-        });
+        run([&]<int M>(int64_t n0, int64_t n1) { block_int8_rows<C, M>(g, xs, n0, n1); });
       });
     }
   }

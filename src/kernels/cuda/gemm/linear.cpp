@@ -832,7 +832,7 @@ class QChoice {
 
 bool qlinear_row(const QLinearArgs& a) {
   LLMK_CHECK(a.gated || a.rope, "cuda::qlinear_row: neither a gated output nor a RoPE epilogue");
-  if (a.K <= 0 || a.N <= 0 || !qgemv(a)) return false;
+  if (!qgemv(a)) return false;  // qgemv_applies: K, N and the epilogue's operands
   ++counters().calls;
   ++counters().qgemv;
   return true;

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """llmk.ops beside torch on the GPU: attention forward and backward against SDPA (flash backend),
 linear_act (gelu_tanh, gelu, silu; forward without gradients) against F.linear alone and F.linear
-then the activation, and a Llama-3-8B-shape decoder layer (forward + backward) under
+then the activation, llmk.nn.QuantizedLinear (8 and 4 bits, group 128) against F.linear on the
+bf16 weight it was made from, and a Llama-3-8B-shape decoder layer (forward + backward) under
 llmk.hf.apply against transformers' own with SDPA.
 
     PYTHONPATH=<llmk with CUDA> python3 bench/torch_ops.py [--json FILE] [--png FILE] [--quick]
-        [--only attention,linear,layer]
+        [--only attention,linear,quantized,layer]
 
 Inputs are random bf16 in flash-attn's layout [B, S, H, D] (SDPA gets [B, H, S, D] views).
 Each sample is one call between CUDA events after a 256 MiB write that flushes the L2; the figure
@@ -157,14 +158,43 @@ def layer_row(samples, flush, B=4, S=2048):
     return row
 
 
+QUANTIZED = [  # M, K, N: Llama-3-8B's gate/up and down at decode (1), a small batch (16), prefill
+    (1, 4096, 14336), (16, 4096, 14336), (1, 14336, 4096), (16, 14336, 4096), (512, 4096, 14336),
+]
+
+
+def quantized_rows(M, K, N, samples, flush):
+    """QuantizedLinear (bits 8 and 4, group 128, bf16 x, no gradient) against F.linear over the
+    bf16 weight (cuBLAS), interleaved sample by sample."""
+    import llmk.nn
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(M, K, generator=g, device="cuda", dtype=torch.bfloat16)
+    lin = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(N, K, generator=g, device="cuda") / K ** 0.5)
+    qs = {b: llmk.nn.QuantizedLinear.from_float(lin, bits=b, group_size=128) for b in (8, 4)}
+    with torch.no_grad():
+        for q in qs.values():
+            q(x)  # packs the blocks
+        L.reset_stats()
+        t = timed_interleaved([lambda: F.linear(x, lin.weight)] +
+                              [lambda q=q: q(x) for q in qs.values()], samples, flush)
+    kernels = {s["kernel"] for s in L.stats() if s["op"] == "QuantizedLinear"}
+    row = {"M": M, "K": K, "N": N, "bf16_linear_us": round(t[0], 2), "kernels": sorted(kernels)}
+    for i, b in enumerate(qs):
+        row[f"int{b}_us"] = round(t[1 + i], 2)
+        row[f"int{b}_speedup"] = round(t[0] / t[1 + i], 3)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--png", help="draw the speedups here (needs matplotlib)")
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="the first two shapes only")
-    ap.add_argument("--only", default="attention,linear,layer",
-                    help="comma-separated subset of: attention, linear, layer")
+    ap.add_argument("--only", default="attention,linear,quantized,layer",
+                    help="comma-separated subset of: attention, linear, quantized, layer")
     ap.add_argument("--attention-kernel", choices=["auto", "wgmma", "mma-sync"], default="auto",
                     help="llmk's attention build on an H100: warpgroup MMA (auto) or mma.sync")
     args = ap.parse_args()
@@ -174,10 +204,10 @@ def main():
     from llmk._C import ops as _C
     _C.set_attention_kernel(args.attention_kernel)
     only = set(args.only.split(","))
-    unknown = only - {"attention", "linear", "layer"}
+    unknown = only - {"attention", "linear", "quantized", "layer"}
     if unknown:
         sys.exit(f"torch_ops: --only: unknown {', '.join(sorted(unknown))}")
-    rows, lrows, layer = [], [], None
+    rows, lrows, qrows, layer = [], [], [], None
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, llmk attention "
           f"kernel: {args.attention_kernel}")
     if "attention" in only:
@@ -202,6 +232,17 @@ def main():
                 print(f"| {r['M']} | {r['K']} | {r['N']} | {r['act']} | {r['linear_us']} | "
                       f"{r['torch_linear_act_us']} | {r['torch_over_linear']} | "
                       f"{r['llmk_linear_act_us']} | {r['llmk_over_linear']} |", flush=True)
+    if "quantized" in only:
+        print()
+        print("| M | K | N | F.linear bf16 us | QuantizedLinear 8-bit us | x | 4-bit us | x |")
+        print("|---|---|---|---|---|---|---|---|")
+        for shape in QUANTIZED:
+            r = quantized_rows(*shape, args.samples, flush)
+            qrows.append(r)
+            print(f"| {r['M']} | {r['K']} | {r['N']} | {r['bf16_linear_us']} | {r['int8_us']} | "
+                  f"{r['int8_speedup']} | {r['int4_us']} | {r['int4_speedup']} |", flush=True)
+            if r["kernels"] != ["q4_0 blocks", "q8_0 blocks"]:
+                sys.exit(f"torch_ops: QuantizedLinear ran {r['kernels']}, not the block kernels")
     if "layer" in only:
         layer = layer_row(max(5, args.samples // 2), flush)
         print()
@@ -216,7 +257,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "attention": rows, "linear_act": lrows, "layer": layer}, f, indent=1)
+                       "attention": rows, "linear_act": lrows, "quantized_linear": qrows,
+                       "layer": layer}, f, indent=1)
     if args.png and rows:
         from chart import bar_chart
         bar_chart(args.png, [f"S{r['S']} D{r['D']} {r['Hq']}/{r['Hkv']}" for r in rows],

@@ -96,11 +96,21 @@ class LinearSiLU(_LinearAct):
 class QuantizedLinear(nn.Module):
     """A forward-only linear with weights stored as signed integers of `bits` (8 or 4) and one
     scale per group of `group_size` input columns (symmetric: scale = max|w| / (2^(bits-1) - 1)
-    per group). Built from a weight with from_float(), or by replace_linear_with_quantized().
+    per group, rounded to a float16 value). Built from a weight with from_float(), or by
+    replace_linear_with_quantized().
 
-    The weight is dequantized for each call and the product runs on llmk.ops.linear_act: the
-    reference path (llmk.ops.stats() lists it); GPU kernels reading the integers directly are
-    not built yet. 4-bit values are kept one per int8 (not packed)."""
+    forward runs llmk's block kernels, the ones that read quantised GGUF weights (Q8_0 blocks for
+    8 bits, Q4_0 for 4: one scale a block of 32, each block taking its group's scale, so the
+    product is over exactly these integers and scales): on CUDA with bfloat16 x (one-row
+    streaming kernels up to 16 rows, tensor-core GEMMs above), on the CPU with float32 x. The
+    blocks are packed from qweight and scales on the first call on a device and again whenever
+    either changes. Elsewhere it dequantizes the weight and runs llmk.ops.linear_act (the
+    reference path): group_size or in_features not a multiple of 32, another x dtype, scales
+    that are not float16 values, or an x that requires grad (the kernels have no backward).
+    llmk.ops.stats() counts each call under the path it took, with the reason. qweight keeps one
+    integer per int8 (4-bit values are not packed there)."""
+
+    _TYPES = {8: "q8_0", 4: "q4_0"}
 
     def __init__(self, in_features: int, out_features: int, bits: int = 8,
                  group_size: int = 128, bias: bool = True, device=None,
@@ -119,6 +129,7 @@ class QuantizedLinear(nn.Module):
                                                   device=device))
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device),
                                  requires_grad=False) if bias else None
+        self._blocks = None  # (what they were packed from, bytes or None, reason)
 
     @classmethod
     def from_float(cls, linear: nn.Linear, bits: int = 8, group_size: int = 128):
@@ -128,7 +139,9 @@ class QuantizedLinear(nn.Module):
         qmax = 2 ** (bits - 1) - 1
         pad = q.scales.shape[1] * group_size - linear.in_features
         wg = torch.nn.functional.pad(w.float(), (0, pad)).view(w.shape[0], -1, group_size)
-        scale = wg.abs().amax(-1).clamp_min(torch.finfo(torch.float32).tiny) / qmax
+        # float16 scales (what the block formats store), at least its smallest subnormal.
+        scale = (wg.abs().amax(-1) / qmax).clamp_min(2.0 ** -24).half().float()
+        scale = scale.to(q.scales.dtype).float()  # as stored, should the dtype round further
         qw = torch.round(wg / scale.unsqueeze(-1)).clamp(-qmax, qmax).to(torch.int8)
         q.qweight.copy_(qw.view(w.shape[0], -1)[:, :linear.in_features])
         q.scales.copy_(scale.to(q.scales.dtype))
@@ -141,12 +154,61 @@ class QuantizedLinear(nn.Module):
         s = self.scales.repeat_interleave(self.group_size, dim=1)[:, :self.in_features]
         return self.qweight.to(s.dtype) * s
 
+    def _kernel_reason(self, x: Tensor) -> str:
+        """Why forward(x) cannot run the block kernels ("" when it can)."""
+        if self.in_features % 32 or self.group_size % 32:
+            return (f"in_features {self.in_features} and group_size {self.group_size} are not "
+                    f"both multiples of 32 (the blocks' size)")
+        if x.device != self.qweight.device:
+            return f"x is on {x.device}, the weights on {self.qweight.device}"
+        want = torch.bfloat16 if x.is_cuda else torch.float32
+        if x.dtype != want:
+            return f"x is {x.dtype}: the block kernels take {want} on {x.device.type}"
+        if x.requires_grad and torch.is_grad_enabled():
+            return "x requires grad: the block kernels are forward only"
+        return ""
+
+    def _packed(self) -> tuple[Optional[Tensor], str]:
+        """The weights as blocks in the layout of their device (cached), or (None, reason)."""
+        key = (self.qweight.data_ptr(), self.qweight._version, self.scales.data_ptr(),
+               self.scales._version, self.qweight.device)
+        if self._blocks is not None and self._blocks[0] == key:
+            return self._blocks[1], self._blocks[2]
+        K = self.in_features
+        s = self.scales.detach().float().repeat_interleave(self.group_size // 32, dim=1)
+        s = s[:, :K // 32].cpu().contiguous()
+        blocks, reason = None, ""
+        if not bool((s.half().float() == s).all()):
+            reason = "scales that are not float16 values (the blocks store float16)"
+        else:
+            t = self._TYPES[self.bits]
+            per_row = K // 32 * (34 if self.bits == 8 else 18)
+            blocks = torch.empty(self.out_features * per_row, dtype=torch.uint8)
+            L._C.pack_symmetric(blocks, self.qweight.detach().cpu().contiguous(), s, t,
+                                self.qweight.is_cuda)
+            blocks = blocks.to(self.qweight.device)
+        self._blocks = (key, blocks, reason)
+        return blocks, reason
+
     def forward(self, x: Tensor) -> Tensor:
-        L._count_python("QuantizedLinear", "reference",
-                        "dequantized weights on llmk.ops.linear_act; no integer kernels yet")
-        w = self.dequantize().to(x.dtype)
-        b = None if self.bias is None else self.bias.to(x.dtype)
-        return L.linear_act(x, w, b, "none")
+        reason = self._kernel_reason(x)
+        blocks = None
+        if not reason:
+            blocks, reason = self._packed()
+        if reason:
+            L._count_python("QuantizedLinear", "reference", reason)
+            w = self.dequantize().to(x.dtype)
+            b = None if self.bias is None else self.bias.to(x.dtype)
+            return L.linear_act(x, w, b, "none")
+        t = self._TYPES[self.bits]
+        L._count_python("QuantizedLinear", f"{t} blocks")
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        out = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+        if x2.shape[0] > 0:
+            b = None if self.bias is None else self.bias.detach().to(x.dtype)
+            L._C.quantized_linear(out, x2, blocks, t, self.out_features, self.in_features, b,
+                                  L._stream(x))
+        return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, bits={self.bits}, "

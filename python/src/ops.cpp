@@ -2,6 +2,8 @@
 // arrays (numpy), for python/llmk/ops.py. The caller allocates every output; arrays are borrowed,
 // never copied.
 // Errors are llmk.Error with the op's one-line message.
+#include "ops/ops.h"
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -16,6 +18,8 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/cpu/quantize.h"
+#include "kernels/quant_layout.h"
 #include "ops/train.h"
 
 #ifdef LLMK_HAS_CUDA
@@ -221,6 +225,23 @@ void on_stream(uintptr_t stream, F&& f) {
   (void)stream;
 #endif
   f();
+}
+
+// "q8_0", "q5_0" or "q4_0": the symmetric block types QuantizedLinear packs into.
+DType symmetric_type(const std::string& name) {
+  if (name == "q8_0") return DType::Q8_0;
+  if (name == "q5_0") return DType::Q5_0;
+  if (name == "q4_0") return DType::Q4_0;
+  throw Error(fmt::format("unknown block type '{}' (q8_0, q5_0 or q4_0)", name));
+}
+
+// a as a borrowed contiguous tensor of element type t: its checks named after `name`.
+const Array& require(const Array& a, const char* name, DType t, bool cpu) {
+  const Tensor v = tensor_of(a, name);
+  LLMK_CHECK(v.dtype() == t, "{}: {} where {} is needed", name, v.str(), dtype_name(t));
+  LLMK_CHECK(v.is_contiguous(), "{}: {} is not contiguous", name, v.str());
+  LLMK_CHECK(!cpu || v.device() == Device::CPU, "{}: {} must be on the CPU", name, v.str());
+  return a;
 }
 
 }  // namespace
@@ -499,6 +520,59 @@ void register_ops(nb::module_& parent) {
                                                    relation_heads);
       },
       nb::arg("tq"), nb::arg("tk"), nb::arg("sq"), nb::arg("sk"), nb::arg("relation_heads"));
+  // Integer weights q ([N, K] int8, CPU) with one f32 scale a block of 32 ([N, K / 32], each an
+  // f16 value) as blocks of `type` ("q8_0", "q5_0" or "q4_0") in dst (uint8, CPU, the blocks'
+  // bytes): the GGUF layout the CPU linear reads, or with gpu_layout the CUDA kernels'
+  // (kernels/quant_layout.h). For llmk.nn.QuantizedLinear.
+  m.def(
+      "pack_symmetric",
+      [](Array dst, Array q, Array scales, const std::string& type, bool gpu_layout) {
+        const DType t = symmetric_type(type);
+        const Tensor tq = tensor_of(require(q, "q", DType::I8, true), "q");
+        const Tensor ts = tensor_of(require(scales, "scales", DType::F32, true), "scales");
+        const Tensor td = tensor_of(require(dst, "dst", DType::I8, true), "dst");
+        LLMK_CHECK(tq.ndim() == 2, "q: {} must be [N, K]", tq.str());
+        const int64_t N = tq.dim(0), K = tq.dim(1);
+        LLMK_CHECK(K % 32 == 0, "q: {} holds rows of {}, not whole blocks of 32", tq.str(), K);
+        const Shape want_scales{N, K / 32};
+        LLMK_CHECK(ts.shape() == want_scales, "scales: {} where [{}, {}] is needed", ts.str(), N,
+                   K / 32);
+        const int64_t row = bytes_for(t, K);
+        LLMK_CHECK(td.numel() == N * row, "dst: {} where {} bytes are needed", td.str(), N * row);
+        nb::gil_scoped_release released;
+        auto* out = static_cast<uint8_t*>(td.data());
+        std::vector<uint8_t> gguf(gpu_layout ? static_cast<size_t>(N * row) : 0);
+        uint8_t* rows = gpu_layout ? gguf.data() : out;
+        for (int64_t n = 0; n < N; ++n) {
+          try {
+            cpu::pack_symmetric_row(t, tq.data<const int8_t>() + n * K,
+                                    ts.data<const float>() + n * (K / 32), rows + n * row, K);
+          } catch (const Error& e) {
+            throw Error(fmt::format("row {}: {}", n, e.what()));
+          }
+        }
+        if (gpu_layout) qlayout::repack(t, gguf.data(), out, N, K);
+      },
+      nb::arg("dst"), nb::arg("q"), nb::arg("scales"), nb::arg("type"), nb::arg("gpu_layout"));
+  // out [M, N] = x [M, K] @ w^T (+ bias), w the bytes pack_symmetric wrote for [N, K] blocks of
+  // `type`, on x's device in that device's layout: ops::linear (CPU: f32 x and out; CUDA: bf16 x,
+  // bf16 out, bias bf16 or f32).
+  m.def(
+      "quantized_linear",
+      [](Array out, Array x, Array w, const std::string& type, int64_t N, int64_t K, OptArray bias,
+         uintptr_t stream) {
+        const DType t = symmetric_type(type);
+        Tensor to = tensor_of(out, "out");
+        const Tensor tx = tensor_of(x, "x");
+        const Tensor raw = tensor_of(require(w, "w", DType::I8, false), "w");
+        LLMK_CHECK(N > 0 && K > 0 && K % 32 == 0 && raw.numel() == N * bytes_for(t, K),
+                   "w: {} does not hold [{}, {}] {} weights", raw.str(), N, K, dtype_name(t));
+        const Tensor tw = Tensor::borrow(const_cast<void*>(raw.data()), {N, K}, t, raw.device());
+        std::optional<Tensor> b = opt_tensor(bias, "bias");
+        on_stream(stream, [&] { ops::linear(to, tx, tw, b ? &*b : nullptr); });
+      },
+      nb::arg("out"), nb::arg("x"), nb::arg("w"), nb::arg("type"), nb::arg("N"), nb::arg("K"),
+      nb::arg("bias").none(), nb::arg("stream"));
   m.def("stats", [] {
     std::vector<std::tuple<std::string, std::string, std::string, uint64_t>> out;
     for (const ops::KernelCount& c : ops::train_op_stats()) {

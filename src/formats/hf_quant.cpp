@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "kernels/cpu/quantize.h"
 
 namespace llmk {
 
@@ -190,28 +191,19 @@ Tensor to_q5_0(const Unpacked& u) {
       if (fp16_to_float(float_to_fp16(s)) != s) return Tensor();  // d is an f16
     }
   }
-  constexpr int64_t kBlock = 22;  // f16 d; u8 qh[4] (bit j: weight j's fifth); u8 qs[16]
+  // q - zero in [-16, 15] (a GPTQ v1 zero is at most 16) with the group's scale: exact Q5_0.
   const int64_t blocks = in / 32;
   Tensor w = Tensor::empty({out, in}, DType::Q5_0);
-  auto* dst = static_cast<uint8_t*>(w.data());
+  std::vector<int8_t> q(static_cast<size_t>(in));
+  std::vector<float> d(static_cast<size_t>(blocks));
+  const int64_t row_bytes = bytes_for(DType::Q5_0, in);
   for (int64_t n = 0; n < out; ++n) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t g = 32 * b / u.group();
-      uint8_t* blk = dst + (n * blocks + b) * kBlock;
-      const uint16_t d = float_to_fp16(u.scale(g, n));
-      std::memcpy(blk, &d, 2);
-      uint32_t qh = 0;
-      uint8_t* qs = blk + 6;
-      std::memset(qs, 0, 16);
-      const int zero = u.zero(g, n);
-      for (int j = 0; j < 32; ++j) {
-        // q - zero in [-16, 15] (a GPTQ v1 zero is at most 16): 16 + that in 5 bits.
-        const auto v = static_cast<uint32_t>(16 + u.value(n, 32 * b + j) - zero);
-        qs[j % 16] |= static_cast<uint8_t>((v & 0xFu) << (j < 16 ? 0 : 4));
-        qh |= ((v >> 4) & 1u) << j;
-      }
-      std::memcpy(blk + 2, &qh, 4);
+    for (int64_t k = 0; k < in; ++k) {
+      q[k] = static_cast<int8_t>(u.value(n, k) - u.zero(32 * (k / 32) / u.group(), n));
     }
+    for (int64_t b = 0; b < blocks; ++b) d[b] = u.scale(32 * b / u.group(), n);
+    cpu::pack_symmetric_row(DType::Q5_0, q.data(), d.data(),
+                            static_cast<uint8_t*>(w.data()) + n * row_bytes, in);
   }
   return w;
 }

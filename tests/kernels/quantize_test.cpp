@@ -296,5 +296,46 @@ TEST(Quantize, RejectsPartialBlocksAndUnsupportedTypes) {
   EXPECT_TRUE(cpu::can_quantize(DType::Q6_K));
 }
 
+// pack_symmetric_row: chosen integers and f16 scales come back through the decoder exactly, at
+// every end of each type's range; values out of range and scales an f16 cannot hold are errors.
+TEST(PackSymmetric, IntegersAndScalesComeBackExactly) {
+  std::mt19937 rng(11);
+  struct Case {
+    DType t;
+    int lo, hi;
+  };
+  for (const Case c :
+       {Case{DType::Q8_0, -128, 127}, Case{DType::Q5_0, -16, 15}, Case{DType::Q4_0, -8, 7}}) {
+    constexpr int kN = 32 * 6;
+    std::uniform_int_distribution<int> pick(c.lo, c.hi);
+    std::vector<int8_t> q(kN);
+    for (int j = 0; j < kN; ++j)
+      q[j] = static_cast<int8_t>(j < 2 ? (j == 0 ? c.lo : c.hi) : pick(rng));
+    // f16 values: normal, subnormal (2^-20), large, negative, zero.
+    const std::vector<float> scales = {0.0078125f, std::ldexp(1.0f, -20), 1026.0f, -0.3125f,
+                                       0.0f,       0.099975586f};
+    std::vector<uint8_t> blocks(static_cast<size_t>(bytes_for(c.t, kN)));
+    cpu::pack_symmetric_row(c.t, q.data(), scales.data(), blocks.data(), kN);
+    std::vector<float> back(kN);
+    cpu::dequantize_row(c.t, blocks.data(), back.data(), kN);
+    for (int j = 0; j < kN; ++j) {
+      ASSERT_EQ(back[j], scales[j / 32] * static_cast<float>(q[j])) << dtype_name(c.t) << " " << j;
+    }
+    q[70] = static_cast<int8_t>(c.hi + (c.t == DType::Q8_0 ? 0 : 1));
+    if (c.t != DType::Q8_0) {
+      EXPECT_THROW(cpu::pack_symmetric_row(c.t, q.data(), scales.data(), blocks.data(), kN), Error);
+    }
+    q[70] = 0;
+    std::vector<float> bad = scales;
+    bad[2] = 0.1f;  // not an f16 value
+    EXPECT_THROW(cpu::pack_symmetric_row(c.t, q.data(), bad.data(), blocks.data(), kN), Error);
+    EXPECT_THROW(cpu::pack_symmetric_row(c.t, q.data(), scales.data(), blocks.data(), 48), Error);
+  }
+  std::vector<int8_t> q(32);
+  std::vector<float> s(1, 1.0f);
+  std::vector<uint8_t> out(64);
+  EXPECT_THROW(cpu::pack_symmetric_row(DType::Q4_1, q.data(), s.data(), out.data(), 32), Error);
+}
+
 }  // namespace
 }  // namespace llmk

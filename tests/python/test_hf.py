@@ -154,7 +154,12 @@ def test_quantized_linear(bits):
     got = q(x)
     rel = (got - want).norm() / want.norm()
     assert rel < (0.01 if bits == 8 else 0.2), rel
-    (row,) = [s for s in L.stats() if s["op"] == "QuantizedLinear"]
-    assert row["kernel"] == "reference" and row["calls"] == 2 and "no integer kernels" in row["reason"]
+    rows = [s for s in L.stats() if s["op"] == "QuantizedLinear"]
+    # 300 and 40 inputs are not whole blocks of 32: the reference path, with the reason
+    # (tests/python/test_quantized_linear.py has the block kernels).
+    assert len(rows) == 2, rows
+    for row in rows:
+        assert row["kernel"] == "reference" and row["calls"] == 1, row
+        assert "not both multiples of 32" in row["reason"], row
     with pytest.raises(ValueError, match="bits = 3"):
         llmk.nn.QuantizedLinear(8, 8, bits=3)

@@ -370,7 +370,69 @@ void blocks(const float* src, void* dst, int64_t n, Fn fn) {
   for (int64_t b = 0; b < n / kElems; ++b) fn(src + b * kElems, out[b]);
 }
 
+// The block of 32 with scale d and integers q (already checked in range).
+void pack_block(DType t, const int8_t* q, float d, uint8_t* dst) {
+  int v[kLegacy];
+  switch (t) {
+    case DType::Q8_0: {
+      auto& b = *reinterpret_cast<BlockQ8_0*>(dst);
+      put_f16(b.d, d);
+      std::memcpy(b.qs, q, kLegacy);
+      return;
+    }
+    case DType::Q5_0: {
+      auto& b = *reinterpret_cast<BlockQ5_0*>(dst);
+      for (int j = 0; j < kLegacy; ++j) v[j] = q[j] + 16;
+      put_f16(b.d, d);
+      pack_fifth_bits(v, b.qh);
+      pack_nibbles(v, b.qs);
+      return;
+    }
+    default: {  // Q4_0
+      auto& b = *reinterpret_cast<BlockQ4_0*>(dst);
+      for (int j = 0; j < kLegacy; ++j) v[j] = q[j] + 8;
+      put_f16(b.d, d);
+      pack_nibbles(v, b.qs);
+      return;
+    }
+  }
+}
+
 }  // namespace
+
+void pack_symmetric_row(DType t, const int8_t* q, const float* scales, void* dst, int64_t n) {
+  int lo = 0, hi = 0;
+  switch (t) {
+    case DType::Q8_0:
+      lo = -128, hi = 127;
+      break;
+    case DType::Q5_0:
+      lo = -16, hi = 15;
+      break;
+    case DType::Q4_0:
+      lo = -8, hi = 7;
+      break;
+    default:
+      throw Error(fmt::format("pack_symmetric_row: {} is not Q8_0, Q5_0 or Q4_0", dtype_name(t)));
+  }
+  LLMK_CHECK(n >= 0 && n % kLegacy == 0,
+             "pack_symmetric_row: {} weights are not whole blocks of {}", n, kLegacy);
+  const int64_t bytes = static_cast<int64_t>(bytes_for(t, kLegacy));
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t b = 0; b < n / kLegacy; ++b) {
+    const float d = scales[b];
+    LLMK_CHECK(as_stored_f16(d) == d,
+               "{} blocks store f16 scales, but block {}'s scale {} is not "
+               "a float16 value",
+               dtype_name(t), b, d);
+    const int8_t* qb = q + b * kLegacy;
+    for (int j = 0; j < kLegacy; ++j) {
+      LLMK_CHECK(qb[j] >= lo && qb[j] <= hi, "{} holds integers in [{}, {}], but weight {} is {}",
+                 dtype_name(t), lo, hi, b * kLegacy + j, qb[j]);
+    }
+    pack_block(t, qb, d, out + b * bytes);
+  }
+}
 
 bool can_quantize(DType t) {
   switch (t) {

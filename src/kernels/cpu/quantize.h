@@ -29,4 +29,11 @@ bool can_quantize(DType t);
 // Throws llmk::Error for dtypes it cannot write and for n that is not whole blocks.
 void quantize_row(DType t, const float* src, void* dst, int64_t n);
 
+// Integer weights already chosen, with one scale per block of 32, as the symmetric block types
+// (w = scale * q): Q8_0 takes q in [-128, 127], Q5_0 [-16, 15], Q4_0 [-8, 7]. q: [n] int8;
+// scales: [n / 32], each exactly an f16 value (the blocks store f16). dst: bytes_for(t, n). Throws
+// llmk::Error naming the first value out of range or scale an f16 cannot hold, and for another t
+// or n that is not whole blocks of 32.
+void pack_symmetric_row(DType t, const int8_t* q, const float* scales, void* dst, int64_t n);
+
 }  // namespace llmk::cpu

@@ -196,6 +196,11 @@ Command add_bench(CLI::App& cmd) {
                                           .dtype = dtype,
                                           .quantized_weights = a->quantized});
     const ModelConfig& c = model->config();
+    // What the weights and caches hold before any step runs: the rest of the peak is the steps'.
+    size_t loaded_bytes = 0;
+#ifdef LLMK_HAS_CUDA
+    if (device == Device::CUDA) loaded_bytes = cuda::allocator().stats().bytes_reserved;
+#endif
     std::mt19937_64 rng(a->seed);
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.vocab_size - 1));
     const auto batch = static_cast<size_t>(a->batch);
@@ -265,9 +270,13 @@ Command add_bench(CLI::App& cmd) {
     if (device == Device::CUDA) {
       const auto st = cuda::allocator().stats();
       out["peak_gpu_memory_mib"] = st.peak_reserved / 1048576.0;
+      out["peak_gpu_memory_in_use_mib"] = st.peak_in_use / 1048576.0;
+      out["gpu_memory_after_load_mib"] = loaded_bytes / 1048576.0;
       out["gpu"] = cuda::device_info().name;
-      where = fmt::format("{}, {}, peak GPU memory {:.0f} MiB", cuda::device_info().name, where,
-                          st.peak_reserved / 1048576.0);
+      where = fmt::format(
+          "{}, {}, peak GPU memory {:.0f} MiB (after loading {:.0f}; peak in use {:.0f})",
+          cuda::device_info().name, where, st.peak_reserved / 1048576.0, loaded_bytes / 1048576.0,
+          st.peak_in_use / 1048576.0);
     }
 #endif
     // The file first: a failed write leaves nothing on stdout that reads as a result.

@@ -45,7 +45,8 @@ struct LayerWeights {
 };
 
 // Activations for up to `capacity` tokens (act dtype: f32 on the CPU, bf16, f16 or f32 on CUDA),
-// reused across calls so that steady-state decoding allocates nothing.
+// reused across calls so that steady-state decoding allocates nothing. qkv and attn live in
+// gate_up's memory where they fit, act over its gate half (reserve()).
 struct Scratch {
   int64_t capacity = 0;
   Tensor x, h, qkv, attn, o, gate_up, act, logits;
@@ -271,16 +272,20 @@ uint64_t DecoderModel::kv_cache_bytes() const {
 
 uint64_t DecoderModel::activation_bytes(int64_t t) const {
   const ModelConfig& c = config();
-  const int64_t per_token =
-      3 * c.d_model + 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim + 3 * c.d_ff;
+  const int64_t qkv_attn = 2 * c.n_heads * c.head_dim + 2 * c.n_kv_heads * c.head_dim;
+  const int64_t per_token = 3 * c.d_model + 2 * c.d_ff + (qkv_attn <= 2 * c.d_ff ? 0 : qkv_attn);
   return static_cast<uint64_t>(bytes_for(act_, t * per_token) + 4 * c.vocab_size);
 }
 
 void DecoderModel::allocate_cache() {
   const ModelConfig& c = config();
+  // One allocation for every layer's keys and values: separate ones would each be rounded up to
+  // the allocator's 2 MiB (126 MiB over 64 caches of 4k rows of Llama-3-8B).
+  const Tensor pool =
+      Tensor::empty({2 * c.n_layers, pool_rows(), c.n_kv_heads, c.head_dim}, kv_, device());
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    k_cache_.push_back(Tensor::empty({pool_rows(), c.n_kv_heads, c.head_dim}, kv_, device()));
-    v_cache_.push_back(Tensor::empty({pool_rows(), c.n_kv_heads, c.head_dim}, kv_, device()));
+    k_cache_.push_back(pool.select(0, 2 * i));
+    v_cache_.push_back(pool.select(0, 2 * i + 1));
     if (kv8_) {                 // zeros: a row read before it is written (never, but) decodes to 0
       const auto zeros = [&] {  // on the CPU to(CPU) is the host tensor itself: one each
         return Tensor::zeros({pool_rows(), c.n_kv_heads}, DType::F32).to(device());
@@ -454,13 +459,24 @@ void DecoderModel::reserve(int64_t t, bool all_logits) {
     s_.capacity = t;
     moved_buffers();
     const int64_t qkv = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
+    const int64_t qd = c.n_heads * c.head_dim;
     s_.x = Tensor::empty({t, c.d_model}, act_, dev);
     s_.h = Tensor::empty({t, c.d_model}, act_, dev);
     s_.o = Tensor::empty({t, c.d_model}, act_, dev);
-    s_.qkv = Tensor::empty({t, qkv}, act_, dev);
-    s_.attn = Tensor::empty({t, c.n_heads, c.head_dim}, act_, dev);
     s_.gate_up = Tensor::empty({t, 2 * c.d_ff}, act_, dev);
-    s_.act = Tensor::empty({t, c.d_ff}, act_, dev);
+    // act(gate) * up goes over the gate half (gated_act runs in place); the down projection
+    // reads it with gate|up's row stride.
+    s_.act = s_.gate_up.slice(1, 0, c.d_ff);
+    if (qkv + qd <= 2 * c.d_ff) {
+      // Q|K|V and the attention's output share gate|up's memory: a layer is done with them
+      // before its gate|up is written, and with gate|up before the next layer's Q|K|V.
+      const Tensor flat = s_.gate_up.view({t * 2 * c.d_ff});
+      s_.qkv = flat.slice(0, 0, t * qkv).view({t, qkv});
+      s_.attn = flat.slice(0, t * qkv, t * (qkv + qd)).view({t, c.n_heads, c.head_dim});
+    } else {
+      s_.qkv = Tensor::empty({t, qkv}, act_, dev);
+      s_.attn = Tensor::empty({t, c.n_heads, c.head_dim}, act_, dev);
+    }
   }
   const int64_t rows = all_logits ? t : 1;
   if (!s_.logits.defined() || s_.logits.dim(0) < rows) {

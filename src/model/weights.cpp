@@ -225,7 +225,27 @@ void WeightLoader::finish_plan() {
   planning_ = false;
   prog_ = LoadProgress{};
   prog_.total = plan_count_;
-  prog_.bytes_total = planned_bytes_;
+  prog_.bytes_total = planned_raw_;  // what count() adds up
+  if (device_ != Device::CPU && planned_bytes_ > 0) {
+    block_ = Tensor::empty({static_cast<int64_t>(planned_bytes_)}, DType::I8, device_);
+    block_owner_ = std::make_shared<Tensor>(block_);
+    block_used_ = 0;
+  }
+}
+
+// Each tensor starts 512 bytes into the block after the last, as the allocator aligns its own.
+uint64_t WeightLoader::planned_size(DType dtype, int64_t numel) {
+  return (static_cast<uint64_t>(bytes_for(dtype, numel)) + 511) / 512 * 512;
+}
+
+Tensor WeightLoader::fresh(const Shape& shape, DType dtype) {
+  const uint64_t bytes = planned_size(dtype, shape_numel(shape));
+  if (!block_.defined() || block_used_ + bytes > planned_bytes_) {
+    return Tensor::empty(shape, dtype, device_);  // not planned (a tensor placed twice)
+  }
+  void* at = static_cast<char*>(block_.data()) + block_used_;
+  block_used_ += bytes;
+  return Tensor::borrow(at, shape, dtype, device_, block_owner_);
 }
 
 Tensor WeightLoader::place(const std::string& name, const Shape& shape, Kind kind, bool required) {
@@ -240,7 +260,8 @@ Tensor WeightLoader::place(const std::string& name, const Shape& shape, Kind kin
   check_weight_dtype(src_, name, t);
   const DType want = placed_dtype(t.dtype(), kind);
   if (planning_) {
-    planned_bytes_ += static_cast<uint64_t>(bytes_for(want, t.numel()));
+    planned_bytes_ += planned_size(want, t.numel());
+    planned_raw_ += static_cast<uint64_t>(bytes_for(want, t.numel()));
     ++plan_count_;
     return Tensor();
   }
@@ -248,7 +269,7 @@ Tensor WeightLoader::place(const std::string& name, const Shape& shape, Kind kin
   if (t.dtype() == want && device_ == Device::CPU) {
     out = t;  // borrowed from the mapping
   } else {
-    out = Tensor::empty(shape, want, device_);
+    out = fresh(shape, want);
     put(out, t, want);
   }
   count(out);
@@ -320,11 +341,12 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
                          : placed_dtype(parts[0].dtype(), is_vector ? Kind::Vector : Kind::Matrix);
   const Shape shape = is_vector ? Shape{rows} : Shape{rows, shapes[0][1]};
   if (planning_) {
-    planned_bytes_ += static_cast<uint64_t>(bytes_for(want, shape_numel(shape)));
+    planned_bytes_ += planned_size(want, shape_numel(shape));
+    planned_raw_ += static_cast<uint64_t>(bytes_for(want, shape_numel(shape)));
     plan_count_ += static_cast<int64_t>(parts.size());
     return Tensor();
   }
-  Tensor out = Tensor::empty(shape, want, device_);
+  Tensor out = fresh(shape, want);
   if (is_quantized(want) && device_ != Device::CPU) {
     // The parts' blocks back to back (whole rows), then the GPU layout of the whole.
     Tensor rows_host = Tensor::empty(shape, want);

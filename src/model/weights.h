@@ -88,7 +88,10 @@ class WeightLoader {
                  bool is_bias = false);
 
   // Planning: in a first pass (planning() true) nothing is copied and undefined tensors come
-  // back; the loader only adds up the bytes the device will need. finish_plan() ends it.
+  // back; the loader only adds up the bytes the device will need. finish_plan() ends it; on CUDA
+  // it allocates them as one block that the tensors placed after it share (each its own
+  // allocation would be rounded up to the allocator's 2 MiB: about 130 MiB over the 227 tensors
+  // of a Llama-3-8B).
   bool planning() const { return planning_; }
   uint64_t planned_bytes() const { return planned_bytes_; }
   void finish_plan();
@@ -102,6 +105,9 @@ class WeightLoader {
   // copies it into `dst` on the device.
   void put(Tensor& dst, const Tensor& t, DType want);
   void count(const Tensor& placed);
+  // Where a placed tensor's bytes go: the planned block on CUDA, else a tensor of its own.
+  Tensor fresh(const Shape& shape, DType dtype);
+  static uint64_t planned_size(DType dtype, int64_t numel);
 
   const WeightSource& src_;
   Device device_;
@@ -109,9 +115,13 @@ class WeightLoader {
   bool keep_quantized_;
   ProgressFn progress_;
   bool planning_ = true;
-  uint64_t planned_bytes_ = 0;
+  uint64_t planned_bytes_ = 0;  // each tensor's bytes rounded up to 512 (fresh())
+  uint64_t planned_raw_ = 0;    // and not
   int64_t plan_count_ = 0;
   LoadProgress prog_;
+  Tensor block_;  // the planned bytes (CUDA)
+  std::shared_ptr<void> block_owner_;
+  uint64_t block_used_ = 0;
 };
 
 }  // namespace llmk

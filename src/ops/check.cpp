@@ -27,10 +27,35 @@ ByteSpan byte_span(const Tensor& t) {
           static_cast<uintptr_t>(static_cast<int64_t>(base) + hi * es + es - 1)};
 }
 
+// Rows of `width` contiguous elements `pitch` elements apart (every dimension but the last
+// collapsing into rows), as a column range of a wider matrix is; false for other layouts.
+bool row_layout(const Tensor& t, int64_t& width, int64_t& pitch) {
+  const int n = t.ndim();
+  if (n < 2 || is_quantized(t.dtype()) || t.stride(n - 1) != 1) return false;
+  width = t.dim(n - 1);
+  pitch = t.stride(n - 2);
+  for (int i = 0; i + 2 < n; ++i) {
+    if (t.dim(i) != 1 && t.stride(i) != t.stride(i + 1) * t.dim(i + 1)) return false;
+  }
+  return pitch >= width;
+}
+
 bool overlaps(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
   const ByteSpan x = byte_span(a), y = byte_span(b);
-  return x.first <= y.last && y.first <= x.last;
+  if (x.first > y.last || y.first > x.last) return false;
+  // Column ranges of one matrix (act's gate half and up half of gate|up): their spans interleave
+  // but their elements are disjoint when the ranges do not meet within a row.
+  int64_t wa = 0, pa = 0, wb = 0, pb = 0;
+  const auto es = static_cast<intptr_t>(element_size(a.dtype()));
+  const intptr_t diff = reinterpret_cast<intptr_t>(b.data()) - reinterpret_cast<intptr_t>(a.data());
+  if (a.dtype() == b.dtype() && row_layout(a, wa, pa) && row_layout(b, wb, pb) && pa == pb &&
+      diff % es == 0) {
+    const int64_t d = diff / es;
+    const int64_t col = ((d % pa) + pa) % pa;  // b's first column within a's rows
+    if (col >= wa && col + wb <= pa) return false;
+  }
+  return true;
 }
 
 }  // namespace

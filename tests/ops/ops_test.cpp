@@ -145,7 +145,7 @@ TEST(OpsLinear, ArgumentErrors) {
   Tensor w1 = weights(DType::Q8_0, 1, 64, 2).view({64});
   expect_error([&] { ops::linear(y, x, w1); }, {"ops::linear", "w", "2 dimensions"});
   Tensor xy = random_tensor({3, 74}, 1);
-  Tensor xa = xy.slice(1, 0, 64), ya = xy.slice(1, 64, 74);
+  Tensor xa = xy.slice(1, 0, 64), ya = xy.slice(1, 60, 70);  // columns 60..63 in both
   expect_error([&] { ops::linear(ya, xa, w64); }, {"ops::linear", "overlaps"});
   Tensor xt = random_tensor({64, 3}, 1).transpose(0, 1);
   expect_error([&] { ops::linear(y, xt, w64); }, {"ops::linear", "contiguous last dimension"});
@@ -396,6 +396,24 @@ TEST(OpsGatedAct, HalvesOfAFusedGateUpProjection) {
   Tensor up_bad = random_tensor({4, 25}, 2);
   expect_error([&] { ops::gated_act(out, gate, up_bad, ops::Activation::SiLU); },
                {"ops::gated_act", "up"});
+}
+
+// In place over the gate half, as the decoder runs it: the same values as into a new tensor. The
+// halves' spans interleave but their elements do not; columns that do meet are still refused.
+TEST(OpsGatedAct, InPlaceOverTheGateHalf) {
+  Tensor gu = random_tensor({5, 2 * 24}, 3, -4, 4);
+  Tensor gate = gu.slice(1, 0, 24), up = gu.slice(1, 24, 48);
+  Tensor want = poisoned({5, 24});
+  ops::gated_act(want, gate, up, ops::Activation::GeluTanh);
+  ops::gated_act(gate, gate, up, ops::Activation::GeluTanh);
+  for (int64_t t = 0; t < 5; ++t)
+    for (int64_t i = 0; i < 24; ++i) EXPECT_EQ(at(gate, {t, i}), at(want, {t, i})) << t << " " << i;
+  Tensor shifted = gu.slice(1, 20, 44);  // columns 20..43 meet the up half's 24..47
+  expect_error([&] { ops::gated_act(shifted, gate, up, ops::Activation::SiLU); },
+               {"ops::gated_act", "partially overlaps"});
+  Tensor next_row = gu.slice(1, 8, 32);  // columns 8..31: the gate half's and the up half's
+  expect_error([&] { ops::gated_act(next_row, gate, up, ops::Activation::SiLU); },
+               {"ops::gated_act", "partially overlaps"});
 }
 
 TEST(OpsElementwise, AddScaleSoftmax) {

@@ -21,6 +21,7 @@
 
 #include "core/cuda/allocator.h"
 #include "core/cuda/check.h"
+#include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "core/error.h"
 #include "kernels/cuda/gemm/bias.h"
@@ -105,7 +106,12 @@ std::atomic<bool> g_tune{true};
 constexpr int64_t kTuneMinRows = 64;
 constexpr int kTuneCandidates = 8;
 constexpr int kTuneRounds = 7;
-constexpr size_t kFlushBytes = size_t{128} << 20;  // over the L2 of any GPU llmk builds for
+// The write that evicts the L2 before each timed run: twice this GPU's L2 (100 MiB on an H100),
+// held only while tuning, but at the peak of a long prompt's first prefill.
+size_t flush_bytes() {
+  static const size_t bytes = std::max(2 * device_info().l2_bytes, size_t{32} << 20);
+  return bytes;
+}
 // LLMK_LOG_TUNING=1 in the environment: each tuning prints its candidates' times to stderr.
 const bool g_tune_log = [] {
   const char* v = std::getenv("LLMK_LOG_TUNING");
@@ -315,7 +321,7 @@ std::unique_ptr<void, void (*)(void*)> timing_scratch(bool accumulate, int64_t M
 }
 
 // The median time in ms of each of n candidates on the current stream: kTuneRounds rounds, each
-// a write of kFlushBytes that evicts the L2 and then one run(c) of every candidate, the order
+// a write of flush_bytes() that evicts the L2 and then one run(c) of every candidate, the order
 // rotated every round; each run between its own pair of events (`events`: created on first
 // use), all read after one synchronisation.
 std::vector<float> timed_medians(size_t n, std::vector<cudaEvent_t>& events,
@@ -326,12 +332,13 @@ std::vector<float> timed_medians(size_t n, std::vector<cudaEvent_t>& events,
     events.push_back(nullptr);
     LLMK_CUDA_CHECK(cudaEventCreate(&events.back()));
   }
-  const std::unique_ptr<void, void (*)(void*)> flush(allocator().allocate(kFlushBytes),
+  const size_t flush_size = flush_bytes();
+  const std::unique_ptr<void, void (*)(void*)> flush(allocator().allocate(flush_size),
                                                      [](void* q) { allocator().deallocate(q); });
   for (int r = 0; r < kTuneRounds; ++r) {
     for (size_t j = 0; j < n; ++j) {
       const size_t c = (j + static_cast<size_t>(r)) % n, e = 2 * (static_cast<size_t>(r) * n + c);
-      LLMK_CUDA_CHECK(cudaMemsetAsync(flush.get(), r + 1, kFlushBytes, stream));
+      LLMK_CUDA_CHECK(cudaMemsetAsync(flush.get(), r + 1, flush_size, stream));
       LLMK_CUDA_CHECK(cudaEventRecord(events[e], stream));
       run(c);
       LLMK_CUDA_CHECK(cudaEventRecord(events[e + 1], stream));
@@ -363,7 +370,7 @@ bool Lt::accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) const {
 // Index of the fastest of `algos` on the call's own operands, timed as a model's forward meets
 // them: the weights cold (not in the L2), as each layer's are there. Each candidate runs once
 // first (one that fails there is skipped; this also brings the clocks up from idle), then
-// kTuneRounds rounds time one call of each after a write of kFlushBytes that evicts the L2, the
+// kTuneRounds rounds time one call of each after a write of flush_bytes() that evicts the L2, the
 // order rotated every round; the lowest median wins. (Timed back to back, with the weights partly
 // in the L2, the choices ran slower in a model's forward.) The runs write out, which the call
 // itself overwrites next (or a scratch matrix, for a call that adds to out).

@@ -155,9 +155,9 @@ int run_batch(const BatchArgs& a) {
   const int64_t sequences = std::clamp<int64_t>((need + ctx - 1) / ctx, 1, a.max_running);
   auto t0 = std::chrono::steady_clock::now();
   const std::optional<DType> dtype = parse_dtype(a.dtype, device);
-  auto model =
-      Engine::load(a.model, a.ctx, sequences, page, device, a.kv_memory,
-                   parse_kv_type(a.kv_dtype, device, dtype), dtype, a.batch_invariant, a.quantized);
+  auto model = Engine::load(a.model, a.ctx, sequences, page, device, a.kv_memory,
+                            parse_kv_type(a.kv_dtype, device, dtype), dtype, a.batch_invariant,
+                            a.quantized, a.host_embeddings);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   t0 = std::chrono::steady_clock::now();

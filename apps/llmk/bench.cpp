@@ -34,12 +34,14 @@ double median(std::vector<double> v);
 int bench_concurrency(const std::string& path, const std::string& device, int concurrency,
                       int prompt_tokens, int gen_tokens, int reps, uint64_t seed, bool graphs,
                       const std::string& kv_dtype, const std::string& dtype, bool invariant,
-                      bool quantized, int64_t kv_memory, const std::string& json) {
+                      bool quantized, bool host_embeddings, int64_t kv_memory,
+                      const std::string& json) {
   const int64_t ctx = int64_t{prompt_tokens} + gen_tokens + 1;
   const Device dev = resolve_device(device);
   const std::optional<DType> act = parse_dtype(dtype, dev);
-  auto model = Engine::load(path, ctx, concurrency, 16, dev, kv_memory,
-                            parse_kv_type(kv_dtype, dev, act), act, invariant, quantized);
+  auto model =
+      Engine::load(path, ctx, concurrency, 16, dev, kv_memory, parse_kv_type(kv_dtype, dev, act),
+                   act, invariant, quantized, host_embeddings);
   const ModelConfig& c = model->config();
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -122,7 +124,8 @@ Command add_bench(CLI::App& cmd) {
   struct Args {
     std::string model, device, json, kv_dtype, kv_memory, dtype;
     int prompt_tokens = 512, gen_tokens = 128, batch = 1, reps = 3, threads = 0, concurrency = 0;
-    bool no_graph = false, batch_invariant = false, quantized = true, cpu_int8 = false;
+    bool no_graph = false, batch_invariant = false, quantized = true, cpu_int8 = false,
+         host_embeddings = true;
     bool no_lookahead = false;
     uint64_t seed = 1;
   };
@@ -167,6 +170,7 @@ Command add_bench(CLI::App& cmd) {
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
   add_quantized_weights_flag(cmd, a->quantized);
+  add_gpu_embeddings_flag(cmd, a->host_embeddings);
   add_batch_invariant_flag(cmd, a->batch_invariant);
   return [a] {
     prepare(a->model, a->threads, a->cpu_int8);
@@ -179,8 +183,8 @@ Command add_bench(CLI::App& cmd) {
     if (a->concurrency > 0) {
       return bench_concurrency(a->model, a->device, a->concurrency, a->prompt_tokens, a->gen_tokens,
                                a->reps, a->seed, !a->no_graph, a->kv_dtype, a->dtype,
-                               a->batch_invariant, a->quantized, parse_kv_memory(a->kv_memory),
-                               a->json);
+                               a->batch_invariant, a->quantized, a->host_embeddings,
+                               parse_kv_memory(a->kv_memory), a->json);
     }
     const Device device = resolve_device(a->device);
     const std::optional<DType> dtype = parse_dtype(a->dtype, device);
@@ -194,7 +198,8 @@ Command add_bench(CLI::App& cmd) {
                                           .progress = load_progress(),
                                           .kv_type = parse_kv_type(a->kv_dtype, device, dtype),
                                           .dtype = dtype,
-                                          .quantized_weights = a->quantized});
+                                          .quantized_weights = a->quantized,
+                                          .host_embeddings = a->host_embeddings});
     const ModelConfig& c = model->config();
     // What the weights and caches hold before any step runs: the rest of the peak is the steps'.
     size_t loaded_bytes = 0;

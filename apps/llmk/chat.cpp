@@ -19,7 +19,7 @@ namespace llmk::cli {
 Command add_chat(CLI::App& cmd) {
   struct Args {
     std::string model, system, device, dtype;
-    bool quantized = true, cpu_int8 = false;
+    bool quantized = true, cpu_int8 = false, host_embeddings = true;
     int n_predict = 512;
     int64_t ctx = 0;
     int threads = 0;
@@ -39,6 +39,7 @@ Command add_chat(CLI::App& cmd) {
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
   add_quantized_weights_flag(cmd, a->quantized);
+  add_gpu_embeddings_flag(cmd, a->host_embeddings);
   cmd.footer(
       fmt::format("One message per line on stdin (at most {} MiB a line); each reply is streamed "
                   "to stdout,\nits speed to stderr.\n"
@@ -53,7 +54,8 @@ Command add_chat(CLI::App& cmd) {
                                                    .device = device,
                                                    .progress = load_progress(),
                                                    .dtype = parse_dtype(a->dtype, device),
-                                                   .quantized_weights = a->quantized});
+                                                   .quantized_weights = a->quantized,
+                                                   .host_embeddings = a->host_embeddings});
     const Tokenizer tok = load_tokenizer(*model, a->model);
     const ChatTemplate tmpl = chat_template_for(*model, tok, a->model);
     const bool tty = isatty(STDIN_FILENO) != 0;

@@ -43,6 +43,7 @@ struct BatchArgs {
   std::string dtype = "auto";     // LoadOptions::dtype (parse_dtype)
   bool batch_invariant = false;   // LoadOptions::batch_invariant
   bool quantized = true;          // LoadOptions::quantized_weights
+  bool host_embeddings = true;    // LoadOptions::host_embeddings
   int n = 1;
   bool chat = false;   // each prompt as the user's message in the model's chat template
   std::string system;  // with chat: the system message
@@ -87,6 +88,8 @@ void add_device_option(CLI::App& cmd, std::string& device);
 void add_dtype_option(CLI::App& cmd, std::string& dtype);
 // Adds --quantized-weights / --dequantize (LoadOptions::quantized_weights, on by default).
 void add_quantized_weights_flag(CLI::App& cmd, bool& on);
+// --gpu-embeddings: LoadOptions::host_embeddings off.
+void add_gpu_embeddings_flag(CLI::App& cmd, bool& host_embeddings);
 // Adds --batch-invariant (LoadOptions::batch_invariant).
 void add_batch_invariant_flag(CLI::App& cmd, bool& on);
 // The sampler chain's options (--temp, --top-k, --top-p, --min-p, --repeat-penalty,

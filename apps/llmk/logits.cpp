@@ -18,7 +18,7 @@ Command add_logits(CLI::App& cmd) {
   struct Args {
     std::string model, device, ids_file, out, dtype;
     int prefill = 0, threads = 0;
-    bool quantized = true, cpu_int8 = false;
+    bool quantized = true, cpu_int8 = false, host_embeddings = true;
   };
   auto a = std::make_shared<Args>();
   add_model_option(cmd, a->model);
@@ -35,6 +35,7 @@ Command add_logits(CLI::App& cmd) {
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
   add_quantized_weights_flag(cmd, a->quantized);
+  add_gpu_embeddings_flag(cmd, a->host_embeddings);
   return [a] {
     prepare(a->model, a->threads, a->cpu_int8);
     const std::vector<int32_t> ids =
@@ -49,7 +50,8 @@ Command add_logits(CLI::App& cmd) {
                                                    .device = device,
                                                    .progress = load_progress(),
                                                    .dtype = parse_dtype(a->dtype, device),
-                                                   .quantized_weights = a->quantized});
+                                                   .quantized_weights = a->quantized,
+                                                   .host_embeddings = a->host_embeddings});
     const int64_t vocab = model->config().vocab_size;
     for (size_t i = 0; i < ids.size(); ++i) {
       LLMK_CHECK(ids[i] < vocab, "{}: element {} ({}) is outside the model's vocabulary of {}",

@@ -24,7 +24,7 @@ Command add_run(CLI::App& cmd) {
     int64_t ctx = 0, max_running = 64, step_tokens = 512;
     int threads = 0;
     bool chat = false, echo = false, ignore_eos = false, stats = false, batch_invariant = false,
-         quantized = false, cpu_int8 = false;
+         quantized = true, cpu_int8 = false, host_embeddings = true;
     SamplerOptions s;
   };
   auto a = std::make_shared<Args>();
@@ -71,6 +71,7 @@ Command add_run(CLI::App& cmd) {
   add_device_option(cmd, a->device);
   add_dtype_option(cmd, a->dtype);
   add_quantized_weights_flag(cmd, a->quantized);
+  add_gpu_embeddings_flag(cmd, a->host_embeddings);
   add_batch_invariant_flag(cmd, a->batch_invariant);
   cmd.footer(
       "Examples:\n"
@@ -99,6 +100,7 @@ Command add_run(CLI::App& cmd) {
                         .dtype = a->dtype,
                         .batch_invariant = a->batch_invariant,
                         .quantized = a->quantized,
+                        .host_embeddings = a->host_embeddings,
                         .n = a->n,
                         .chat = a->chat,
                         .system = a->system,
@@ -125,7 +127,8 @@ Command add_run(CLI::App& cmd) {
                                                    .device = device,
                                                    .progress = load_progress(),
                                                    .dtype = parse_dtype(a->dtype, device),
-                                                   .quantized_weights = a->quantized});
+                                                   .quantized_weights = a->quantized,
+                                                   .host_embeddings = a->host_embeddings});
     const Tokenizer tok = load_tokenizer(*model, a->model);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

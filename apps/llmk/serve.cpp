@@ -72,7 +72,8 @@ std::string error_body(const ApiError& e) {
 struct ServeArgs {
   std::string model, device, host = "127.0.0.1", api_key, kv_memory, kv_dtype, dtype;
   bool batch_invariant = false;
-  bool quantized = true;  // LoadOptions::quantized_weights
+  bool quantized = true;        // LoadOptions::quantized_weights
+  bool host_embeddings = true;  // LoadOptions::host_embeddings
   int port = 8080;
   int64_t ctx = 0, max_running = 64, max_queue = 256, step_tokens = 512, max_n = 16;
   int64_t max_body = 8 << 20, threads = 64;
@@ -995,9 +996,9 @@ int run_serve(const ServeArgs& a) {
   fmt::print(stderr, "[llmk serve] loading {} ...\n", a.model);
   // (ctx 0: the model's context, at most 4096.)
   const std::optional<DType> dtype = parse_dtype(a.dtype, device);
-  auto model =
-      Engine::load(a.model, a.ctx, a.max_running, 16, device, parse_kv_memory(a.kv_memory),
-                   parse_kv_type(a.kv_dtype, device, dtype), dtype, a.batch_invariant, a.quantized);
+  auto model = Engine::load(a.model, a.ctx, a.max_running, 16, device, parse_kv_memory(a.kv_memory),
+                            parse_kv_type(a.kv_dtype, device, dtype), dtype, a.batch_invariant,
+                            a.quantized, a.host_embeddings);
   std::string id = a.model;
   while (!id.empty() && id.back() == '/') id.pop_back();
   id = id.substr(id.find_last_of('/') + 1);
@@ -1023,6 +1024,7 @@ Command add_serve(CLI::App& app) {
   add_device_option(*cmd, a->device);
   add_dtype_option(*cmd, a->dtype);
   add_quantized_weights_flag(*cmd, a->quantized);
+  add_gpu_embeddings_flag(*cmd, a->host_embeddings);
   add_batch_invariant_flag(*cmd, a->batch_invariant);
   cmd->add_option("--api-key", a->api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");

@@ -46,7 +46,8 @@ int64_t Engine::bucket(int64_t b) const {
 std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, int64_t sequences,
                                     int64_t page_size, Device device, int64_t kv_memory,
                                     KvType kv_type, std::optional<DType> dtype,
-                                    bool batch_invariant, bool quantized_weights) {
+                                    bool batch_invariant, bool quantized_weights,
+                                    bool host_embeddings) {
   LLMK_CHECK(sequences >= 1 && page_size >= 1,
              "engine: {} sequences of pages of {} tokens: both must be at least 1", sequences,
              page_size);
@@ -59,7 +60,8 @@ std::unique_ptr<Model> Engine::load(const std::string& path, int64_t context, in
                                        .kv_type = kv_type,
                                        .dtype = dtype,
                                        .quantized_weights = quantized_weights,
-                                       .batch_invariant = batch_invariant});
+                                       .batch_invariant = batch_invariant,
+                                       .host_embeddings = host_embeddings});
 }
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const RequestOptions& opts,

@@ -82,7 +82,8 @@ class Engine {
                                      int64_t page_size = 16, Device device = Device::CPU,
                                      int64_t kv_memory = 0, KvType kv_type = KvType::Auto,
                                      std::optional<DType> dtype = std::nullopt,
-                                     bool batch_invariant = false, bool quantized_weights = true);
+                                     bool batch_invariant = false, bool quantized_weights = true,
+                                     bool host_embeddings = true);
 
   // Queues a prompt; returns its id. The prompt (non-empty, ids inside the vocabulary, at most
   // the context) and the options (1 <= n <= max_running) are checked here.

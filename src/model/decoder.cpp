@@ -63,6 +63,7 @@ class DecoderModel final : public Model {
                                            : act_),
         kv8_(opts.kv_type != KvType::Auto),
         batch_invariant_(opts.batch_invariant),
+        host_embeddings_(opts.host_embeddings && opts.device != Device::CPU),
         page_size_(opts.page_size),
         scratch_(opts.scratch_page ? 1 : 0) {
     LLMK_CHECK(opts.page_size >= 0, "page size {} must be >= 0", opts.page_size);
@@ -128,6 +129,7 @@ class DecoderModel final : public Model {
   DType kv_;  // the KV pool's elements: act_, or 8-bit (kv8_) with kv_scales_
   bool kv8_;
   bool batch_invariant_;  // LoadOptions::batch_invariant
+  bool host_embeddings_;  // LoadOptions::host_embeddings, on CUDA
   // Bytes of one pool row's K or V: its heads' elements and, 8-bit, their float scales.
   int64_t kv_row_bytes() const {
     const ModelConfig& c = config();
@@ -183,7 +185,9 @@ class DecoderModel final : public Model {
 void DecoderModel::load_weights(WeightLoader& w) {
   const ModelConfig& c = config();
   const int64_t d = c.d_model, qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
-  tok_embd_ = w.matrix("token_embd.weight", {c.vocab_size, d});
+  tok_embd_ = host_embeddings_ && !c.tied_embeddings
+                  ? w.host_matrix("token_embd.weight", {c.vocab_size, d})
+                  : w.matrix("token_embd.weight", {c.vocab_size, d});
   output_norm_ = w.vector("output_norm.weight", {d});
   // GGUF files leave out output.weight when it is tied; HF configs say so explicitly
   // (tie_word_embeddings), and a missing lm_head.weight is then an error, not the embeddings.

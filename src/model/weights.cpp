@@ -11,6 +11,10 @@
 #include "kernels/quant_layout.h"
 #include "ops/ops.h"
 
+#ifdef LLMK_HAS_CUDA
+#include "core/cuda/allocator.h"
+#endif
+
 namespace llmk {
 
 namespace {
@@ -248,7 +252,8 @@ Tensor WeightLoader::fresh(const Shape& shape, DType dtype) {
   return Tensor::borrow(at, shape, dtype, device_, block_owner_);
 }
 
-Tensor WeightLoader::place(const std::string& name, const Shape& shape, Kind kind, bool required) {
+Tensor WeightLoader::place(const std::string& name, const Shape& shape, Kind kind, bool required,
+                           bool host_mapped) {
   Tensor t = src_.find(name);
   if (!t.defined()) {
     LLMK_CHECK(!required, "{}: missing tensor '{}'", src_.path(), src_.file_name(name));
@@ -259,8 +264,9 @@ Tensor WeightLoader::place(const std::string& name, const Shape& shape, Kind kin
              shape_str(shape));
   check_weight_dtype(src_, name, t);
   const DType want = placed_dtype(t.dtype(), kind);
+  host_mapped = host_mapped && device_ != Device::CPU;
   if (planning_) {
-    planned_bytes_ += planned_size(want, t.numel());
+    if (!host_mapped) planned_bytes_ += planned_size(want, t.numel());
     planned_raw_ += static_cast<uint64_t>(bytes_for(want, t.numel()));
     ++plan_count_;
     return Tensor();
@@ -268,6 +274,12 @@ Tensor WeightLoader::place(const std::string& name, const Shape& shape, Kind kin
   Tensor out;
   if (t.dtype() == want && device_ == Device::CPU) {
     out = t;  // borrowed from the mapping
+  } else if (host_mapped) {
+#ifdef LLMK_HAS_CUDA
+    Tensor host;
+    out = cuda::host_mapped_tensor(shape, want, &host);
+    convert(host, t, want, /*gpu_layout=*/true);
+#endif
   } else {
     out = fresh(shape, want);
     put(out, t, want);
@@ -281,15 +293,23 @@ void WeightLoader::put(Tensor& dst, const Tensor& t, DType want) {
     ops::dequantize(dst, t);  // straight into place: no staging copy on the host
     return;
   }
-  Tensor host = t;
-  if (is_quantized(want) && dst.device() != Device::CPU) {  // the GPU layout of the blocks
-    host = Tensor::empty(t.shape(), want);
+  if (t.dtype() == want && !is_quantized(want)) {
+    ops::transfer(dst, t);
+    return;
+  }
+  Tensor host = Tensor::empty(t.shape(), want);
+  convert(host, t, want, dst.device() != Device::CPU);
+  ops::transfer(dst, host);
+}
+
+void WeightLoader::convert(Tensor& host, const Tensor& t, DType want, bool gpu_layout) {
+  if (is_quantized(want) && gpu_layout) {  // the GPU layout of the blocks
     qlayout::repack(want, t.data(), host.data(), t.dim(0), t.dim(1));
   } else if (t.dtype() != want) {
-    host = Tensor::empty(t.shape(), want);
     ops::dequantize(host, t);
+  } else {
+    std::memcpy(host.data(), t.data(), static_cast<size_t>(t.nbytes()));
   }
-  ops::transfer(dst, host);
 }
 
 void WeightLoader::count(const Tensor& placed) {
@@ -375,6 +395,9 @@ Tensor WeightLoader::stacked(const std::vector<std::string>& names,
 
 Tensor WeightLoader::matrix(const std::string& name, const Shape& shape) {
   return place(name, shape, Kind::Matrix, true);
+}
+Tensor WeightLoader::host_matrix(const std::string& name, const Shape& shape) {
+  return place(name, shape, Kind::Matrix, true, /*host_mapped=*/true);
 }
 Tensor WeightLoader::vector(const std::string& name, const Shape& shape) {
   return place(name, shape, Kind::Vector, true);

@@ -72,6 +72,10 @@ class WeightLoader {
   // A weight matrix [rows, cols] (also embeddings): CPU keeps the stored dtype, CUDA the
   // activations' (bf16 by default) or, for a kept block type, the block type (GPU layout).
   Tensor matrix(const std::string& name, const Shape& shape);
+  // As matrix(), but on CUDA kept in pinned host memory that the GPU reads over the bus
+  // (cuda::host_mapped_tensor), outside the planned device bytes: token embeddings, of which a
+  // step reads one row per token.
+  Tensor host_matrix(const std::string& name, const Shape& shape);
   // Norm weights: f32 on either device.
   Tensor vector(const std::string& name, const Shape& shape);
   // Like vector() but an absent tensor gives an undefined Tensor.
@@ -98,12 +102,16 @@ class WeightLoader {
 
  private:
   enum class Kind { Matrix, Vector };
-  Tensor place(const std::string& name, const Shape& shape, Kind kind, bool required);
+  Tensor place(const std::string& name, const Shape& shape, Kind kind, bool required,
+               bool host_mapped = false);
   // The dtype a stored tensor of dtype `stored` takes when placed as `kind`.
   DType placed_dtype(DType stored, Kind kind) const;
   // Converts `t` to `want` (dequantising as needed, or repacking a block type for the GPU) and
   // copies it into `dst` on the device.
   void put(Tensor& dst, const Tensor& t, DType want);
+  // The same conversion into `host` (a CPU tensor of dtype want): the blocks repacked into the
+  // GPU layout (gpu_layout), dequantised, or copied.
+  static void convert(Tensor& host, const Tensor& t, DType want, bool gpu_layout);
   void count(const Tensor& placed);
   // Where a placed tensor's bytes go: the planned block on CUDA, else a tensor of its own.
   Tensor fresh(const Shape& shape, DType dtype);

@@ -257,6 +257,23 @@ CachingAllocator& allocator() {
   return *instance;
 }
 
+Tensor host_mapped_tensor(const Shape& shape, DType dtype, Tensor* host) {
+  const auto bytes = static_cast<size_t>(bytes_for(dtype, shape_numel(shape)));
+  void* p = nullptr;
+  const cudaError_t err =
+      cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocMapped | cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    LLMK_FAIL("cannot pin {:.1f} MiB of host memory for the GPU to read ({})", mib(bytes),
+              cudaGetErrorString(err));
+  }
+  void* dev = nullptr;
+  LLMK_CUDA_CHECK(cudaHostGetDevicePointer(&dev, p, 0));
+  const std::shared_ptr<void> owner(p, [](void* q) { (void)cudaFreeHost(q); });
+  if (host != nullptr) *host = Tensor::borrow(p, shape, dtype, Device::CPU, owner);
+  return Tensor::borrow(dev, shape, dtype, Device::CUDA, owner);
+}
+
 void install_allocator() {
   set_device_allocator(Device::CUDA, [](size_t bytes) {
     CachingAllocator& a = allocator();

@@ -26,6 +26,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/tensor.h"
+
 namespace llmk::cuda {
 
 struct AllocatorStats {
@@ -109,6 +111,13 @@ class CachingAllocator {
 // The process-wide allocator over the CUDA device (never destroyed, so tensors released during
 // static destruction stay safe).
 CachingAllocator& allocator();
+
+// A Device::CUDA tensor whose elements live in pinned host memory that kernels read over the
+// bus (mapped, portable; with unified addressing its address is the same on both sides): for
+// tables a step reads a few rows of, such as token embeddings. `host` gets a Device::CPU view of
+// the same memory, to fill it. Not from allocator() and not in its stats. Throws llmk::Error when
+// the host cannot pin that much.
+Tensor host_mapped_tensor(const Shape& shape, DType dtype, Tensor* host);
 
 // Serves Device::CUDA tensors from allocator(); the tensors' deleters return their blocks to it.
 // Idempotent; cuda::init() calls it.

@@ -202,7 +202,7 @@ Command add_bench(CLI::App& cmd) {
                                           .host_embeddings = a->host_embeddings});
     const ModelConfig& c = model->config();
     // What the weights and caches hold before any step runs: the rest of the peak is the steps'.
-    size_t loaded_bytes = 0;
+    [[maybe_unused]] size_t loaded_bytes = 0;
 #ifdef LLMK_HAS_CUDA
     if (device == Device::CUDA) loaded_bytes = cuda::allocator().stats().bytes_reserved;
 #endif

@@ -41,6 +41,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "engine/engine.h"
+#include "kernels/cpu/matmul.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -74,6 +75,7 @@ struct ServeArgs {
   bool batch_invariant = false;
   bool quantized = true;        // LoadOptions::quantized_weights
   bool host_embeddings = true;  // LoadOptions::host_embeddings
+  bool cpu_int8 = false;        // cpu::set_int8_activations
   int port = 8080;
   int64_t ctx = 0, max_running = 64, max_queue = 256, step_tokens = 512, max_n = 16;
   int64_t max_body = 8 << 20, threads = 64;
@@ -994,6 +996,7 @@ int run_serve(const ServeArgs& a) {
   } catch (const Error&) {  // no template: completions only
   }
   fmt::print(stderr, "[llmk serve] loading {} ...\n", a.model);
+  cpu::set_int8_activations(a.cpu_int8);
   // (ctx 0: the model's context, at most 4096.)
   const std::optional<DType> dtype = parse_dtype(a.dtype, device);
   auto model = Engine::load(a.model, a.ctx, a.max_running, 16, device, parse_kv_memory(a.kv_memory),
@@ -1025,6 +1028,7 @@ Command add_serve(CLI::App& app) {
   add_dtype_option(*cmd, a->dtype);
   add_quantized_weights_flag(*cmd, a->quantized);
   add_gpu_embeddings_flag(*cmd, a->host_embeddings);
+  add_cpu_int8_flag(*cmd, a->cpu_int8);
   add_batch_invariant_flag(*cmd, a->batch_invariant);
   cmd->add_option("--api-key", a->api_key,
                   "Require 'Authorization: Bearer KEY' on every request but /health");

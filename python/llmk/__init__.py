@@ -28,7 +28,10 @@ class LLM:
     dtype: the activations' type, "auto" (bf16 on CUDA, f32 on the CPU), "bf16", "f16" or "f32"
     (the CPU computes in f32 only). dequantize: on CUDA, convert a GGUF's quantised matrices to
     bf16 at load instead of keeping them quantised on the GPU (the default; `llmk run
-    --dequantize`). Bad arguments and unreadable models raise llmk.Error with a one-line message.
+    --dequantize`). cpu_int8: on the CPU, multiply each token's activations quantised to 8 bits
+    by integer dot products against block-quantised weights (`llmk run --cpu-int8`: faster decode,
+    logits less exact than the f32 default's); the mode is process-wide and set at each of this
+    model's calls. Bad arguments and unreadable models raise llmk.Error with a one-line message.
     """
 
     def __init__(
@@ -39,9 +42,11 @@ class LLM:
         threads: int = 0,
         dtype: str = "auto",
         dequantize: bool = False,
+        cpu_int8: bool = False,
     ):
         self._engine = _Engine(
-            str(path), device, int(context), int(threads), str(dtype), bool(dequantize)
+            str(path), device, int(context), int(threads), str(dtype), bool(dequantize),
+            bool(cpu_int8)
         )
 
     @property

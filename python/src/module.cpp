@@ -19,6 +19,7 @@
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "engine/teacher_topk.h"
+#include "kernels/cpu/matmul.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -30,7 +31,7 @@ namespace {
 class Engine {
  public:
   Engine(const std::string& path, const std::string& device, int64_t context, int threads,
-         const std::string& dtype, bool dequantize)
+         const std::string& dtype, bool dequantize, bool cpu_int8)
       : model_([&] {
           LLMK_CHECK(context >= 0, "context {} must be >= 0 (0: the model's, at most 4096)",
                      context);
@@ -42,7 +43,8 @@ class Engine {
                                                .dtype = parse_dtype(dtype, dev),
                                                .quantized_weights = !dequantize});
         }()),
-        tok_(load_tokenizer(*model_, path)) {}
+        tok_(load_tokenizer(*model_, path)),
+        cpu_int8_(cpu_int8) {}
 
   std::vector<int32_t> tokenize(const std::string& text, bool add_bos, bool parse_special) const {
     return tok_.encode(text, add_bos && tok_.add_bos(), parse_special);
@@ -80,6 +82,7 @@ class Engine {
       // One generation at a time per model (its KV cache and scratch); taken without the GIL,
       // so that on_text of the generation holding it can run.
       std::lock_guard<std::mutex> one_at_a_time(mu_);
+      cpu::set_int8_activations(cpu_int8_);  // process-wide: set for each call of this model
       llmk::generate(*model_, tok_, prompt, opts, [&](int32_t, const std::string& bytes) {
         text += bytes;
         return send(pieces.push(bytes));
@@ -105,6 +108,7 @@ class Engine {
     }
     nb::gil_scoped_release released;
     std::lock_guard<std::mutex> one_at_a_time(mu_);
+    cpu::set_int8_activations(cpu_int8_);
     const TeacherTopkStats st = export_teacher_topk(*model_, seqs, path, o);
     return {st.sequences, st.positions, st.seconds};
   }
@@ -117,6 +121,7 @@ class Engine {
  private:
   std::unique_ptr<Model> model_;
   Tokenizer tok_;
+  bool cpu_int8_;  // cpu::set_int8_activations for this model's calls
   std::mutex mu_;
 };
 
@@ -131,10 +136,10 @@ NB_MODULE(_C, m) {
   m.attr("__version__") = LLMK_VERSION;
   nb::exception<llmk::Error>(m, "Error", PyExc_RuntimeError);
   nb::class_<Engine>(m, "_Engine")
-      .def(nb::init<const std::string&, const std::string&, int64_t, int, const std::string&,
+      .def(nb::init<const std::string&, const std::string&, int64_t, int, const std::string&, bool,
                     bool>(),
            nb::arg("path"), nb::arg("device"), nb::arg("context"), nb::arg("threads"),
-           nb::arg("dtype"), nb::arg("dequantize"))
+           nb::arg("dtype"), nb::arg("dequantize"), nb::arg("cpu_int8"))
       .def("tokenize", &Engine::tokenize, nb::arg("text"), nb::arg("add_bos"),
            nb::arg("parse_special"))
       .def("detokenize", &Engine::detokenize, nb::arg("ids"), nb::arg("skip_special"))

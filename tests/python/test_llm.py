@@ -31,10 +31,10 @@ def fixture(name: str) -> str:
     return str(ROOT / "tests" / "fixtures" / "families" / name)
 
 
-def run_cli(model: str, prompt: str, n: int) -> str:
+def run_cli(model: str, prompt: str, n: int, *extra: str) -> str:
     out = subprocess.run(
         [str(cli()), "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0",
-         "--device", "cpu"],
+         "--device", "cpu", *extra],
         capture_output=True, check=True,
     ).stdout
     assert out.endswith(b"\n")
@@ -138,6 +138,21 @@ def test_awq_and_gptq_folders_generate_as_their_f16_twins():
         got = quant.generate(ids, max_tokens=12, temperature=0, stop_at_eos=False)
         want = twin.generate(ids, max_tokens=12, temperature=0, stop_at_eos=False)
         assert got == want, q
+
+
+def test_cpu_int8_runs_as_the_program_does():
+    # SmolLM2's Q4_1 file (scripts/fetch-models.sh): cpu_int8 multiplies 8-bit activations by the
+    # blocks, as `llmk run --cpu-int8` does, token for token; a model without it stays on the f32
+    # path although the mode is process-wide.
+    model = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert model.exists(), f"{model}: run scripts/fetch-models.sh"
+    int8 = llmk.LLM(model, device="cpu", threads=2, cpu_int8=True)
+    f32 = llmk.LLM(model, device="cpu", threads=2)
+    for prompt in ("The capital of France is", "Once upon a time"):
+        got8 = int8.generate(prompt, max_tokens=24, temperature=0, stop_at_eos=False)
+        got32 = f32.generate(prompt, max_tokens=24, temperature=0, stop_at_eos=False)
+        assert got8 == run_cli(str(model), prompt, 24, "--cpu-int8", "--ignore-eos"), prompt
+        assert got32 == run_cli(str(model), prompt, 24, "--ignore-eos"), prompt
 
 
 def test_bad_models_and_settings_raise():

@@ -225,8 +225,7 @@ int run_batch(const BatchArgs& a) {
              "preemptions {} | {}\n",
              load_s, prompts.size(), generated, s, s > 0 ? generated / s : 0.0, kv.pages, page,
              kv.prefix_hit_tokens, st.preemptions,
-             device == Device::CPU ? fmt::format("cpu, {} threads", cpu_pool().num_threads())
-                                   : std::string("cuda"));
+             device == Device::CPU ? cpu_summary() : std::string("cuda"));
   return 0;
 }
 

@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
+#include "kernels/cpu/isa.h"
 #include "model/model.h"
 #include "ops/ops.h"
 
@@ -95,14 +96,15 @@ int bench_concurrency(const std::string& path, const std::string& device, int co
                                 {"step_ms_median", step},
                                 {"steps", steps},
                                 {"graph_steps", graph_steps},
-                                {"threads", cpu_pool().num_threads()}};
+                                {"threads", cpu_pool().num_threads()},
+                                {"cpu_isa", cpu::isa_name(cpu::isa())}};
     write_file(json, out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
   fmt::print("model: {}\n", c.summary());
   fmt::print("activations: {}; kv cache: {}, {} pages of {} tokens\n", dtype_name(model->dtype()),
              dtype_name(model->kv_dtype()), model->kv_pages(), model->kv_page_size());
   if (model->device() == Device::CPU) {
-    fmt::print("cpu, {} threads\n", cpu_pool().num_threads());
+    fmt::print("{}\n", cpu_summary());
   } else {
     fmt::print("cuda, {} of {} steps replayed from CUDA graphs\n", graph_steps, steps);
   }
@@ -269,7 +271,7 @@ Command add_bench(CLI::App& cmd) {
                               {"chunked", att.chunked},
                               {"fallback", att.fallback},
                               {"cpu", att.cpu}};
-    std::string where = fmt::format("cpu, {} threads", cpu_pool().num_threads());
+    std::string where = cpu_summary();
     if (device == Device::CUDA) where = fmt::format("{} activations", dtype_name(model->dtype()));
 #ifdef LLMK_HAS_CUDA
     if (device == Device::CUDA) {

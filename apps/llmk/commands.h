@@ -82,6 +82,8 @@ void add_threads_option(CLI::App& cmd, int& threads);
 void prepare(const std::string& model_path, int threads, bool cpu_int8 = false);
 // Adds --cpu-int8 (cpu::set_int8_activations).
 void add_cpu_int8_flag(CLI::App& cmd, bool& on);
+// "cpu (avx2), 2 threads": the CPU kernels' instruction set (kernels/cpu/isa.h) and threads.
+std::string cpu_summary();
 // Adds --device cpu|cuda|auto (default auto: cuda where a GPU and a CUDA build exist).
 void add_device_option(CLI::App& cmd, std::string& device);
 // Adds --dtype auto|bf16|f16|f32 (LoadOptions::dtype through parse_dtype).

@@ -18,6 +18,7 @@
 #include "core/thread_pool.h"
 #include "formats/gguf.h"
 #include "formats/mapped_file.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
@@ -274,6 +275,10 @@ void add_cpu_int8_flag(CLI::App& cmd, bool& on) {
                "On the CPU, multiply a token's activations quantised to 8 bits (per 32, as Q8_0) "
                "by integer dot products against block-quantised weights, as llama.cpp does: "
                "faster decode, logits less exact than the f32 default's (docs/perf.md, \"CPU\")");
+}
+
+std::string cpu_summary() {
+  return fmt::format("cpu ({}), {} threads", cpu::isa_name(cpu::isa()), cpu_pool().num_threads());
 }
 
 void prepare(const std::string& model_path, int threads, bool cpu_int8) {

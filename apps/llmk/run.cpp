@@ -163,9 +163,7 @@ Command add_run(CLI::App& cmd) {
                "{:.1f} tokens/s | stop: {} | seed {} | {}\n",
                load_s, st.prompt_tokens, st.prompt_tps(), st.generated_tokens, st.generate_tps(),
                st.stop_reason, sampler.seed,
-               model->device() == Device::CPU
-                   ? fmt::format("cpu, {} threads", cpu_pool().num_threads())
-                   : std::string("cuda"));
+               model->device() == Device::CPU ? cpu_summary() : std::string("cuda"));
     if (a->stats) fmt::print(stderr, "[llmk] {}\n", attention_stats_line());
     return 0;
   };

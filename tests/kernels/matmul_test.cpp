@@ -16,6 +16,7 @@
 #include "core/thread_pool.h"
 #include "kernels/cpu/block_decode.h"
 #include "kernels/cpu/dequant.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/test_util.h"
 
 namespace llmk {
@@ -181,14 +182,14 @@ TEST(Linear, AutoPicksFusedForDecodeAndTiledForPrefill) {
   cpu::LinearArgs a;
   a.M = 1;
   a.wtype = DType::Q8_0;
-#if defined(__AVX2__)
-  EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Fused);
-  cpu::set_int8_activations(true);
-  EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Int8);
-  a.wtype = DType::F16;  // no 8-bit path for it: the f32 one
-  EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Fused);
-  cpu::set_int8_activations(false);
-#endif
+  if (cpu::isa() != cpu::Isa::Base) {  // the baseline build has no fused path
+    EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Fused);
+    cpu::set_int8_activations(true);
+    EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Int8);
+    a.wtype = DType::F16;  // no 8-bit path for it: the f32 one
+    EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Fused);
+    cpu::set_int8_activations(false);
+  }
   a.M = 64;
   EXPECT_EQ(cpu::linear_choose_path(a), LinearPath::Tiled);
 }
@@ -201,7 +202,10 @@ TEST(Linear, AutoPicksFusedForDecodeAndTiledForPrefill) {
 // (Problem::check, with the minima's terms) on each side. A wrong block, scale or sign is off by
 // far more (each such change to the kernels fails here). Awkward shapes, bias, accumulation.
 TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
-#if defined(__AVX2__)
+  if (cpu::isa() == cpu::Isa::Base) {
+    EXPECT_FALSE(cpu::linear_int8_supports(DType::Q8_0));
+    GTEST_SKIP() << "the baseline build has no 8-bit path";
+  }
   EXPECT_FALSE(cpu::linear_int8_supports(DType::F16));
   uint32_t seed = 700;
   for (DType t : {DType::Q8_0, DType::Q4_1, DType::Q4_0, DType::Q5_0, DType::Q5_1, DType::Q2_K,
@@ -263,9 +267,6 @@ TEST(Linear, Int8ActivationsStayWithinTheirQuantisationBound) {
   }
   cpu::LinearArgs a = Problem(DType::F16, 1, 2, 64, false, 5).args();
   EXPECT_THROW(cpu::linear(a, LinearPath::Int8), Error);
-#else
-  GTEST_SKIP() << "no AVX2: no 8-bit path";
-#endif
 }
 
 }  // namespace

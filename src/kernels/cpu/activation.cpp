@@ -1,8 +1,10 @@
 #include "kernels/cpu/activation.h"
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_math.h"
 
-namespace llmk::cpu {
+// Built once per instruction set (isa.h): everything here is in its namespace.
+namespace llmk::cpu::LLMK_CPU_ISA {
 
 namespace {
 
@@ -67,4 +69,4 @@ void gated_act(float* out, int64_t out_ld, const float* gate, int64_t gate_ld, c
   });
 }
 
-}  // namespace llmk::cpu
+}  // namespace llmk::cpu::LLMK_CPU_ISA

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_math.h"
 
-namespace llmk::cpu {
+// Built once per instruction set (isa.h): everything here is in its namespace.
+namespace llmk::cpu::LLMK_CPU_ISA {
 
 namespace {
 
@@ -98,4 +100,4 @@ void attention(const AttentionArgs& a) {
   });
 }
 
-}  // namespace llmk::cpu
+}  // namespace llmk::cpu::LLMK_CPU_ISA

@@ -32,12 +32,15 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "kernels/cpu/dequant.h"
+#include "kernels/cpu/isa.h"
 
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 namespace llmk::cpu::detail {
+// One copy per instruction set the including file is built for (isa.h).
+inline namespace LLMK_CPU_ISA {
 
 inline constexpr int kRunElems = 256;
 inline constexpr int kGroup = 16;  // weights per scale/min
@@ -535,4 +538,5 @@ bool visit_codec(DType t, Fn&& fn) {
   }
 }
 
+}  // namespace LLMK_CPU_ISA
 }  // namespace llmk::cpu::detail

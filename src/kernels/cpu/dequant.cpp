@@ -5,8 +5,10 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/cpu/block_decode.h"
+#include "kernels/cpu/isa.h"
 
-namespace llmk::cpu {
+// Built once per instruction set (isa.h): everything here is in its namespace.
+namespace llmk::cpu::LLMK_CPU_ISA {
 
 namespace {
 
@@ -128,4 +130,4 @@ void dequantize_row_scalar(DType t, const void* src, float* dst, int64_t n) {
   dequantize_impl<true>(t, src, dst, n);
 }
 
-}  // namespace llmk::cpu
+}  // namespace llmk::cpu::LLMK_CPU_ISA

@@ -11,8 +11,10 @@
 #include "core/thread_pool.h"
 #include "kernels/cpu/block_decode.h"
 #include "kernels/cpu/dequant.h"
+#include "kernels/cpu/isa.h"
 
-namespace llmk::cpu {
+// Built once per instruction set (isa.h): everything here is in its namespace.
+namespace llmk::cpu::LLMK_CPU_ISA {
 
 namespace {
 
@@ -540,8 +542,6 @@ void linear_int8(const LinearArgs& a) {
 
 #endif  // __AVX2__
 
-std::atomic<bool> g_int8_activations{false};
-
 // ---- tiled path -------------------------------------------------------------------------------
 
 // y[i, j] (+)= dot(x row i, w row j) + bias[j] for i < MR_, j < NR_, over K8 (a multiple of 8;
@@ -645,9 +645,6 @@ bool linear_int8_supports(DType wtype) {
 #endif
 }
 
-void set_int8_activations(bool on) { g_int8_activations.store(on, std::memory_order_relaxed); }
-bool int8_activations() { return g_int8_activations.load(std::memory_order_relaxed); }
-
 LinearPath linear_choose_path(const LinearArgs& a) {
 #if defined(__AVX2__)
   if (a.M <= kFusedMaxM && int8_activations() && linear_int8_supports(a.wtype)) {
@@ -672,7 +669,7 @@ void linear(const LinearArgs& a, LinearPath path) {
         store(a.y[m * a.ldy + n], a.bias ? a.bias[n] : 0.0f, a.accumulate);
     return;
   }
-  if (path == LinearPath::Auto) path = linear_choose_path(a);
+  if (path == LinearPath::Auto) path = LLMK_CPU_ISA::linear_choose_path(a);
   LLMK_CHECK(path != LinearPath::Int8 || linear_int8_supports(a.wtype),
              "linear: no 8-bit activation path for weight dtype {}", dtype_name(a.wtype));
 #if defined(__AVX2__)
@@ -688,4 +685,4 @@ void linear(const LinearArgs& a, LinearPath path) {
   linear_tiled(a);
 }
 
-}  // namespace llmk::cpu
+}  // namespace llmk::cpu::LLMK_CPU_ISA

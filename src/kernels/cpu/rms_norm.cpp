@@ -2,9 +2,11 @@
 
 #include <cmath>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_math.h"
 
-namespace llmk::cpu {
+// Built once per instruction set (isa.h): everything here is in its namespace.
+namespace llmk::cpu::LLMK_CPU_ISA {
 
 namespace {
 
@@ -47,4 +49,4 @@ void rms_norm(float* out, int64_t out_ld, const float* x, int64_t x_ld, int64_t 
   });
 }
 
-}  // namespace llmk::cpu
+}  // namespace llmk::cpu::LLMK_CPU_ISA

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_math.h"
 
-namespace llmk::cpu {
+// Built once per instruction set (isa.h): everything here is in its namespace.
+namespace llmk::cpu::LLMK_CPU_ISA {
 
 namespace {
 
@@ -51,4 +53,4 @@ void softmax(float* out, int64_t out_ld, const float* x, int64_t x_ld, int64_t r
   });
 }
 
-}  // namespace llmk::cpu
+}  // namespace llmk::cpu::LLMK_CPU_ISA

@@ -7,12 +7,15 @@
 #include <cstdint>
 
 #include "core/thread_pool.h"
+#include "kernels/cpu/isa.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 namespace llmk::cpu::detail {
+// One copy per instruction set the including file is built for (isa.h).
+inline namespace LLMK_CPU_ISA {
 
 // Runs fn(begin, end) over [0, rows), in parallel when the rows hold enough work (about
 // `work_per_row` elementary steps each) to pay for waking the pool.
@@ -65,4 +68,5 @@ inline __m256 exp8(__m256 x) {
 // The scalar twin of exp8, for tails: the same clamping (0 for x <= -88), std::exp inside.
 inline float exp_clamped(float x) { return x <= -88.0f ? 0.0f : std::exp(std::min(x, 88.0f)); }
 
+}  // namespace LLMK_CPU_ISA
 }  // namespace llmk::cpu::detail

@@ -4,6 +4,10 @@
 #include <cstdlib>
 #include <string>
 
+#ifdef LLMK_CPU_ISA_X86
+#include <cpuid.h>
+#endif
+
 #include "core/error.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
@@ -45,9 +49,12 @@ bool cpu_has(Isa isa) {
   switch (isa) {
     case Isa::Base:
       return true;
-    case Isa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+    case Isa::Avx2: {
+      // F16C through CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c".
+      unsigned a = 0, b = 0, c = 0, d = 0;
+      const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+      return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
   }
   return false;
 #else

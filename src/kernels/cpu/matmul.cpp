@@ -24,9 +24,9 @@ using detail::kRunElems;
 
 // Up to this many x rows the fused path wins: its per-row cost is one FMA per weight per x row
 // like the tiled kernel, without writing and re-reading an f32 copy of the weights.
-constexpr int64_t kFusedMaxM = 4;
+[[maybe_unused]] constexpr int64_t kFusedMaxM = 4;  // (the baseline build has no fused path)
 // Output rows per parallel_for grain in the fused path.
-constexpr int64_t kFusedGrain = 16;
+[[maybe_unused]] constexpr int64_t kFusedGrain = 16;
 
 // Micro-kernel shape of the tiled path: MR x rows by NR weight rows, MR*NR accumulators.
 constexpr int kMR = 4;

@@ -31,7 +31,10 @@ class LLM:
     --dequantize`). cpu_int8: on the CPU, multiply each token's activations quantised to 8 bits
     by integer dot products against block-quantised weights (`llmk run --cpu-int8`: faster decode,
     logits less exact than the f32 default's); the mode is process-wide and set at each of this
-    model's calls. Bad arguments and unreadable models raise llmk.Error with a one-line message.
+    model's calls. gpu_embeddings: on CUDA, keep the token embeddings in GPU memory rather than
+    in pinned host memory (the default for a model whose output layer is its own; `llmk run
+    --gpu-embeddings`). Bad arguments and unreadable models raise llmk.Error with a one-line
+    message.
     """
 
     def __init__(
@@ -43,10 +46,11 @@ class LLM:
         dtype: str = "auto",
         dequantize: bool = False,
         cpu_int8: bool = False,
+        gpu_embeddings: bool = False,
     ):
         self._engine = _Engine(
             str(path), device, int(context), int(threads), str(dtype), bool(dequantize),
-            bool(cpu_int8)
+            bool(cpu_int8), bool(gpu_embeddings)
         )
 
     @property

@@ -31,7 +31,7 @@ namespace {
 class Engine {
  public:
   Engine(const std::string& path, const std::string& device, int64_t context, int threads,
-         const std::string& dtype, bool dequantize, bool cpu_int8)
+         const std::string& dtype, bool dequantize, bool cpu_int8, bool gpu_embeddings)
       : model_([&] {
           LLMK_CHECK(context >= 0, "context {} must be >= 0 (0: the model's, at most 4096)",
                      context);
@@ -41,7 +41,8 @@ class Engine {
           return Model::load(path, LoadOptions{.context = context,
                                                .device = dev,
                                                .dtype = parse_dtype(dtype, dev),
-                                               .quantized_weights = !dequantize});
+                                               .quantized_weights = !dequantize,
+                                               .host_embeddings = !gpu_embeddings});
         }()),
         tok_(load_tokenizer(*model_, path)),
         cpu_int8_(cpu_int8) {}
@@ -137,9 +138,9 @@ NB_MODULE(_C, m) {
   nb::exception<llmk::Error>(m, "Error", PyExc_RuntimeError);
   nb::class_<Engine>(m, "_Engine")
       .def(nb::init<const std::string&, const std::string&, int64_t, int, const std::string&, bool,
-                    bool>(),
+                    bool, bool>(),
            nb::arg("path"), nb::arg("device"), nb::arg("context"), nb::arg("threads"),
-           nb::arg("dtype"), nb::arg("dequantize"), nb::arg("cpu_int8"))
+           nb::arg("dtype"), nb::arg("dequantize"), nb::arg("cpu_int8"), nb::arg("gpu_embeddings"))
       .def("tokenize", &Engine::tokenize, nb::arg("text"), nb::arg("add_bos"),
            nb::arg("parse_special"))
       .def("detokenize", &Engine::detokenize, nb::arg("ids"), nb::arg("skip_special"))

@@ -147,7 +147,7 @@ def test_cpu_int8_runs_as_the_program_does():
     model = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert model.exists(), f"{model}: run scripts/fetch-models.sh"
     int8 = llmk.LLM(model, device="cpu", threads=2, cpu_int8=True)
-    f32 = llmk.LLM(model, device="cpu", threads=2)
+    f32 = llmk.LLM(model, device="cpu", threads=2, gpu_embeddings=True)  # (a CUDA setting)
     for prompt in ("The capital of France is", "Once upon a time"):
         got8 = int8.generate(prompt, max_tokens=24, temperature=0, stop_at_eos=False)
         got32 = f32.generate(prompt, max_tokens=24, temperature=0, stop_at_eos=False)

@@ -216,6 +216,20 @@ TEST_F(QLinear, MatchesTheCpuOverTypesRowsAndShapes) {
   }
 }
 
+// One token over wide matrices: N past 8,192 (where Q4_K and Q6_K take qgemv1 too, not only the
+// blocks of 32 and Q8_0), the last 16-row block part-full, K with part-full windows.
+TEST_F(QLinear, OneTokenWideMatricesMatchTheCpu) {
+  uint32_t seed = 700;
+  for (DType t : kTypes) {
+    const bool k_quant = block_size(t) == 256;
+    for (int64_t K : {k_quant ? int64_t{768} : int64_t{160}, int64_t{4096}}) {
+      check_problem(t, 1, 8192 + 23, K, seed, false);
+      check_problem(t, 1, 8192 + 23, K, seed + 4, true);
+      seed += 8;
+    }
+  }
+}
+
 // qgemm (more than 16 rows on sm_90): rows of x past a 128-row tile and past a cluster's 256
 // columns, K steps of 64 weights with the last one part-full (K 160 and 288: 5 and 9 chunks of
 // the 4- and 5-bit types), bias and accumulate. Tuning off, so that qgemm runs wherever it
@@ -316,7 +330,8 @@ TEST_F(QLinear, OneTokenEpiloguesMatchTheComposedOps) {
   for (DType t : kTypes) {
     const int64_t K = qlayout::layout(t).block_elems == 256 ? 768 : 160;
     const std::string type(dtype_name(t));
-    for (int64_t F : {int64_t{3}, int64_t{130}}) {
+    // F 4,100: a stacked gate|up past 8,192 rows (qgemv1 for every type).
+    for (int64_t F : {int64_t{3}, int64_t{130}, int64_t{4100}}) {
       for (ops::Activation act : {ops::Activation::SiLU, ops::Activation::GeluTanh}) {
         for (bool with_bias : {false, true}) {
           const std::string what = type + " linear_gated F=" + std::to_string(F) +

@@ -1,7 +1,7 @@
 // Hopper's asynchronous machinery as inline PTX, shared by the kernels that feed tensor cores
 // through it (attention/, gemm/gemm_act.cu): shared-memory barriers (mbarrier), thread-block
 // clusters, the bulk tensor copy engine (TMA) in both directions, named barriers, stmatrix and
-// plain 16-byte shared-memory accesses.
+// plain shared-memory accesses.
 // Addresses of shared memory are shared-space byte addresses (smem_addr); a barrier's is that
 // of an 8-byte-aligned barrier word. Included by .cu files only.
 #pragma once
@@ -167,6 +167,17 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t at) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(at)
                : "memory");
+  return v;
+}
+// 8 and 4 bytes from shared memory (8- and 4-byte aligned).
+__device__ __forceinline__ uint2 ld_shared_v2(uint32_t at) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(at) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t at) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(at) : "memory");
   return v;
 }
 

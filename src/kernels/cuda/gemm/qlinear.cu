@@ -18,6 +18,9 @@
 // all ones): the products are over the file's weights, as on the CPU. The 8 warps' sums meet in
 // shared memory and warp 0 writes the 16 x M outputs (+ bias, + out when accumulating).
 //
+// qgemv1 (one token over Q4_0, Q4_1 and Q8_0): each block of a warp's window sums into an mma
+// column of its own; its section below says how.
+//
 // qdequant (the bands of rows above 16, the embeddings): a thread a chunk, each weight
 // s (128 + q) + b in fp32, rounded once to bf16; a group's four threads stage their run of
 // weights in shared memory and store it in whole sectors.
@@ -25,6 +28,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "core/cuda/check.h"
@@ -33,6 +38,7 @@
 #include "kernels/cuda/gemm/pair_epilogue.cuh"
 #include "kernels/cuda/gemm/qdecode.cuh"
 #include "kernels/cuda/gemm/qlinear.h"
+#include "kernels/cuda/hopper.cuh"
 #include "kernels/quant_layout.h"
 
 namespace llmk::cuda {
@@ -326,6 +332,262 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
   }
 }
 
+// ---- qgemv1: one token (M = 1) over Q4_0, Q4_1 and Q8_0, each block's sum in a column ----
+//
+// With one token, seven of an mma's eight B columns would multiply zeros. qgemv1 gives them work:
+// a warp's window is 4 kV chunks of its 16 rows (lane (g, t) holds chunk t (+ 4 v) of rows g and
+// g + 8), and each k-step's B column n carries x only where the step's weights belong to the
+// window's block n / 2 (One<T>::act_*: which chunk, vector and nibble half feed column n), zeros
+// elsewhere. So after the window's steps C[row][n] holds the block's integer sums, exactly as
+// qgemv's per-block products, without zeroing C a block and without one lane a quad decoding the
+// scales of all four: lane (g, t) holds columns 2t and 2t + 1, both of its own block, and scales
+// only those (acc += s C, + b X for Q4_1's minimum, X the sum of x over the block from an mma
+// with A all ones). Lane (g, t) supplies column g's x, so only the lane of each quad whose chunk
+// feeds column g copies x (16 values a window); the others read 32 zero bytes. Each warp streams
+// its windows (8 apart) through a ring of slots in shared memory by cp.async, as qgemv does: the
+// lanes' value vectors ([row][vector][lane], 16 bytes: a lane reads back what it copied), the
+// 4-byte-aligned word holding each lane's block scale (and Q4_1's minimum), and x.
+// Two sets of sums (steps alternating) halve the chains of dependent mma. The 8 warps' sums meet
+// in shared memory in warp order, so a row's sum does not depend on where the block put it (plain
+// or paired epilogue). Q5_0, Q4_K and Q6_K stay on qgemv: in qgemv1 their down projections ran
+// slower (docs/perf.md).
+template <DType T>
+inline constexpr bool kOneType = T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0;
+
+template <DType T>
+struct One {
+  static_assert(kOneType<T>, "qgemv1 is built for Q4_0, Q4_1 and Q8_0");
+  // Vectors (chunks) a lane loads a row per window, nibble halves a word.
+  static constexpr int kV = T == DType::Q8_0 ? 2 : 1;
+  static constexpr int kH = T == DType::Q8_0 ? 1 : 2;
+  // Column n's source: the lane column (chunk i of the window's 4), vector v and half hi. A block
+  // of 32 puts its two halves side by side (2i + hi); Q8_0 its two chunks (2 (n % 4) .. + 1 of
+  // vector n / 4). Either way lane t's columns 2t, 2t + 1 are one block's.
+  __device__ static constexpr int act_i(int n) { return kV == 2 ? n % 4 : n / 2; }
+  __device__ static constexpr int act_v(int n) { return kV == 2 ? n / 4 : 0; }
+  __device__ static constexpr int act_hi(int n) { return kV == 2 ? 0 : n % 2; }
+  static constexpr bool kSums = Quad<T>::kSums;
+  static constexpr int kMetaBytes = T == DType::Q4_1 ? 4 : 2;  // a block's (d, Q4_1's m)
+  static constexpr int kW = 4 * kV;                            // chunks a window
+  // A slot (per warp): values [row][vector][lane] 16 bytes, meta [row][lane] 4 bytes, x [g] 32
+  // bytes.
+  static constexpr int kQBytes = 2 * kV * kWarp * 16;
+  static constexpr int kXOff = kQBytes + 2 * kWarp * 4;
+  static constexpr int kSlotBytes = kXOff + 8 * 32;
+  static constexpr int kStages = 4;  // windows in flight a warp
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kQWarps) * kStages * kSlotBytes + 32;
+  // Blocks an SM (registers: 65536 / (256 x this)): four for the 4-bit types (H200,
+  // qlinear_bench: Q4_0's down projection 13.3 against 16.4 us at three).
+  static constexpr int kBlocks = T == DType::Q8_0 ? 3 : 4;
+};
+
+// The aligned word a byte lies in, and the byte's bit offset there.
+__device__ __forceinline__ const uint8_t* word_of(const uint8_t* p) {
+  return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
+}
+__device__ __forceinline__ int bits_in_word(const uint8_t* p) {
+  return 8 * static_cast<int>(reinterpret_cast<uintptr_t>(p) & 3);
+}
+
+template <DType T, typename TOut, typename TBias, class Act = void>
+__global__ void __launch_bounds__(kQThreads, One<T>::kBlocks) qgemv1_kernel(const QKernelArgs a) {
+  constexpr bool kPaired = !std::is_void_v<Act>;
+  using Q = Quad<T>;
+  using O = One<T>;
+  constexpr int kV = O::kV, kW = O::kW, kStages = O::kStages;
+  __shared__ float red[kQWarps][8][2];
+  extern __shared__ __align__(16) unsigned char one_raw[];  // the warps' rings, then 32 zero bytes
+  const int warp = static_cast<int>(threadIdx.x) / kWarp,
+            lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = static_cast<int>(blockIdx.x) * 16 + g, row1 = row0 + 8;
+  const int unit = static_cast<int>(blockIdx.x) * 8 + g;  // kPaired
+  PairRows pair;
+  if constexpr (kPaired) pair = pair_rows<Act>(unit, a.N, a.rope);
+  const int64_t rr[2] = {kPaired ? (pair.live ? pair.rows[0] : 0) : min(row0, a.N - 1),
+                         kPaired ? (pair.live ? pair.rows[1] : 0) : min(row1, a.N - 1)};
+  const uint8_t* meta_end = a.wm + static_cast<int64_t>(a.N) * a.mrow;
+  const int windows = (a.chunks + kW - 1) / kW;
+  const int mine = warp < windows ? (windows - warp + kQWarps - 1) / kQWarps : 0;
+  // Column g's source; the lane whose chunk it is copies and reads column g's x.
+  const int ai = O::act_i(g), av = O::act_v(g), ahi = O::act_hi(g);
+  const bool feeds = ai == t;
+  const uint32_t ring = smem_addr(one_raw) + warp * kStages * O::kSlotBytes;
+  const uint32_t zeros = smem_addr(one_raw) + kQWarps * kStages * O::kSlotBytes;
+  if (threadIdx.x < 2) st_shared_v4(zeros + 16 * threadIdx.x, 0, 0, 0, 0);
+
+  // The next window's copies, advanced a window at a time: the warp's windows are kStep chunks
+  // apart, so each step adds the same bytes, and the lane's block scale keeps its place in its
+  // aligned word (sh).
+  constexpr int kStep = kQWarps * kW;
+  const int wc0 = warp * kW;                                  // the warp's first window
+  const int blk0 = T == DType::Q8_0 ? wc0 / 2 + t : wc0 + t;  // the lane's block in it
+  const uint8_t* qn[2];  // the lane's first vector (v = 0) of the next window, a row
+  const uint8_t* mn[2];  // the aligned word its block's meta starts in
+  int sh[2];             // the meta's bit offset in that word
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint8_t* m = a.wm + rr[r] * a.mrow + O::kMetaBytes * blk0;
+    qn[r] = a.wq + rr[r] * a.qrow + 16 * (wc0 + t);
+    mn[r] = word_of(m);
+    sh[r] = bits_in_word(m);
+  }
+  int cn = wc0 + t;                                   // the lane's chunk (v = 0)
+  int mc = T == DType::Q8_0 ? wc0 + 2 * t : wc0 + t;  // the chunk its block starts at
+  int wn = 0, xn = 0;                                 // windows issued (values, x)
+  int xc = wc0 + ai + 4 * av;                         // the chunk of column g's x
+  const uint16_t* xp = a.x + chunk_elems(T) * (xc & ~3) + Q::xoff(xc & 3, ahi);
+  // Copies past the row or the tensor read nothing (zero-filled); their pointers go unused.
+  const auto issue_w = [&](uint32_t slot) {  // the next window's values and meta
+    if (wn >= mine) return;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int v = 0; v < kV; ++v) {
+        attn::cp_async_16_at(slot + (r * kV + v) * kWarp * 16 + lane * 16, qn[r] + 64 * v,
+                             cn + 4 * v < a.chunks);
+      }
+      qn[r] += 16 * kStep;
+      // The word may end past the tensor (the last row's last block): only its bytes inside.
+      const int64_t left = meta_end - mn[r];
+      const int n = mc >= a.chunks ? 0 : left >= 4 ? 4 : left > 0 ? static_cast<int>(left) : 0;
+      attn::cp_async_4_n(slot + O::kQBytes + (r * kWarp + lane) * 4, mn[r], n);
+      mn[r] += O::kMetaBytes * (T == DType::Q8_0 ? kStep / 2 : kStep);
+    }
+    cn += kStep;
+    mc += kStep;
+    ++wn;
+  };
+  const auto issue_x = [&](uint32_t slot) {  // the next window's x of column g, by its feeder
+    if (xn >= mine) return;
+    if (feeds) {
+      const bool live = xc < a.chunks;
+      attn::cp_async_16_at(slot + O::kXOff + g * 32, xp, live);
+      attn::cp_async_16_at(slot + O::kXOff + g * 32 + 16, xp + 8, live);
+    }
+    xp += chunk_elems(T) * kStep;
+    xc += kStep;
+    ++xn;
+  };
+
+  float acc[2] = {0.0f, 0.0f};
+  const uint32_t kOnes[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};  // bf16 1.0
+  const auto compute = [&](uint32_t slot) {
+    uint4 q[2][kV];
+    uint32_t m[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int v = 0; v < kV; ++v) {
+        q[r][v] = ld_shared_v4(slot + (r * kV + v) * kWarp * 16 + lane * 16);
+      }
+      m[r] = ld_shared_u32(slot + O::kQBytes + (r * kWarp + lane) * 4);
+    }
+    const typename Q::Row bits{};
+    float C[2][4] = {}, X[2][4] = {};
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+#pragma unroll
+      for (int hi = 0; hi < O::kH; ++hi) {
+        const uint32_t at = feeds && v == av && hi == ahi ? slot + O::kXOff + g * 32 : zeros;
+#pragma unroll
+        for (int jw = 0; jw < 4; ++jw) {
+          uint32_t A[Q::kParts][4];
+#pragma unroll
+          for (int part = 0; part < Q::kParts; ++part) {
+            uint32_t r0[2], r1[2];
+            // Quad's step with word jw as its lane word.
+            Q::step(word(q[0][v], jw), 0u, bits, 0, hi, jw, part, r0);
+            Q::step(word(q[1][v], jw), 0u, bits, 0, hi, jw, part, r1);
+            A[part][0] = r0[0];
+            A[part][1] = r1[0];
+            A[part][2] = r0[1];
+            A[part][3] = r1[1];
+          }
+          const uint2 b = ld_shared_v2(at + 8 * jw);
+          const int set = jw % 2;
+#pragma unroll
+          for (int part = 0; part < Q::kParts; ++part) {
+            attn::mma_bf16_16816(C[set], A[part], b.x, b.y);
+          }
+          if constexpr (O::kSums) attn::mma_bf16_16816(X[set], kOnes, b.x, b.y);
+        }
+      }
+    }
+    // C: (row g, column 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): the lane's block.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float c = (C[0][2 * r] + C[1][2 * r]) + (C[0][2 * r + 1] + C[1][2 * r + 1]);
+      if constexpr (T == DType::Q4_1) {
+        const float x = (X[0][2 * r] + X[1][2 * r]) + (X[0][2 * r + 1] + X[1][2 * r + 1]);
+        const float d = half_bits(m[r] & 0xFFFFu);  // w = d q + m = d (128 + q) + m - 128 d
+        acc[r] = fmaf(fmaf(-128.0f, d, half_bits(m[r] >> 16)), x, fmaf(d, c, acc[r]));
+      } else {
+        acc[r] = fmaf(half_bits((m[r] >> sh[r]) & 0xFFFFu), c, acc[r]);
+      }
+    }
+  };
+
+  // Windows 0 .. kStages - 2: values and meta now, x once the previous kernel is done (in one
+  // commit group each, the first holding every early value copy).
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) issue_w(ring + k * O::kSlotBytes);
+  grid_dependency_wait(a.release_first);
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) {
+    issue_x(ring + k * O::kSlotBytes);
+    attn::cp_async_commit();
+  }
+  __syncthreads();  // the zeros
+  // Window k computes from slot k % kStages while window k + kStages - 1 is issued into the slot
+  // window k - 1 used.
+  uint32_t cslot = ring, islot = ring + (kStages - 1) * O::kSlotBytes;
+  const uint32_t ring_end = ring + kStages * O::kSlotBytes;
+  for (int k = 0; k < mine; ++k) {
+    __syncwarp();  // every lane is done with the slot this issue refills
+    issue_w(islot);
+    issue_x(islot);
+    attn::cp_async_commit();  // empty past the warp's last window: the waits count the same
+    cp_async_wait<kStages - 1>();
+    compute(cslot);
+    cslot = cslot + O::kSlotBytes == ring_end ? ring : cslot + O::kSlotBytes;
+    islot = islot + O::kSlotBytes == ring_end ? ring : islot + O::kSlotBytes;
+  }
+  cp_async_wait<0>();
+  // The quad's columns, then the warps in order.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+    acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+  }
+  if (t == 0) {
+    red[warp][g][0] = acc[0];
+    red[warp][g][1] = acc[1];
+  }
+  __syncthreads();
+  if (warp != 0 || t != 0) return;
+  float sum[2] = {red[0][g][0], red[0][g][1]};
+#pragma unroll
+  for (int w = 1; w < kQWarps; ++w) {
+    sum[0] += red[w][g][0];
+    sum[1] += red[w][g][1];
+  }
+  TOut* out = static_cast<TOut*>(a.out);
+  const TBias* bias = static_cast<const TBias*>(a.bias);
+  if constexpr (kPaired) {
+    if (pair.live) pair_store<Act>(out, sum, pair, unit, bias, a.rope);
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = r == 0 ? row0 : row1;
+      if (row >= a.N) continue;
+      float v = sum[r] + (bias ? to_float(bias[row]) : 0.0f);
+      if (a.accumulate) v += to_float(out[row]);
+      out[row] = from_float<TOut>(v);
+    }
+  }
+}
+
 // dst row r = w's row n0 + r, or (ids set) row ids[r * ids_stride] (zeros for an id outside
 // [0, N)): one thread a chunk, qgemv's decode with the thread as the four lanes of a row (word j
 // as lane t = j), each weight s v + b in fp32 (v its integer, or 128 + q: Quad), rounded once.
@@ -406,41 +668,60 @@ QKernelArgs kernel_args(const QLinearArgs& a) {
   return k;
 }
 
-template <DType T, typename TOut, typename TBias, int kTiles, bool kOne = false, class Act = void>
-void launch_tiles(const QLinearArgs& a) {
-  auto* kernel = qgemv_kernel<T, TOut, TBias, kTiles, kOne, Act>;
-  constexpr size_t kSmem = Ring<T>::kSmemBytes;
+// One of the few-row kernels over 16 output rows a block (a paired epilogue: 8 units), its
+// shared memory raised once (a template argument: one `raised` a kernel).
+template <auto kernel, class Act>
+void launch_rows(size_t smem, const QLinearArgs& a) {
   static const bool raised = [&] {
     LLMK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kSmem)));
+                                         static_cast<int>(smem)));
     return true;
   }();
   (void)raised;
   const int64_t blocks = std::is_void_v<Act> ? ceil_div(a.N, 16) : ceil_div(a.N / 2, 8);
-  launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kQThreads), kSmem,
+  launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kQThreads), smem,
                    kernel_args(a));
+}
+
+template <DType T, typename TOut, typename TBias, int kTiles, bool kOne = false, class Act = void>
+void launch_tiles(const QLinearArgs& a) {
+  launch_rows<qgemv_kernel<T, TOut, TBias, kTiles, kOne, Act>, Act>(Ring<T>::kSmemBytes, a);
+}
+
+// One token: qgemv1 for Q4_0, Q4_1 and Q8_0, qgemv's one-token build for the others.
+// LLMK_QGEMV1=0 runs qgemv's build for every type, for comparison.
+template <DType T, typename TOut, typename TBias, class Act = void>
+void launch_one(const QLinearArgs& a) {
+  static const bool off = [] {
+    const char* e = std::getenv("LLMK_QGEMV1");
+    return e != nullptr && std::string(e) == "0";
+  }();
+  if constexpr (kOneType<T>) {
+    if (!off) return launch_rows<qgemv1_kernel<T, TOut, TBias, Act>, Act>(One<T>::kSmemBytes, a);
+  }
+  launch_tiles<T, TOut, TBias, 1, true, Act>(a);
 }
 
 template <DType T, typename TOut, typename TBias>
 void launch_q(const QLinearArgs& a) {
   if constexpr (std::is_same_v<TOut, __nv_bfloat16> && std::is_same_v<TBias, __nv_bfloat16>) {
     if (a.rope) {
-      launch_tiles<T, TOut, TBias, 1, true, RopeQkv>(a);
+      launch_one<T, TOut, TBias, RopeQkv>(a);
       check_launch("cuda::qgemv");
       return;
     }
     if (a.gated) {
       if (a.act == Activation::SiLU) {
-        launch_tiles<T, TOut, TBias, 1, true, SiluMul>(a);
+        launch_one<T, TOut, TBias, SiluMul>(a);
       } else {
-        launch_tiles<T, TOut, TBias, 1, true, GeluTanhMul>(a);
+        launch_one<T, TOut, TBias, GeluTanhMul>(a);
       }
       check_launch("cuda::qgemv");
       return;
     }
   }
   if (a.M == 1) {
-    launch_tiles<T, TOut, TBias, 1, true>(a);
+    launch_one<T, TOut, TBias>(a);
   } else if (a.M <= 8) {
     launch_tiles<T, TOut, TBias, 1>(a);
   } else {

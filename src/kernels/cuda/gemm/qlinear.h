@@ -5,11 +5,12 @@
 // in registers into bf16 A fragments of mma.sync m16n8k16 (x the B operand, 8 tokens as its 8
 // columns, a second product for tokens 9 to 16; fp32 accumulation) that hold each weight's integer
 // value exactly; each block's scale (and minimum) is applied in fp32 to its partial sums, so the
-// product is over the file's weights, as the CPU's is. More rows: qdequant a band of w's rows into
-// bf16 (each weight its fp32 value rounded once: the matrix a load-time dequantisation gives) and
-// run cuBLASLt on it (cuda::linear), band after band; or, on sm_90, qgemm (below), which decodes
-// the same bf16 weights into shared memory tile by tile (cuda::qlinear times the two and keeps
-// the faster for each problem size).
+// product is over the file's weights, as the CPU's is (one token over Q4_0, Q4_1 and Q8_0:
+// qgemv1, the same products with each block's sums in an mma column of their own). More rows:
+// qdequant a band of w's rows into bf16 (each weight its fp32 value rounded once: the matrix a
+// load-time dequantisation gives) and run cuBLASLt on it (cuda::linear), band after band; or, on
+// sm_90, qgemm (below), which decodes the same bf16 weights into shared memory tile by tile
+// (cuda::qlinear times the two and keeps the faster for each problem size).
 #pragma once
 
 #include <cstdint>

@@ -182,7 +182,7 @@ class QuantizedLinear(nn.Module):
             reason = "scales that are not float16 values (the blocks store float16)"
         else:
             t = self._TYPES[self.bits]
-            per_row = K // 32 * (34 if self.bits == 8 else 18)
+            per_row = L._C.packed_row_bytes(t, K)
             blocks = torch.empty(self.out_features * per_row, dtype=torch.uint8)
             L._C.pack_symmetric(blocks, self.qweight.detach().cpu().contiguous(), s, t,
                                 self.qweight.is_cuda)

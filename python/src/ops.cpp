@@ -520,6 +520,15 @@ void register_ops(nb::module_& parent) {
                                                    relation_heads);
       },
       nb::arg("tq"), nb::arg("tk"), nb::arg("sq"), nb::arg("sk"), nb::arg("relation_heads"));
+  // Bytes a row of K weights takes as blocks of `type` ("q8_0", "q5_0" or "q4_0"): what
+  // pack_symmetric's dst holds a row.
+  m.def(
+      "packed_row_bytes",
+      [](const std::string& type, int64_t K) {
+        LLMK_CHECK(K >= 0 && K % 32 == 0, "K = {} is not whole blocks of 32", K);
+        return bytes_for(symmetric_type(type), K);
+      },
+      nb::arg("type"), nb::arg("K"));
   // Integer weights q ([N, K] int8, CPU) with one f32 scale a block of 32 ([N, K / 32], each an
   // f16 value) as blocks of `type` ("q8_0", "q5_0" or "q4_0") in dst (uint8, CPU, the blocks'
   // bytes): the GGUF layout the CPU linear reads, or with gpu_layout the CUDA kernels'

@@ -216,13 +216,14 @@ TEST_F(QLinear, MatchesTheCpuOverTypesRowsAndShapes) {
   }
 }
 
-// One token over wide matrices: N past 8,192 (where Q4_K and Q6_K take qgemv1 too, not only the
-// blocks of 32 and Q8_0), the last 16-row block part-full, K with part-full windows.
+// One token over wide matrices (N past 8,192, the last 16-row block part-full): K with part-full
+// windows, Llama's 4,096, and 8,448, past the 8,192 up to which qgemv1 keeps three windows of Q8_0
+// in flight (four above).
 TEST_F(QLinear, OneTokenWideMatricesMatchTheCpu) {
   uint32_t seed = 700;
   for (DType t : kTypes) {
     const bool k_quant = block_size(t) == 256;
-    for (int64_t K : {k_quant ? int64_t{768} : int64_t{160}, int64_t{4096}}) {
+    for (int64_t K : {k_quant ? int64_t{768} : int64_t{160}, int64_t{4096}, int64_t{8448}}) {
       check_problem(t, 1, 8192 + 23, K, seed, false);
       check_problem(t, 1, 8192 + 23, K, seed + 4, true);
       seed += 8;

@@ -104,14 +104,13 @@ int main_impl(int argc, char** argv) {
   for (size_t p = 0; p < rows.size();) {
     const size_t e = rows.find(',', p);
     ms.push_back(std::atoll(rows.substr(p, e - p).c_str()));
+    if (ms.back() < 1 || ms.back() > 65536) {
+      std::fprintf(stderr, "qlinear_bench: --rows: '%s' is not a row count from 1 to 65536\n",
+                   rows.substr(p, e - p).c_str());
+      return 2;
+    }
     p = e == std::string::npos ? rows.size() : e + 1;
   }
-  cuda::init();
-  const cuda::DeviceInfo& dev = cuda::device_info();
-  Events ev;
-  const double copy_gbs = copy_rate_gbs(ev, samples);
-  std::printf("device: %s, %d SMs, L2 %.1f MB; D2D copy %.0f GB/s (read + write)\n",
-              dev.name.c_str(), dev.sm_count, static_cast<double>(dev.l2_bytes) / 1e6, copy_gbs);
   const Layer layers[] = {
       {"llama-3-8b", "q/o", 4096, 4096},        {"llama-3-8b", "k/v", 1024, 4096},
       {"llama-3-8b", "gate/up", 14336, 4096},   {"llama-3-8b", "down", 4096, 14336},
@@ -119,6 +118,33 @@ int main_impl(int argc, char** argv) {
       {"qwen2.5-0.5b", "gate/up", 4864, 896},   {"qwen2.5-0.5b", "down", 896, 4864},
       {"qwen2.5-0.5b", "lm_head", 151936, 896},
   };
+  if (!only.empty() && std::none_of(std::begin(layers), std::end(layers), [&](const Layer& l) {
+        return only == std::string(l.model) + "/" + l.name;
+      })) {
+    std::fprintf(stderr, "qlinear_bench: --only '%s' names no layer; one of:", only.c_str());
+    for (const Layer& l : layers) std::fprintf(stderr, " %s/%s", l.model, l.name);
+    std::fprintf(stderr, "\n");
+    return 2;
+  }
+  for (size_t p = 0; p < types.size();) {
+    const size_t e = types.find(',', p);
+    const std::string name = types.substr(p, e - p);
+    if (std::none_of(std::begin(kTypes), std::end(kTypes),
+                     [&](const TypeCase& tc) { return name == tc.name; })) {
+      std::fprintf(stderr,
+                   "qlinear_bench: --types: unknown type '%s' (q4_k, q6_k, q8_0, q4_0, "
+                   "q4_1, q5_0)\n",
+                   name.c_str());
+      return 2;
+    }
+    p = e == std::string::npos ? types.size() : e + 1;
+  }
+  cuda::init();
+  const cuda::DeviceInfo& dev = cuda::device_info();
+  Events ev;
+  const double copy_gbs = copy_rate_gbs(ev, samples);
+  std::printf("device: %s, %d SMs, L2 %.1f MB; D2D copy %.0f GB/s (read + write)\n",
+              dev.name.c_str(), dev.sm_count, static_cast<double>(dev.l2_bytes) / 1e6, copy_gbs);
   const size_t l2 = dev.l2_bytes;
   std::printf("\n%-13s %-8s %3s %15s %-5s %9s %10s %8s %6s %10s %8s %7s  %9s  %7s %7s %7s\n",
               "model", "layer", "M", "N x K", "type", "weight MB", "us", "GB/s", "%copy", "bf16 us",

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 
 namespace llmk::bench {
@@ -183,6 +184,16 @@ inline double copy_rate_gbs(Events& ev, int samples) {
   LLMK_CUDA_CHECK(cudaFree(src));
   LLMK_CUDA_CHECK(cudaFree(dst));
   return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
+}
+
+// The copy rate (copy_rate_gbs), after printing the device's line with it: name, multiprocessors,
+// L2 and the rate, the ceiling the tables' shares are of.
+inline double print_device(Events& ev, int samples) {
+  const cuda::DeviceInfo& dev = cuda::device_info();
+  const double copy_gbs = copy_rate_gbs(ev, samples);
+  std::printf("device: %s, %d SMs, L2 %.1f MB; D2D copy %.0f GB/s (read + write)\n",
+              dev.name.c_str(), dev.sm_count, static_cast<double>(dev.l2_bytes) / 1e6, copy_gbs);
+  return copy_gbs;
 }
 
 // A bench's main(): runs impl and turns an exception into one line on stderr and exit code 1.

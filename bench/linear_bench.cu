@@ -164,9 +164,7 @@ int main_impl(int argc, char** argv) {
   cuda::init();
   const cuda::DeviceInfo& dev = cuda::device_info();
   Events ev;
-  const double copy_gbs = copy_rate_gbs(ev, samples);
-  std::printf("device: %s, %d SMs, L2 %.1f MB; D2D copy %.0f GB/s (read + write)\n",
-              dev.name.c_str(), dev.sm_count, static_cast<double>(dev.l2_bytes) / 1e6, copy_gbs);
+  const double copy_gbs = print_device(ev, samples);
 
   const Layer layers[] = {
       {"qwen2.5-0.5b", "q/o", 896, 896},        {"qwen2.5-0.5b", "k/v", 128, 896},

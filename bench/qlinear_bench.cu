@@ -142,9 +142,7 @@ int main_impl(int argc, char** argv) {
   cuda::init();
   const cuda::DeviceInfo& dev = cuda::device_info();
   Events ev;
-  const double copy_gbs = copy_rate_gbs(ev, samples);
-  std::printf("device: %s, %d SMs, L2 %.1f MB; D2D copy %.0f GB/s (read + write)\n",
-              dev.name.c_str(), dev.sm_count, static_cast<double>(dev.l2_bytes) / 1e6, copy_gbs);
+  const double copy_gbs = print_device(ev, samples);
   const size_t l2 = dev.l2_bytes;
   std::printf("\n%-13s %-8s %3s %15s %-5s %9s %10s %8s %6s %10s %8s %7s  %9s  %7s %7s %7s\n",
               "model", "layer", "M", "N x K", "type", "weight MB", "us", "GB/s", "%copy", "bf16 us",

@@ -6,17 +6,21 @@ import torch
 
 def timed_interleaved(fns, samples, flush, warmup=3, calls=1):
     """The median time in microseconds of each of fns, called `warmup` times each first, then
-    sampled interleaved (f1, f2, ..., f1, f2, ...) so that clock and power drift over the run
-    weighs on all of them alike. Each sample: flush.fill_(1) (a write larger than the L2), then
-    `calls` calls back to back between two events, the time per call. With calls > 1 the host
-    enqueues the next call while the GPU runs the last, as a training loop does, so a call's
-    start-up on the host shows only in the first."""
+    sampled interleaved so that clock and power drift over the run weighs on all of them alike,
+    the order rotated each round (f1 f2 f3, f2 f3 f1, ...): under the GPU's power cap a function
+    that always followed a lighter one would start each sample at a higher clock. Each sample:
+    flush.fill_(1) (a write larger than the L2), then `calls` calls back to back between two
+    events, the time per call. With calls > 1 the host enqueues the next call while the GPU runs
+    the last, as a training loop does, so a call's start-up on the host shows only in the
+    first."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     times = [[] for _ in fns]
-    for _ in range(samples):
-        for i, fn in enumerate(fns):
+    for r in range(samples):
+        for j in range(len(fns)):
+            i = (r + j) % len(fns)
+            fn = fns[i]
             flush.fill_(1)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()

@@ -7,9 +7,9 @@ Every block is random bytes except its f16 scale fields, set to finite values of
 (so no weight is inf or NaN, and none is zero as a whole); the norms are f32 ones. No tokenizer:
 `llmk bench` runs on random token ids.
 
-Types: q4_k_m (llama.cpp's mix for a Llama: Q4_K, Q6_K for the output and for attn_v and
-ffn_down of the layers llama.cpp gives more bits), q4_k, q6_k, q8_0, q4_0, q5_0 (every matrix;
-q5_0 is what a Hugging Face AWQ checkpoint loads as).
+Types: q4_k_m and q5_k_m (llama.cpp's mixes for a Llama: Q4_K or Q5_K, Q6_K for the output and
+for attn_v and ffn_down of the layers llama.cpp gives more bits), q4_k, q5_k, q6_k, q8_0, q4_0,
+q5_0, q5_1 (every matrix; q5_0 is what a Hugging Face AWQ checkpoint loads as).
 
     python3 bench/make_quant_gguf.py --shape llama-3-8b --type q4_k_m OUT.gguf
 """
@@ -33,11 +33,14 @@ TYPES = {
     "f32": (0, 1, 4, []),
     "q4_0": (2, 32, 18, [0]),
     "q5_0": (6, 32, 22, [0]),
+    "q5_1": (7, 32, 24, [0, 2]),
     "q8_0": (8, 32, 34, [0]),
     "q4_k": (12, 256, 144, [0, 2]),
+    "q5_k": (13, 256, 176, [0, 2]),
     "q6_k": (14, 256, 210, [208]),
 }
-SCALE = {"q4_0": 0.02, "q5_0": 0.01, "q8_0": 0.001, "q4_k": 0.0005, "q6_k": 0.0002}
+SCALE = {"q4_0": 0.02, "q5_0": 0.01, "q5_1": 0.01, "q8_0": 0.001, "q4_k": 0.0005,
+         "q5_k": 0.00025, "q6_k": 0.0002}
 
 
 def use_more_bits(i, n):
@@ -48,8 +51,8 @@ def use_more_bits(i, n):
 def tensors(shape, qtype):
     layers, d, ff, heads, kv_heads, vocab, _ = SHAPES[shape]
     hd = d // heads
-    mix = qtype == "q4_k_m"
-    base = "q4_k" if mix else qtype
+    mix = qtype in ("q4_k_m", "q5_k_m")
+    base = qtype[:4] if mix else qtype
     out = [("token_embd.weight", (vocab, d), base), ("output_norm.weight", (d,), "f32"),
            ("output.weight", (vocab, d), "q6_k" if mix else base)]
     for i in range(layers):
@@ -101,7 +104,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--shape", default="llama-3-8b", choices=sorted(SHAPES))
-    ap.add_argument("--type", default="q4_k_m", choices=["q4_k_m", "q4_k", "q6_k", "q8_0", "q4_0", "q5_0"])
+    ap.add_argument("--type", default="q4_k_m",
+                    choices=["q4_k_m", "q5_k_m", "q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q5_0",
+                             "q5_1"])
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     layers, d, ff, heads, kv_heads, vocab, rope = SHAPES[args.shape]

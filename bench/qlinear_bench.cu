@@ -60,6 +60,7 @@ const TypeCase kTypes[] = {
     {"q4_0", DType::Q4_0, 0, -1, 0.004f}, {"q4_1", DType::Q4_1, 0, 2, 0.004f},
     {"q5_0", DType::Q5_0, 0, -1, 0.002f}, {"q8_0", DType::Q8_0, 0, -1, 0.0002f},
     {"q4_k", DType::Q4_K, 0, 2, 0.0001f}, {"q6_k", DType::Q6_K, 16, -1, 0.00001f},
+    {"q5_1", DType::Q5_1, 0, 2, 0.002f},  {"q5_k", DType::Q5_K, 0, 2, 0.00005f},
 };
 
 struct Layer {
@@ -94,9 +95,10 @@ int main_impl(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];  // "model/layer", e.g. llama-3-8b/gate/up
     } else {
-      std::fprintf(stderr,
-                   "usage: qlinear_bench [--samples N] [--types q4_k,q6_k,q8_0,q4_0,q4_1,q5_0] "
-                   "[--rows 1,8,16] [--only MODEL/LAYER] [--cublas]\n");
+      std::fprintf(
+          stderr,
+          "usage: qlinear_bench [--samples N] [--types q4_k,q6_k,q8_0,q4_0,q4_1,q5_0,q5_1,q5_k] "
+          "[--rows 1,8,16] [--only MODEL/LAYER] [--cublas]\n");
       return 2;
     }
   }
@@ -133,7 +135,7 @@ int main_impl(int argc, char** argv) {
                      [&](const TypeCase& tc) { return name == tc.name; })) {
       std::fprintf(stderr,
                    "qlinear_bench: --types: unknown type '%s' (q4_k, q6_k, q8_0, q4_0, "
-                   "q4_1, q5_0)\n",
+                   "q4_1, q5_0, q5_1, q5_k)\n",
                    name.c_str());
       return 2;
     }

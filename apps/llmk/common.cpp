@@ -234,11 +234,12 @@ void add_dtype_option(CLI::App& cmd, std::string& dtype) {
 }
 
 void add_quantized_weights_flag(CLI::App& cmd, bool& on) {
-  cmd.add_flag("--quantized-weights,!--dequantize", on,
-               "On CUDA, keep a GGUF's Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K matrices quantised "
-               "on the GPU (the default: a quarter to a half of bf16's memory, faster decode), or "
-               "with --dequantize convert them to bf16 at load (faster prefill of long prompts; "
-               "docs/perf.md)");
+  cmd.add_flag(
+      "--quantized-weights,!--dequantize", on,
+      "On CUDA, keep a GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K matrices quantised "
+      "on the GPU (the default: a quarter to a half of bf16's memory, faster decode), or "
+      "with --dequantize convert them to bf16 at load (faster prefill of long prompts; "
+      "docs/perf.md)");
 }
 
 void add_gpu_embeddings_flag(CLI::App& cmd, bool& host_embeddings) {

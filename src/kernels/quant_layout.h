@@ -15,9 +15,17 @@
 // is the GGUF size (bytes_for), so a Tensor of the block dtype holds either layout: on the CPU
 // the file's, on CUDA this one.
 //
-// Types kept this way: Q4_0, Q4_1, Q5_0, Q8_0 (blocks of 32) and Q4_K, Q6_K (super-blocks of
-// 256), the types of Q4_0 / Q4_1 / Q8_0 files and of llama.cpp's Q4_K_M mix. Others are
-// dequantised at load.
+// Types kept this way: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32) and Q4_K, Q5_K, Q6_K
+// (super-blocks of 256), the types of Q4_0 / Q4_1 / Q5_1 / Q8_0 files and of llama.cpp's Q4_K_M
+// and Q5_K_M mixes. Others are dequantised at load.
+//
+// Q5_K's fifth bits are regrouped: the file's qh[32] gives byte l's weights of the super-block's
+// four 64-weight groups (bits 2g, 2g + 1: group g's low and high nibble of qs byte 32 g + l);
+// on the GPU its 32 bytes are two 16-byte vectors, one a 128-weight half n, and byte l' of half
+// n's holds in its low nibble bits 4n .. 4n + 3 of qh[l'] and in its high one those of
+// qh[16 + l']: the bits of the nibbles of qs bytes l' (and 16 + l') of groups 2n and 2n + 1. A
+// chunk of half n (16 bytes of qs) thus finds its fifth bits in the same word of the vector as
+// its nibbles in its own, whichever half it lies in. They come first, then qs (160 bytes).
 #pragma once
 
 #include <cstdint>
@@ -43,10 +51,14 @@ inline Layout layout(DType t) {
       return {32, 20, 4, 16};
     case DType::Q5_0:  // f16 d; u8 qh[4]; u8 qs[16]
       return {32, 22, 6, 16};
+    case DType::Q5_1:  // f16 d, m; u8 qh[4]; u8 qs[16]
+      return {32, 24, 8, 16};
     case DType::Q8_0:  // f16 d; i8 qs[32]
       return {32, 34, 2, 32};
     case DType::Q4_K:  // f16 d, dmin; u8 scales[12]; u8 qs[128]
       return {256, 144, 16, 128};
+    case DType::Q5_K:  // f16 d, dmin; u8 scales[12]; u8 qh[32], qs[128] (values: both)
+      return {256, 176, 16, 160};
     case DType::Q6_K:  // u8 ql[128], qh[64]; i8 scales[16]; f16 d
       return {256, 210, 0, 192};
     default:
@@ -80,6 +92,22 @@ inline void swap_middle_bytes(uint8_t* p, int n) {
   }
 }
 
+// Q5_K's qh[32] <-> the two half vectors (see above); each the other's inverse.
+inline void q5k_regroup_qh(const uint8_t* qh, uint8_t* out) {
+  for (int n = 0; n < 2; ++n) {
+    for (int l = 0; l < 16; ++l) {
+      out[16 * n + l] = static_cast<uint8_t>(((qh[l] >> (4 * n)) & 0x0F) |
+                                             (((qh[16 + l] >> (4 * n)) & 0x0F) << 4));
+    }
+  }
+}
+inline void q5k_ungroup_qh(const uint8_t* in, uint8_t* qh) {
+  for (int l = 0; l < 16; ++l) {
+    qh[l] = static_cast<uint8_t>((in[l] & 0x0F) | ((in[16 + l] & 0x0F) << 4));
+    qh[16 + l] = static_cast<uint8_t>((in[l] >> 4) | (in[16 + l] & 0xF0));
+  }
+}
+
 // GGUF rows (n_rows rows of k elements, whole blocks, back to back) -> the GPU layout (same size).
 inline void repack(DType t, const void* gguf, void* gpu, int64_t n_rows, int64_t k) {
   const Layout l = layout(t);
@@ -90,6 +118,7 @@ inline void repack(DType t, const void* gguf, void* gpu, int64_t n_rows, int64_t
   const int tail = l.block_bytes - l.q_off - l.q_bytes;
   for (int64_t b = 0; b < blocks; ++b, src += l.block_bytes) {
     std::memcpy(q + b * l.q_bytes, src + l.q_off, static_cast<size_t>(l.q_bytes));
+    if (t == DType::Q5_K) q5k_regroup_qh(src + l.q_off, q + b * l.q_bytes);
     swap_middle_bytes(q + b * l.q_bytes, l.q_bytes);
     uint8_t* m = meta + b * l.meta_bytes();
     std::memcpy(m, src, static_cast<size_t>(l.q_off));
@@ -109,6 +138,11 @@ inline void unpack(DType t, const void* gpu, void* gguf, int64_t n_rows, int64_t
     const uint8_t* m = meta + b * l.meta_bytes();
     std::memcpy(dst + l.q_off, q + b * l.q_bytes, static_cast<size_t>(l.q_bytes));
     swap_middle_bytes(dst + l.q_off, l.q_bytes);
+    if (t == DType::Q5_K) {
+      uint8_t grouped[32];
+      std::memcpy(grouped, dst + l.q_off, sizeof grouped);
+      q5k_ungroup_qh(grouped, dst + l.q_off);
+    }
     std::memcpy(dst, m, static_cast<size_t>(l.q_off));
     std::memcpy(dst + l.q_off + l.q_bytes, m + l.q_off, static_cast<size_t>(tail));
   }

@@ -62,10 +62,10 @@ struct LoadOptions {
   // converted to it at load. The CPU computes in f32 (f32 or nullopt only).
   std::optional<DType> dtype;
   // CUDA with bf16 activations: keep the GGUF matrices (embeddings too) of the types the GPU
-  // kernels read (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) quantised on the GPU, about a quarter to a
-  // half of their bf16 bytes; decode multiplies the file's exact weights (kernels/cuda/gemm/
-  // qlinear.h). false: convert them to the activations' dtype at load (faster prefill, which
-  // reads quantised weights through bands dequantised to bf16; docs/perf.md).
+  // kernels read (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) quantised on the GPU, about a
+  // quarter to a half of their bf16 bytes; decode multiplies the file's exact weights
+  // (kernels/cuda/gemm/qlinear.h). false: convert them to the activations' dtype at load (faster
+  // prefill, which reads quantised weights through bands dequantised to bf16; docs/perf.md).
   bool quantized_weights = true;
   // CUDA: every forward under ops::BatchInvariance, so that a sequence's logits are the same bits
   // whatever runs beside it in a batch (and whatever batch runs first); slower.

@@ -6,8 +6,8 @@
 // places it: on the CPU matrices stay in the file's dtype (borrowed from the mapping) and
 // vectors become f32; on CUDA vectors become f32 and matrices the activations' dtype (bf16), except
 // that with bf16 activations the matrices (embeddings too) of a block type the GPU kernels read
-// (kernels/quant_layout.h: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) stay quantised, repacked into that
-// file's GPU layout (keep_quantized, on by default).
+// (kernels/quant_layout.h: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stay quantised,
+// repacked into that file's GPU layout (keep_quantized, on by default).
 #pragma once
 
 #include <cstdint>

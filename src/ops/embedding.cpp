@@ -23,7 +23,7 @@ void embedding(Tensor& out, const Tensor& table, const Tensor& ids) {
 #ifdef LLMK_HAS_CUDA
     LLMK_CHECK(qlayout::gpu_keeps(table.dtype()),
                "ops::embedding: table is {} on the GPU, but the CUDA embedding reads the block "
-               "types Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K only",
+               "types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K only",
                table.str());
     require_dtype(op, "out", out, DType::BF16);
     LLMK_CHECK(table.is_contiguous(),

@@ -104,7 +104,7 @@ cuda::QLinearArgs linear_cuda_qargs(Tensor& out, const Tensor& x, const Tensor& 
                                     const Tensor* bias, bool accumulate, bool gated_out) {
   LLMK_CHECK(qlayout::gpu_keeps(w.dtype()),
              "ops::linear: w is {} on the GPU, but the CUDA linear reads the block types Q4_0, "
-             "Q4_1, Q5_0, Q8_0, Q4_K and Q6_K only; dequantise the others at load",
+             "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K only; dequantise the others at load",
              w.str());
   LLMK_CHECK(x.dtype() == DType::BF16,
              "ops::linear: w is {} on the GPU, which takes bf16 x, but x is {}", w.str(), x.str());

@@ -735,10 +735,10 @@ TEST_F(Linear, ArgumentErrors) {
   Tensor out = Tensor::empty({3, 10}, DType::BF16, Device::CUDA);
 
   // A block type the GPU kernels do not read (qlinear_test.cpp has the ones they do).
-  const Tensor wq = Tensor::empty({10, 256}, DType::Q5_K, Device::CUDA);
+  const Tensor wq = Tensor::empty({10, 256}, DType::Q3_K, Device::CUDA);
   const Tensor x256 = random_bf16({3, 256}, rng, 1.0f).to(Device::CUDA);
   std::string msg = error_message([&] { ops::linear(out, x256, wq); });
-  EXPECT_NE(msg.find("ops::linear: w is q5_k"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ops::linear: w is q3_k"), std::string::npos) << msg;
   EXPECT_NE(msg.find("dequantise the others at load"), std::string::npos) << msg;
 
   // x and w share one dtype (bf16, f16 or f32); out may be any of the three.

@@ -46,8 +46,8 @@ using gpu_test::poisoned_cuda;
 using gpu_test::to_f32;
 using gpu_test::Tolerance;
 
-constexpr DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0,
-                            DType::Q8_0, DType::Q4_K, DType::Q6_K};
+constexpr DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                            DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 // Random blocks of type t for an [N, K] matrix on the host (GGUF layout): the f16 fields
 // (offset, magnitude before the 1 / sqrt(K) that keeps outputs of order one) set to finite
@@ -68,11 +68,17 @@ Tensor random_blocks(DType t, int64_t N, int64_t K, uint32_t seed) {
     case DType::Q5_0:
       fields = {{0, 0.12f}};
       break;
+    case DType::Q5_1:
+      fields = {{0, 0.12f}, {2, 2.0f}};
+      break;
     case DType::Q8_0:
       fields = {{0, 0.01f}};
       break;
     case DType::Q4_K:
       fields = {{0, 0.005f}, {2, 0.005f}};
+      break;
+    case DType::Q5_K:
+      fields = {{0, 0.0025f}, {2, 0.005f}};
       break;
     case DType::Q6_K:
       fields = {{208, 0.0003f}};
@@ -251,8 +257,10 @@ TEST_F(QLinear, QGemmMatchesTheCpu) {
           const cuda::LinearStats before = cuda::linear_stats();
           check_problem(t, M, N, K, seed, M == 130);
           seed += 4;
-          // Taken where bf16 out (with and without bias).
-          EXPECT_EQ(cuda::linear_stats().qgemm - before.qgemm, hopper ? 2u : 0u)
+          // Taken where bf16 out (with and without bias), for the types it is built for; Q5_1 and
+          // Q5_K take the bands.
+          const bool built = t != DType::Q5_1 && t != DType::Q5_K;
+          EXPECT_EQ(cuda::linear_stats().qgemm - before.qgemm, hopper && built ? 2u : 0u)
               << dtype_name(t) << " M=" << M << " N=" << N << " K=" << K;
         }
       }
@@ -406,9 +414,9 @@ TEST_F(QLinear, ArgumentErrors) {
   const Tensor x = Tensor::empty({1, 64}, DType::BF16, Device::CUDA);
   Tensor out16 = Tensor::empty({1, 8}, DType::F16, Device::CUDA);
   EXPECT_THROW(ops::linear(out16, x, w), Error);
-  const Tensor q5k = Tensor::empty({8, 256}, DType::Q5_K, Device::CUDA);
+  const Tensor q3k = Tensor::empty({8, 256}, DType::Q3_K, Device::CUDA);  // not kept
   const Tensor x256 = Tensor::empty({1, 256}, DType::BF16, Device::CUDA);
-  EXPECT_THROW(ops::linear(out, x256, q5k), Error);
+  EXPECT_THROW(ops::linear(out, x256, q3k), Error);
 }
 
 }  // namespace

@@ -8,8 +8,8 @@
 // The model: random Llama weights (d 256, so the k-quants apply), every kept type somewhere, each
 // layer differently: separate Q|K|V of two types (Q4_K, Q6_K) and a stacked gate|up (Q4_0) in
 // layer 0; a stacked Q|K|V of one type (Q5_0) and a stacked gate|up of another (Q4_1) in layer
-// 1; Q5_K (not kept: dequantised at load) beside Q8_0 in layer 2; the output Q6_K, the
-// embeddings Q8_0 (rows dequantised per token: cuda::qembedding).
+// 1; Q5_K beside Q8_0 and a stacked gate|up of Q5_1 in layer 2; the output Q6_K, the embeddings
+// Q8_0 (rows dequantised per token: cuda::qembedding).
 //
 // Yardstick: the bf16 model's own error against the CPU. The quantised path rounds each weight
 // once to bf16 in fp32 (qlinear.h), as the bf16 load does, so its error is the bf16 model's up to
@@ -46,7 +46,7 @@ DType type_of(const std::string& name) {
   const DType k[3] = {DType::Q4_K, DType::Q5_0, DType::Q8_0};
   const DType v[3] = {DType::Q6_K, DType::Q5_0, DType::Q5_K};
   const DType o[3] = {DType::Q8_0, DType::Q4_K, DType::Q6_K};
-  const DType gu[3] = {DType::Q4_0, DType::Q4_1, DType::Q8_0};
+  const DType gu[3] = {DType::Q4_0, DType::Q4_1, DType::Q5_1};
   const DType down[3] = {DType::Q4_1, DType::Q4_K, DType::Q5_K};
   if (name == "token_embd.weight") return DType::Q8_0;
   if (name == "output.weight") return DType::Q6_K;

@@ -12,8 +12,8 @@
 namespace llmk {
 namespace {
 
-constexpr DType kKept[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0,
-                           DType::Q8_0, DType::Q4_K, DType::Q6_K};
+constexpr DType kKept[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                           DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 // Each layout splits the GGUF block exactly: sizes agree with dtype_info, the values are whole
 // 16-byte units, and they sit inside the block.
@@ -27,8 +27,7 @@ TEST(QuantLayout, SplitsEachKeptBlockIntoAlignedValuesAndMeta) {
     EXPECT_LE(l.q_off + l.q_bytes, l.block_bytes) << dtype_name(t);
     EXPECT_GT(l.meta_bytes(), 0) << dtype_name(t);
   }
-  for (DType t :
-       {DType::F32, DType::BF16, DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q5_K, DType::Q8_K}) {
+  for (DType t : {DType::F32, DType::BF16, DType::Q2_K, DType::Q3_K, DType::Q8_K}) {
     EXPECT_FALSE(qlayout::gpu_keeps(t)) << dtype_name(t);
   }
 }
@@ -46,7 +45,9 @@ TEST(QuantLayout, RepackPlacesEveryByteAndUnpackRestoresTheFile) {
     qlayout::repack(t, file.data(), gpu.data(), rows, k);
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = file.data() + b * l.block_bytes;
-      for (int i = 0; i < l.q_bytes; ++i) {  // bytes 1 and 2 of each word trade places
+      // Q5_K's fifth bits (its first 32 value bytes) are regrouped: checked below, bit by bit.
+      const int first = t == DType::Q5_K ? 32 : 0;
+      for (int i = first; i < l.q_bytes; ++i) {  // bytes 1 and 2 of each word trade places
         const int from = i % 4 == 1 ? i + 1 : i % 4 == 2 ? i - 1 : i;
         ASSERT_EQ(gpu[b * l.q_bytes + i], block[l.q_off + from])
             << dtype_name(t) << " block " << b << " value byte " << i;
@@ -67,6 +68,34 @@ TEST(QuantLayout, RepackPlacesEveryByteAndUnpackRestoresTheFile) {
     }
     qlayout::unpack(t, gpu.data(), back.data(), rows, k);
     EXPECT_EQ(back, file) << dtype_name(t);
+  }
+}
+
+// Q5_K's fifth bits on the GPU: the file's bit 2g + hi of qh[l] (group g's low or high nibble
+// of qs byte 32 g + l) is, in half n = g / 2's 16-byte vector (at 16 n in the block's values),
+// bit 4 (l / 16) + 2 (g % 2) + hi of byte l % 16, before the swap of each word's bytes 1 and 2.
+TEST(QuantLayout, Q5KFifthBitsSitBesideTheirNibbles) {
+  std::mt19937 rng(9);
+  const qlayout::Layout l = qlayout::layout(DType::Q5_K);
+  const int64_t rows = 2, k = 512, blocks = 4;
+  std::vector<uint8_t> file(static_cast<size_t>(blocks * l.block_bytes)), gpu(file.size());
+  for (uint8_t& b : file) b = static_cast<uint8_t>(rng());
+  qlayout::repack(DType::Q5_K, file.data(), gpu.data(), rows, k);
+  const auto unswapped = [](int i) { return i % 4 == 1 ? i + 1 : i % 4 == 2 ? i - 1 : i; };
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* qh = file.data() + b * l.block_bytes + 16;
+    const uint8_t* vec = gpu.data() + b * l.q_bytes;
+    for (int g = 0; g < 4; ++g) {
+      for (int byte = 0; byte < 32; ++byte) {
+        for (int hi = 0; hi < 2; ++hi) {
+          const int want = (qh[byte] >> (2 * g + hi)) & 1;
+          const int at = unswapped(16 * (g / 2) + byte % 16);
+          const int got = (vec[at] >> (4 * (byte / 16) + 2 * (g % 2) + hi)) & 1;
+          ASSERT_EQ(got, want) << "block " << b << " group " << g << " byte " << byte << " hi "
+                               << hi;
+        }
+      }
+    }
   }
 }
 

@@ -59,6 +59,9 @@ template <DType kW>
 inline constexpr int kUnitBytes = kW == DType::Q8_0   ? 256
                                   : kW == DType::Q6_K ? 192
                                                       : 128;
+// The types qgemm is built for (Q5_1 and Q5_K take the dequantised bands: qlinear.h).
+template <DType kW>
+inline constexpr bool kQgemmType = kW != DType::Q5_1&& kW != DType::Q5_K;
 template <DType kW>
 inline constexpr int kMetaVecs = kW == DType::Q4_K   ? 1
                                  : kW == DType::Q4_1 ? 3
@@ -543,6 +546,9 @@ bool launch_q(const QLinearArgs& a) {
 bool qgemm_applies(const QLinearArgs& a) {
   if (!g_enabled.load(std::memory_order_relaxed)) return false;
   if (device_info().compute_capability() != 90) return false;
+  bool built = false;
+  qdec::for_type(a.wtype, [&]<DType T>() { built = kQgemmType<T>; });
+  if (!built) return false;
   const qlayout::Layout l = qlayout::layout(a.wtype);
   constexpr int64_t kMax = int64_t{1} << 30;
   if (l.block_elems <= 0 || a.K <= 0 || a.K % l.block_elems != 0 || a.M <= 0 || a.N <= 0 ||
@@ -562,7 +568,9 @@ bool qgemm_applies(const QLinearArgs& a) {
 bool qgemm(const QLinearArgs& a) {
   if (!qgemm_applies(a)) return false;
   bool launched = false;
-  qdec::for_type(a.wtype, [&]<DType T>() { launched = launch_q<T>(a); });
+  qdec::for_type(a.wtype, [&]<DType T>() {
+    if constexpr (kQgemmType<T>) launched = launch_q<T>(a);
+  });
   return launched;
 }
 

@@ -45,12 +45,16 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t spread, uint32_t high) 
 // vectors a row) and each row's meta span, copied by cp.async into the warp's ring ----
 
 // The values of chunk c as 16-byte vectors in a row's values (their byte offset; at: from the
-// row's first byte): Q6_K's low nibbles, then high bits; the others' one vector.
+// row's first byte): Q6_K's low nibbles, then high bits; Q5_K's nibbles, then its half's fifth
+// bits (kernels/quant_layout.h); the others' one vector.
 template <DType T>
 __host__ __device__ constexpr int qvec_offset(int c, int v) {
   if constexpr (T == DType::Q6_K) {
     const int sb = c / 8, n = (c % 8) / 4, a = c % 4;
     return 192 * sb + (v == 0 ? 64 * n + 16 * a : 128 + 32 * n + 16 * (a % 2));
+  } else if constexpr (T == DType::Q5_K) {
+    const int sb = c / 8;
+    return 160 * sb + (v == 0 ? 32 + 16 * (c % 8) : 16 * ((c % 8) / 4));
   } else {
     return 16 * c;
   }
@@ -60,7 +64,10 @@ __device__ __forceinline__ const uint8_t* qvec_at(const uint8_t* qrow, int c, in
   return qrow + qvec_offset<T>(c, v);
 }
 template <DType T>
-inline constexpr int kQVecs = T == DType::Q6_K ? 2 : 1;
+inline constexpr int kQVecs = T == DType::Q6_K || T == DType::Q5_K ? 2 : 1;
+// The k-quants whose meta is one aligned 16-byte vector a super-block (d, dmin, scales[12]).
+template <DType T>
+inline constexpr bool kKMeta = T == DType::Q4_K || T == DType::Q5_K;
 
 // The bytes of a row's meta a group (chunks c0 .. c0 + 3) reads: [start, start + len).
 template <DType T>
@@ -72,15 +79,20 @@ __host__ __device__ constexpr int meta_start(int c0) {
       return 4 * c0;
     case DType::Q5_0:
       return 6 * c0;
+    case DType::Q5_1:
+      return 8 * c0;
     case DType::Q8_0:
       return 2 * (c0 / 2);
     case DType::Q4_K:
+    case DType::Q5_K:
       return 16 * (c0 / 8);
     default:  // Q6_K
       return 18 * (c0 / 8);
   }
 }
-constexpr int kMetaWords = 8;  // 4-byte words staged a row: any span (at most 24 bytes, 2-aligned)
+// 4-byte words staged a row: any span of at most 24 bytes, 2-aligned, or 32 bytes 4-aligned
+// (Q5_1's four blocks).
+constexpr int kMetaWords = 8;
 
 __device__ __forceinline__ uint32_t u16_at(const uint8_t* p) {
   return *reinterpret_cast<const unsigned short*>(p);
@@ -173,29 +185,57 @@ struct Quad<DType::Q4_1> : LegacyQuad {
   }
 };
 
-template <>
-struct Quad<DType::Q5_0> : LegacyQuad {
+// The 5-bit blocks of 32: meta kMeta bytes a block (its scale, Q5_1's minimum, then qh[4]).
+template <int kMeta>
+struct Legacy5Quad : LegacyQuad {
   struct Row {
     uint32_t qh[4];  // each chunk's fifth bits (bit k: weight k)
   };
+  // Chunk i's fifth bits (its own only: the group's later chunks may lie past the row).
+  __device__ static uint32_t chunk_bits(const uint8_t* m, int i) {
+    return u16_at(m + kMeta * i + kMeta - 4) | u16_at(m + kMeta * i + kMeta - 2) << 16;
+  }
+  __device__ static void row_bits(const uint8_t* m, Row& row) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) row.qh[i] = chunk_bits(m, i);
+  }
+  // 128 + q (q the 5-bit value) of weights 4t + 2 half (+ 16 hi) and the next.
+  __device__ static void step5(uint32_t w, const Row& row, int i, int hi, int t, uint32_t (&a)[2]) {
+    const uint32_t v = hi ? w >> 4 : w;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      // Their fifth bits to bits 4 and 20.
+      const uint32_t q5 = row.qh[i] >> (4 * t + 2 * half + 16 * hi);
+      a[half] = nibble_pair((half ? v >> 8 : v), ((q5 & 1u) << 4) | ((q5 & 2u) << 19));
+    }
+  }
+};
+
+template <>
+struct Quad<DType::Q5_0> : Legacy5Quad<6> {
   // w = d (q - 16): A holds q - 16, exact.
   __device__ static float2 factor(const uint8_t* m, int, int grp) {
     return {half_bits(u16_at(m + 6 * grp)), 0.0f};
   }
-  __device__ static void row_bits(const uint8_t* m, Row& row) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) row.qh[i] = u16_at(m + 6 * i + 2) | u16_at(m + 6 * i + 4) << 16;
+  __device__ static void step(uint32_t w, uint32_t, const Row& row, int i, int hi, int t, int,
+                              uint32_t (&a)[2]) {
+    step5(w, row, i, hi, t, a);
+    a[0] = minus(a[0], 144.0f);
+    a[1] = minus(a[1], 144.0f);
+  }
+};
+
+template <>
+struct Quad<DType::Q5_1> : Legacy5Quad<8> {
+  static constexpr bool kSums = true;
+  // w = d q + m = d (128 + q) + m - 128 d
+  __device__ static float2 factor(const uint8_t* m, int, int grp) {
+    const float d = half_bits(u16_at(m + 8 * grp));
+    return {d, fmaf(-128.0f, d, half_bits(u16_at(m + 8 * grp + 2)))};
   }
   __device__ static void step(uint32_t w, uint32_t, const Row& row, int i, int hi, int t, int,
                               uint32_t (&a)[2]) {
-    const uint32_t v = hi ? w >> 4 : w;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      // Weights 4t + 2 half (+ 16 hi) and the next: their fifth bits to bits 4 and 20.
-      const uint32_t q5 = row.qh[i] >> (4 * t + 2 * half + 16 * hi);
-      a[half] =
-          minus(nibble_pair((half ? v >> 8 : v), ((q5 & 1u) << 4) | ((q5 & 2u) << 19)), 144.0f);
-    }
+    step5(w, row, i, hi, t, a);
   }
 };
 
@@ -230,6 +270,7 @@ struct Quad<DType::Q8_0> {
 // Q4_K: the group's four chunks lie in one super-block (c0 % 8 is 0 or 4): chunk i's low nibbles
 // are weights 64 (i / 2) + 16 (i % 2) + k of the group's 128 (sub-block j0 + 2 (i / 2)), its high
 // ones 32 further (the next sub-block); j0 = c0 % 8. Group 2 (i / 2) + hi: sub-block j0 + group.
+// Q5_K: the same, with fifth bits.
 template <>
 struct Quad<DType::Q4_K> {
   static constexpr int kGroups = 4, kParts = 1;
@@ -263,6 +304,22 @@ struct Quad<DType::Q4_K> {
   __device__ static void step(uint32_t w, uint32_t, const Row&, int, int hi, int, int,
                               uint32_t (&a)[2]) {
     nibble_step(w, hi, a);
+  }
+};
+
+// qh: word t of the half's fifth-bit vector, whose nibble for a byte holds bit 4 (i % 2) +
+// 2 (i / 2) + hi for chunk i (kernels/quant_layout.h).
+template <>
+struct Quad<DType::Q5_K> : Quad<DType::Q4_K> {
+  __device__ static void step(uint32_t w, uint32_t qh, const Row&, int i, int hi, int, int,
+                              uint32_t (&a)[2]) {
+    const uint32_t v = hi ? w >> 4 : w;
+    const int b = 4 * (i % 2) + 2 * (i / 2) + hi;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t q = half ? qh >> 8 : qh;
+      a[half] = nibble_pair((half ? v >> 8 : v), ((q >> b) & 0x00010001u) << 4);
+    }
   }
 };
 
@@ -340,10 +397,14 @@ void for_type(DType t, F&& f) {
       return f.template operator()<DType::Q4_1>();
     case DType::Q5_0:
       return f.template operator()<DType::Q5_0>();
+    case DType::Q5_1:
+      return f.template operator()<DType::Q5_1>();
     case DType::Q8_0:
       return f.template operator()<DType::Q8_0>();
     case DType::Q4_K:
       return f.template operator()<DType::Q4_K>();
+    case DType::Q5_K:
+      return f.template operator()<DType::Q5_K>();
     case DType::Q6_K:
       return f.template operator()<DType::Q6_K>();
     default:

@@ -87,7 +87,9 @@ __device__ __forceinline__ void cp_async_wait() {
 // What advances from one of a warp's groups to its next (32 chunks on): bytes of a row's values
 // and meta, weights of x.
 template <DType T>
-inline constexpr int kQStep = T == DType::Q6_K ? 4 * 192 : 32 * 16;
+inline constexpr int kQStep = T == DType::Q6_K   ? 4 * 192
+                              : T == DType::Q5_K ? 4 * 160
+                                                 : 32 * 16;
 template <DType T>
 inline constexpr int kPStep = T == DType::Q8_0 ? 32 * 16 : 32 * 32;
 
@@ -179,7 +181,7 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
           attn::cp_async_16_at(lane_q + slot + (r * kV + v) * kWarp * 16, qn[r][v], live);
           qn[r][v] += kQStep<T>;
         }
-        if constexpr (T == DType::Q4_K) {
+        if constexpr (kKMeta<T>) {
           // A super-block's 16 aligned bytes, inside the tensor: one copy a row (lanes t = 0, 1).
           if (t == r) {
             attn::cp_async_16_at(row_m + slot + r * 8 * kMetaWords * 4, mn[r] - 8 * t, true);
@@ -620,10 +622,10 @@ __global__ void __launch_bounds__(kDequantThreads)
     q = load_stream(qvec_at<T>(wq + src * qrow, c, 0));
     if constexpr (kQVecs < T >> 1) qh = load_stream(qvec_at<T>(wq + src * qrow, c, 1));
     m = wm + src * mrow + meta_start<T>(g4);
-    if constexpr (T == DType::Q5_0) {
+    if constexpr (T == DType::Q5_0 || T == DType::Q5_1) {
       // This chunk's fifth bits only: the group's later chunks may lie past the row (and, in
       // the last row, past the tensor).
-      bits.qh[i] = u16_at(m + 6 * i + 2) | u16_at(m + 6 * i + 4) << 16;
+      bits.qh[i] = Q::chunk_bits(m, i);
     } else {
       Q::row_bits(m, bits);
     }

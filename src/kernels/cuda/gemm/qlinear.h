@@ -1,5 +1,6 @@
 // Linear layers over block-quantised weights kept on the GPU (kernels/quant_layout.h's layout):
-// out[M, N] = x[M, K] @ w[N, K]^T (+ bias), w one of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
+// out[M, N] = x[M, K] @ w[N, K]^T (+ bias), w one of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+// Q6_K.
 //
 // A few rows (qgemv: M <= kQGemvMaxRows, a decode step) stream the weights once and decode them
 // in registers into bf16 A fragments of mma.sync m16n8k16 (x the B operand, 8 tokens as its 8
@@ -53,7 +54,8 @@ bool qgemv(const QLinearArgs& a);
 // dequantise w's tiles into shared memory as qdequant would (each weight's fp32 value rounded
 // once to bf16) for the wgmma consumers; x bf16 (ldx a multiple of 8), out bf16 (ldo a multiple
 // of 8), bias bf16 or none. qgemm_applies: whether it takes the operands (not on another device,
-// with other dtypes, misaligned rows, or after set_gemm_act(false)). qgemm enqueues on
+// with other dtypes, misaligned rows, for Q5_1 and Q5_K, which it is not built for, or after
+// set_gemm_act(false)). qgemm enqueues on
 // cuda::current_stream() and returns true, or returns false with nothing enqueued where it does
 // not apply (or the driver refused a tensor map).
 bool qgemm_applies(const QLinearArgs& a);

@@ -3,7 +3,12 @@ Llama-3-8B-shape layer of bench/torch_ops.py (transformers + SDPA, and under llm
 per iteration: wall time between events, GPU busy time (union of kernel/memcpy/memset spans),
 idle gaps (with the kernels either side), and the host's time to enqueue the iteration.
 
-    python3 bench/layer_trace.py [--iters 5] [--json out.json]
+--host-wait (no profiler): what one call loses waiting for the host. Each sample starts after
+about 8 ms of GPU spin (torch.cuda._sleep, so every sample starts from the same idle GPU); the layer is
+enqueued either during the spin (the GPU never waits for the host: its own time) or after it (as
+one call runs). The difference is the time the GPU waited. The layers' order rotates each round.
+
+    python3 bench/layer_trace.py [--iters 5] [--json out.json] [--host-wait [--rounds 3]]
 """
 
 import argparse
@@ -50,12 +55,67 @@ def analyse(inside):
             "kernels": len(inside), "gaps": sorted(gaps, reverse=True)}
 
 
+# The spin before each --host-wait sample: 16 M SM cycles, 8 ms at an H100's 1,980 MHz (longer
+# at lower clocks), more than the host's 5-6 ms to enqueue a layer's forward and backward.
+SPIN_CYCLES = 16_000_000
+
+
+def host_wait(fns, names, rounds, samples=20):
+    """Per round: each layer's median time with the host ahead of the GPU and with the GPU
+    ahead (see the module docstring), samples interleaved in rotated order."""
+    cycles = SPIN_CYCLES
+    rows = []
+    for _ in range(rounds):
+        ahead, behind = [[] for _ in fns], [[] for _ in fns]
+        for s in range(samples):
+            for j in range(len(fns)):
+                i = (s + j) % len(fns)
+                for times, wait in ((ahead[i], False), (behind[i], True)):
+                    torch.cuda.synchronize()
+                    torch.cuda._sleep(cycles)
+                    if wait:
+                        torch.cuda.synchronize()
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    fns[i]()
+                    b.record()
+                    b.synchronize()
+                    times.append(a.elapsed_time(b))
+        row = {}
+        for n, x, y in zip(names, ahead, behind):
+            row[n] = {"host_ahead_ms": round(statistics.median(x), 3),
+                      "gpu_ahead_ms": round(statistics.median(y), 3)}
+            row[n]["waited_ms"] = round(row[n]["gpu_ahead_ms"] - row[n]["host_ahead_ms"], 3)
+        rows.append(row)
+        print("   " + "; ".join(f"{n}: {r['host_ahead_ms']:.2f} ms with the host ahead, "
+                               f"{r['gpu_ahead_ms']:.2f} as one call runs (waited "
+                               f"{r['waited_ms']:.2f})" for n, r in row.items()), flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--host-wait", action="store_true",
+                    help="only the time one call waits for the host (no profiler)")
+    ap.add_argument("--rounds", type=int, default=3, help="--host-wait: rounds of 20 samples")
     args = ap.parse_args()
     base, ours, h, g = layer_modules()
+    if args.host_wait:
+        names = ("transformers_sdpa", "llmk")
+        fns = [lambda m=m: torch.autograd.grad(m(h), [h] + list(m.parameters()), g)
+               for m in (base, ours)]
+        for fn in fns:
+            for _ in range(3):
+                fn()
+        print(f"== {torch.cuda.get_device_name()}: host wait of one call, {args.rounds} rounds")
+        rows = host_wait(fns, names, args.rounds)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "host_wait": rows}, f,
+                          indent=1)
+        return
     out = {}
     for name, m in (("transformers_sdpa", base), ("llmk", ours)):
         fn = lambda m=m: torch.autograd.grad(m(h), [h] + list(m.parameters()), g)  # noqa: E731

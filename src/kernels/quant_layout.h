@@ -26,6 +26,11 @@
 // qh[16 + l']: the bits of the nibbles of qs bytes l' (and 16 + l') of groups 2n and 2n + 1. A
 // chunk of half n (16 bytes of qs) thus finds its fifth bits in the same word of the vector as
 // its nibbles in its own, whichever half it lies in. They come first, then qs (160 bytes).
+//
+// Q5_0's and Q5_1's qh (bit k: weight k's fifth bit) is permuted in the meta: weight k's bit goes
+// to q5_qh_bit(k) = 4 t + 2 h + hi + 16 e for k = 16 hi + 4 t + 2 h + e, so that the lane that
+// reads word t of the values finds the pair (h, hi) of its weights at bits 4 t + 2 h + hi and 16
+// more: one shift a chunk and constant shifts after it.
 #pragma once
 
 #include <cstdint>
@@ -92,6 +97,27 @@ inline void swap_middle_bytes(uint8_t* p, int n) {
   }
 }
 
+// Q5_0's and Q5_1's fifth bits (see above): where weight k's goes, and the word permuted either
+// way.
+inline int q5_qh_bit(int k) {
+  return 4 * ((k % 16) / 4) + 2 * ((k % 4) / 2) + k / 16 + 16 * (k % 2);
+}
+inline uint32_t q5_permute_qh(uint32_t qh, bool inverse) {
+  uint32_t out = 0;
+  for (int k = 0; k < 32; ++k) {
+    const int from = inverse ? q5_qh_bit(k) : k, to = inverse ? k : q5_qh_bit(k);
+    out |= ((qh >> from) & 1u) << to;
+  }
+  return out;
+}
+// The 4-byte qh at p (little-endian), permuted in place.
+inline void q5_permute_qh_at(uint8_t* p, bool inverse) {
+  uint32_t qh = 0;
+  std::memcpy(&qh, p, 4);
+  qh = q5_permute_qh(qh, inverse);
+  std::memcpy(p, &qh, 4);
+}
+
 // Q5_K's qh[32] <-> the two half vectors (see above); each the other's inverse.
 inline void q5k_regroup_qh(const uint8_t* qh, uint8_t* out) {
   for (int n = 0; n < 2; ++n) {
@@ -123,6 +149,7 @@ inline void repack(DType t, const void* gguf, void* gpu, int64_t n_rows, int64_t
     uint8_t* m = meta + b * l.meta_bytes();
     std::memcpy(m, src, static_cast<size_t>(l.q_off));
     std::memcpy(m + l.q_off, src + l.q_off + l.q_bytes, static_cast<size_t>(tail));
+    if (t == DType::Q5_0 || t == DType::Q5_1) q5_permute_qh_at(m + l.q_off - 4, false);
   }
 }
 
@@ -145,6 +172,7 @@ inline void unpack(DType t, const void* gpu, void* gguf, int64_t n_rows, int64_t
     }
     std::memcpy(dst, m, static_cast<size_t>(l.q_off));
     std::memcpy(dst + l.q_off + l.q_bytes, m + l.q_off, static_cast<size_t>(tail));
+    if (t == DType::Q5_0 || t == DType::Q5_1) q5_permute_qh_at(dst + l.q_off - 4, true);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -53,10 +54,15 @@ TEST(QuantLayout, RepackPlacesEveryByteAndUnpackRestoresTheFile) {
             << dtype_name(t) << " block " << b << " value byte " << i;
       }
       const uint8_t* meta = gpu.data() + blocks * l.q_bytes + b * l.meta_bytes();
+      // Q5_0's and Q5_1's qh (the 4 bytes before the values) is permuted: checked below.
+      const bool q5 = t == DType::Q5_0 || t == DType::Q5_1;
       int m = 0;
       for (int i = 0; i < l.block_bytes; ++i) {
         if (i >= l.q_off && i < l.q_off + l.q_bytes) continue;
-        ASSERT_EQ(meta[m++], block[i]) << dtype_name(t) << " block " << b << " byte " << i;
+        if (!(q5 && i >= l.q_off - 4 && i < l.q_off)) {
+          ASSERT_EQ(meta[m], block[i]) << dtype_name(t) << " block " << b << " byte " << i;
+        }
+        ++m;
       }
     }
     // regions(): where the kernels find each row's values and meta.
@@ -68,6 +74,33 @@ TEST(QuantLayout, RepackPlacesEveryByteAndUnpackRestoresTheFile) {
     }
     qlayout::unpack(t, gpu.data(), back.data(), rows, k);
     EXPECT_EQ(back, file) << dtype_name(t);
+  }
+}
+
+// Q5_0's and Q5_1's fifth bits on the GPU: weight k = 16 hi + 4 t + 2 h + e (the lane t that
+// reads word t of the values holds it in pair h of its nibbles, the low ones or hi) has its bit
+// at 4 t + 2 h + hi + 16 e of the meta's permuted qh word.
+TEST(QuantLayout, Q5FifthBitsSitWhereTheLaneLooks) {
+  std::mt19937 rng(11);
+  for (DType t : {DType::Q5_0, DType::Q5_1}) {
+    const qlayout::Layout l = qlayout::layout(t);
+    const int64_t rows = 2, k = 64, blocks = 4;
+    std::vector<uint8_t> file(static_cast<size_t>(blocks * l.block_bytes)), gpu(file.size());
+    for (uint8_t& b : file) b = static_cast<uint8_t>(rng());
+    qlayout::repack(t, file.data(), gpu.data(), rows, k);
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint32_t qh = 0, got = 0;
+      std::memcpy(&qh, file.data() + b * l.block_bytes + l.q_off - 4, 4);
+      std::memcpy(&got, gpu.data() + blocks * l.q_bytes + b * l.meta_bytes() + l.q_off - 4, 4);
+      for (int hi = 0; hi < 2; ++hi)
+        for (int lane = 0; lane < 4; ++lane)
+          for (int h = 0; h < 2; ++h)
+            for (int e = 0; e < 2; ++e) {
+              const int w = 16 * hi + 4 * lane + 2 * h + e;
+              ASSERT_EQ((got >> (4 * lane + 2 * h + hi + 16 * e)) & 1u, (qh >> w) & 1u)
+                  << dtype_name(t) << " block " << b << " weight " << w;
+            }
+    }
   }
 }
 

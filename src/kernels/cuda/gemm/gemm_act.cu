@@ -61,7 +61,7 @@ inline constexpr int kUnitBytes = kW == DType::Q8_0   ? 256
                                                       : 128;
 // The types qgemm is built for (Q5_1 and Q5_K take the dequantised bands: qlinear.h).
 template <DType kW>
-inline constexpr bool kQgemmType = kW != DType::Q5_1&& kW != DType::Q5_K;
+inline constexpr bool kQgemmType = !(kW == DType::Q5_1 || kW == DType::Q5_K);
 template <DType kW>
 inline constexpr int kMetaVecs = kW == DType::Q4_K   ? 1
                                  : kW == DType::Q4_1 ? 3

@@ -40,6 +40,12 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
 __device__ __forceinline__ uint32_t nibble_pair(uint32_t spread, uint32_t high) {
   return and_or(spread, 0x000F000Fu, high | 0x43004300u);
 }
+// The 5-bit types' pair: bits k and k + 16 of x (k a constant once inlined) as the fifth bits
+// (bits 4 and 20) of the nibbles in bits 0-3 and 16-19 of `spread`: a shift and two lop3.
+__device__ __forceinline__ uint32_t nibble_pair5(uint32_t spread, uint32_t x, int k) {
+  const uint32_t y = k <= 4 ? x << (4 - k) : x >> (k - 4);
+  return and_or(spread, 0x000F000Fu, and_or(y, 0x00100010u, 0x43004300u));
+}
 
 // ---- qgemv's staging: per group of 4 chunks of 16 rows, each lane's values (qvecs 16-byte
 // vectors a row) and each row's meta span, copied by cp.async into the warp's ring ----
@@ -189,7 +195,7 @@ struct Quad<DType::Q4_1> : LegacyQuad {
 template <int kMeta>
 struct Legacy5Quad : LegacyQuad {
   struct Row {
-    uint32_t qh[4];  // each chunk's fifth bits (bit k: weight k)
+    uint32_t qh[4];  // each chunk's fifth bits, permuted (kernels/quant_layout.h: q5_qh_bit)
   };
   // Chunk i's fifth bits (its own only: the group's later chunks may lie past the row).
   __device__ static uint32_t chunk_bits(const uint8_t* m, int i) {
@@ -199,14 +205,15 @@ struct Legacy5Quad : LegacyQuad {
 #pragma unroll
     for (int i = 0; i < 4; ++i) row.qh[i] = chunk_bits(m, i);
   }
-  // 128 + q (q the 5-bit value) of weights 4t + 2 half (+ 16 hi) and the next.
+  // 128 + q (q the 5-bit value) of weights 4t + 2 half (+ 16 hi) and the next, whose fifth bits
+  // are bits 4t + 2 half + hi and 16 more of the permuted word: one shift by 4t a chunk (shared by
+  // its four pairs), then constant shifts.
   __device__ static void step5(uint32_t w, const Row& row, int i, int hi, int t, uint32_t (&a)[2]) {
     const uint32_t v = hi ? w >> 4 : w;
+    const uint32_t s = row.qh[i] >> (4 * t);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      // Their fifth bits to bits 4 and 20.
-      const uint32_t q5 = row.qh[i] >> (4 * t + 2 * half + 16 * hi);
-      a[half] = nibble_pair((half ? v >> 8 : v), ((q5 & 1u) << 4) | ((q5 & 2u) << 19));
+      a[half] = nibble_pair5(half ? v >> 8 : v, s, 2 * half + hi);
     }
   }
 };
@@ -317,8 +324,7 @@ struct Quad<DType::Q5_K> : Quad<DType::Q4_K> {
     const int b = 4 * (i % 2) + 2 * (i / 2) + hi;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const uint32_t q = half ? qh >> 8 : qh;
-      a[half] = nibble_pair((half ? v >> 8 : v), ((q >> b) & 0x00010001u) << 4);
+      a[half] = nibble_pair5(half ? v >> 8 : v, qh, b + 8 * half);
     }
   }
 };

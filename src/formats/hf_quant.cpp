@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -12,10 +15,43 @@
 namespace llmk {
 
 std::string HfQuant::describe() const {
+  if (method == Method::ChannelInt8) return "compressed-tensors int8, a scale an output channel";
   const char* name = method == Method::Awq ? "AWQ" : method == Method::Gptq ? "GPTQ" : "none";
   return group_size > 0 ? fmt::format("{} 4-bit, group {}", name, group_size)
                         : fmt::format("{} 4-bit, one group a row", name);
 }
+
+namespace {
+
+// compressed-tensors' quantization_config (c): int8 weights with a scale an output channel.
+HfQuant read_compressed_tensors(const HfConfig& c, const std::string& where) {
+  const std::string format = c.get_string("format", "");
+  LLMK_CHECK(format == "int-quantized" || format == "naive-quantized",
+             "{}.format '{}' is not supported (llmk reads compressed-tensors' int-quantized int8 "
+             "weights)",
+             where, format);
+  const nlohmann::json* groups = c.find("config_groups");
+  LLMK_CHECK(groups != nullptr && groups->is_object() && groups->size() == 1,
+             "{}.config_groups: llmk reads one group of int8 weights, got {}", where,
+             groups == nullptr || !groups->is_object() ? std::string("none")
+                                                       : std::to_string(groups->size()));
+  const HfConfig group = c.object("config_groups").object(groups->begin().key());
+  const HfConfig w = group.object("weights");
+  const std::string at = where + ".config_groups." + groups->begin().key() + ".weights";
+  const int64_t bits = w.get_int("num_bits");
+  const std::string type = w.get_string("type", "int");
+  const std::string strategy = w.get_string("strategy");
+  LLMK_CHECK(bits == 8 && type == "int" && strategy == "channel",
+             "{}: {}-bit {} weights by '{}' are not supported (llmk reads 8-bit int weights with "
+             "strategy 'channel')",
+             at, bits, type, strategy);
+  LLMK_CHECK(!w.get_bool("dynamic", false), "{}.dynamic true is not supported", at);
+  HfQuant q;
+  q.method = HfQuant::Method::ChannelInt8;
+  return q;
+}
+
+}  // namespace
 
 HfQuant read_hf_quant(const HfConfig& config) {
   HfQuant q;
@@ -37,10 +73,13 @@ HfQuant read_hf_quant(const HfConfig& config) {
     LLMK_CHECK(format == "gptq" || format == "gptq_v2",
                "{}.checkpoint_format '{}' is not supported (gptq and gptq_v2 are)", where, format);
     q.zero_less_one = format == "gptq";
+  } else if (method == "compressed-tensors") {
+    return read_compressed_tensors(c, where);
   } else {
     throw Error(fmt::format(
-        "{}.quant_method '{}' is not supported (llmk reads awq and gptq checkpoints, 4-bit)", where,
-        method));
+        "{}.quant_method '{}' is not supported (llmk reads awq and gptq checkpoints, 4-bit, and "
+        "compressed-tensors int8 a channel)",
+        where, method));
   }
   const int64_t bits =
       c.get_int(q.method == HfQuant::Method::Awq ? "w_bit" : "bits", c.get_int("bits", 4));
@@ -222,6 +261,85 @@ Tensor read_packed(const HfQuant& q, const PackedLinear& p, const std::string& w
   const Unpacked u(q, p, what);
   Tensor w = to_q5_0(u);
   return w.defined() ? w : to_f16(u);
+}
+
+namespace {
+
+// A compressed-tensors int8 layer checked: the weights, and each row's scale and zero point.
+struct Channels {
+  int64_t out = 0, in = 0;
+  const int8_t* q = nullptr;
+  std::vector<float> scale;
+  std::vector<int32_t> zero;  // zeros when the layer has none
+};
+
+Channels check_channels(const ChannelInt8& c, const std::string& what) {
+  check_2d(c.weight, DType::I8, what, "weight");
+  Channels ch;
+  ch.out = c.weight.dim(0);
+  ch.in = c.weight.dim(1);
+  ch.q = c.weight.data<const int8_t>();
+  LLMK_CHECK(c.scale.defined(), "{}: missing tensor 'weight_scale'", what);
+  LLMK_CHECK(c.scale.numel() == ch.out && c.scale.is_contiguous() &&
+                 (c.scale.ndim() == 1 || (c.scale.ndim() == 2 && c.scale.dim(1) == 1)),
+             "{}.weight_scale: shape {}, expected [{}, 1] (a scale an output channel)", what,
+             shape_str(c.scale.shape()), ch.out);
+  ch.scale = scales_f32(c.scale, what);
+  ch.zero.assign(static_cast<size_t>(ch.out), 0);
+  if (c.zero.defined()) {
+    LLMK_CHECK(c.zero.numel() == ch.out && c.zero.is_contiguous() &&
+                   (c.zero.dtype() == DType::I8 || c.zero.dtype() == DType::I32),
+               "{}.weight_zero_point: {} {}, expected I8 or I32 [{}, 1]", what,
+               dtype_name(c.zero.dtype()), shape_str(c.zero.shape()), ch.out);
+    for (int64_t n = 0; n < ch.out; ++n) {
+      ch.zero[static_cast<size_t>(n)] = c.zero.dtype() == DType::I8
+                                            ? c.zero.data<const int8_t>()[n]
+                                            : c.zero.data<const int32_t>()[n];
+    }
+  }
+  return ch;
+}
+
+}  // namespace
+
+Tensor dequantize_channel_int8(const ChannelInt8& c, const std::string& what) {
+  const Channels ch = check_channels(c, what);
+  Tensor w = Tensor::empty({ch.out, ch.in}, DType::F16);
+  auto* dst = w.data<uint16_t>();
+  for (int64_t n = 0; n < ch.out; ++n) {
+    const float s = ch.scale[static_cast<size_t>(n)];
+    const int32_t z = ch.zero[static_cast<size_t>(n)];
+    for (int64_t k = 0; k < ch.in; ++k) {
+      dst[n * ch.in + k] = float_to_fp16(s * static_cast<float>(ch.q[n * ch.in + k] - z));
+    }
+  }
+  return w;
+}
+
+Tensor repack_channel_int8_q8_0(const ChannelInt8& c, const std::string& what) {
+  const Channels ch = check_channels(c, what);
+  if (ch.in % 32 != 0) return Tensor();
+  for (int64_t n = 0; n < ch.out; ++n) {
+    const float s = ch.scale[static_cast<size_t>(n)];
+    if (ch.zero[static_cast<size_t>(n)] != 0 || !std::isfinite(s) ||
+        fp16_to_float(float_to_fp16(s)) != s) {
+      return Tensor();
+    }
+  }
+  Tensor w = Tensor::empty({ch.out, ch.in}, DType::Q8_0);
+  const int64_t row_bytes = bytes_for(DType::Q8_0, ch.in);
+  std::vector<float> d(static_cast<size_t>(ch.in / 32));
+  for (int64_t n = 0; n < ch.out; ++n) {
+    std::fill(d.begin(), d.end(), ch.scale[static_cast<size_t>(n)]);
+    cpu::pack_symmetric_row(DType::Q8_0, ch.q + n * ch.in, d.data(),
+                            static_cast<uint8_t*>(w.data()) + n * row_bytes, ch.in);
+  }
+  return w;
+}
+
+Tensor read_channel_int8(const ChannelInt8& c, const std::string& what) {
+  Tensor w = repack_channel_int8_q8_0(c, what);
+  return w.defined() ? w : dequantize_channel_int8(c, what);
 }
 
 }  // namespace llmk

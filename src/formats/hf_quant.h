@@ -10,7 +10,15 @@
 // out]; g_idx int32 [in] (the group of each input row; absent: row / group). "checkpoint_format"
 // "gptq" (v1, the default) stores each zero point less one, "gptq_v2" as it is.
 //
-// Only 4 bits; other widths, methods and AWQ versions are refused with the key that says so.
+// compressed-tensors ("quant_method": "compressed-tensors", "format": "int-quantized" or
+// "naive-quantized", llm-compressor's W8A16 / W8A8 checkpoints): one config group whose weights
+// are 8-bit ints with one scale an output channel ("strategy": "channel"), the layer's "weight"
+// int8 [out, in] beside "weight_scale" [out, 1] (f16, bf16 or f32) and, when not symmetric,
+// "weight_zero_point" [out, 1] (int8 or int32): w = scale * (q - zero). Activations stay 16-bit
+// (a W8A8 checkpoint's activation scheme is not applied).
+//
+// Only 4 bits (AWQ, GPTQ) and 8 bits a channel (compressed-tensors); other widths, methods, AWQ
+// versions and compressed-tensors schemes are refused with the key that says so.
 #pragma once
 
 #include <cstdint>
@@ -22,12 +30,13 @@
 namespace llmk {
 
 struct HfQuant {
-  enum class Method { None, Awq, Gptq };
+  enum class Method { None, Awq, Gptq, ChannelInt8 };
   Method method = Method::None;
   int64_t group_size = 0;      // input rows a group; -1 (GPTQ): one group over every row
   bool zero_less_one = false;  // GPTQ v1: stored zero points are the zero point less one
 
-  // "AWQ 4-bit, group 128" / "GPTQ 4-bit, group 128", for messages.
+  // "AWQ 4-bit, group 128" / "GPTQ 4-bit, group 128" / "compressed-tensors int8, a scale an
+  // output channel", for messages.
   std::string describe() const;
 };
 
@@ -62,5 +71,23 @@ Tensor repack_packed_q5_0(const HfQuant& q, const PackedLinear& p, const std::st
 // The loader's choice, the layer read and checked once: repack_packed_q5_0's blocks where they
 // hold it, else dequantize_packed's f16 weights.
 Tensor read_packed(const HfQuant& q, const PackedLinear& p, const std::string& what);
+
+// A compressed-tensors int8 layer (Method::ChannelInt8; CPU views): "<layer>.weight" int8 [out,
+// in], "<layer>.weight_scale" [out, 1], "<layer>.weight_zero_point" [out, 1] or undefined.
+struct ChannelInt8 {
+  Tensor weight, scale, zero;
+};
+inline constexpr const char* kChannelScale = ".weight_scale";
+inline constexpr const char* kChannelZero = ".weight_zero_point";
+
+// The layer as GGUF Q8_0 blocks ([out, in], each block of 32 its row's scale as an f16 and the
+// int8 weights as they are): exact, undefined (no error) where blocks cannot hold it (a nonzero
+// zero point, in not whole blocks of 32, a scale that is not an f16 value). Or its f16 [out, in]
+// weights, scale * (q - zero) in f32 rounded once. Errors, naming `what`, for dtypes and shapes
+// that are not the format's.
+Tensor repack_channel_int8_q8_0(const ChannelInt8& c, const std::string& what);
+Tensor dequantize_channel_int8(const ChannelInt8& c, const std::string& what);
+// repack_channel_int8_q8_0 where it is defined, else dequantize_channel_int8.
+Tensor read_channel_int8(const ChannelInt8& c, const std::string& what);
 
 }  // namespace llmk

@@ -117,8 +117,10 @@ std::string to_hf_name(const std::string& n, const NameMap& family) {
 // layer's "<layer>.weight" is absent and "<layer>.qweight" with its scales and zero points stands
 // for it: find() gives that layer (read_packed) as Q5_0 blocks holding its weights exactly, which
 // the CPU and CUDA linears read as they are, or where those cannot hold them (act order, groups
-// not of 32s, scales not f16) dequantised to f16; kept after the first call, since the loader
-// asks for a tensor more than once.
+// not of 32s, scales not f16) dequantised to f16. A compressed-tensors int8 checkpoint keeps
+// "<layer>.weight" as int8 beside "<layer>.weight_scale": find() gives it as Q8_0 blocks
+// (read_channel_int8), or f16 where they cannot hold it. Either is kept after the first call, since
+// the loader asks for a tensor more than once.
 class HfSource final : public WeightSource {
  public:
   HfSource(const safetensors::Folder& f, NameMap names, HfQuant quant)
@@ -131,7 +133,7 @@ class HfSource final : public WeightSource {
   }
   Tensor find(const std::string& n) const override {
     const std::string h = to_hf_name(n, names_);
-    if (f_.find(h)) return f_.tensor(h);
+    if (f_.find(h)) return channel_int8(h) ? read_channels(h) : f_.tensor(h);
     const std::string packed = packed_base(h);
     if (packed.empty()) return Tensor();
     auto it = dequantized_.find(h);
@@ -161,6 +163,27 @@ class HfSource final : public WeightSource {
   }
 
  private:
+  // Whether `h` (present) is a compressed-tensors int8 layer's "<layer>.weight".
+  bool channel_int8(const std::string& h) const {
+    constexpr std::string_view kWeight = ".weight";
+    return quant_.method == HfQuant::Method::ChannelInt8 && h.ends_with(kWeight) &&
+           f_.find(h.substr(0, h.size() - kWeight.size()) + kChannelScale) &&
+           f_.tensor(h).dtype() == DType::I8;
+  }
+  Tensor read_channels(const std::string& h) const {
+    auto it = dequantized_.find(h);
+    if (it == dequantized_.end()) {
+      const std::string base = h.substr(0, h.size() - std::string_view(".weight").size());
+      const auto part = [&](const char* suffix) {
+        const std::string name = base + suffix;
+        return f_.find(name) ? f_.tensor(name) : Tensor();
+      };
+      const ChannelInt8 c{f_.tensor(h), part(kChannelScale), part(kChannelZero)};
+      it = dequantized_.emplace(h, read_channel_int8(c, f_.shard_of(h).path() + ": " + base)).first;
+    }
+    return it->second;
+  }
+
   // "<layer>" when `h` is "<layer>.weight", absent, and packed as "<layer>.qweight"; else "".
   std::string packed_base(const std::string& h) const {
     constexpr std::string_view kWeight = ".weight";

@@ -6,7 +6,8 @@
 // hold a group) is dequantised to those same f16 weights, so its logits are compared bit for bit;
 // the AWQ one is kept as Q5_0 blocks, whose weights are scale * (q - zero) exactly (checked layer
 // by layer: each, rounded to f16, is the twin's weight), so its logits differ from the twin's by
-// the twin's f16 rounding alone. Then what the loader refuses, one clear line each.
+// the twin's f16 rounding alone. The same for a compressed-tensors int8 checkpoint (a scale an
+// output row), kept as Q8_0 blocks. Then what the loader refuses, one clear line each.
 #include "formats/hf_quant.h"
 
 #include <gtest/gtest.h>
@@ -110,32 +111,35 @@ TEST(HfQuant, AwqLayersBecomeExactQ5_0Blocks) {
   }
 }
 
-// The model on the Q5_0 blocks against its f16 twin: the twin's weights are the exact ones
-// rounded to f16 (relative error at most 2^-11 each, of either sign), which moves each logit by
-// a small multiple of 2^-11 of the logits' scale; 2^-8 of the largest logit bounds it with room,
-// and the greedy token of every position must agree.
-TEST(HfQuant, AwqCheckpointRunsNearItsF16Twin) {
-  auto awq = load(fixture("awq"));
-  auto twin = load(fixture("awq_twin"));
-  const std::vector<float> a = logits(*awq), t = logits(*twin);
+// A model on quantised blocks against its f16 twin: the twin's weights are the exact ones rounded
+// to f16 (relative error at most 2^-11 each, of either sign), which moves each logit by a small
+// multiple of 2^-11 of the logits' scale; 2^-8 of the largest logit bounds it with room, and the
+// greedy token of every position must agree.
+void expect_near_twin(const std::string& quant, const std::string& twin_name) {
+  auto q = load(fixture(quant));
+  auto twin = load(fixture(twin_name));
+  const std::vector<float> a = logits(*q), t = logits(*twin);
   ASSERT_EQ(a.size(), t.size());
   float scale = 0, worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     scale = std::max(scale, std::fabs(t[i]));
     worst = std::max(worst, std::fabs(a[i] - t[i]));
   }
-  std::printf("  largest logit %g, largest difference from the twin %g\n", scale, worst);
-  EXPECT_GT(worst, 0.0f) << "the Q5_0 blocks ran as the f16 twin: not kept quantised?";
-  EXPECT_LE(worst, scale / 256) << "largest logit " << scale;
+  std::printf("  %s: largest logit %g, largest difference from the twin %g\n", quant.c_str(), scale,
+              worst);
+  EXPECT_GT(worst, 0.0f) << quant << " ran as the f16 twin: not kept quantised?";
+  EXPECT_LE(worst, scale / 256) << quant << ": largest logit " << scale;
   const size_t vocab = 512, rows = a.size() / vocab;
   ASSERT_EQ(rows * vocab, a.size());
   for (size_t r = 0; r < rows; ++r) {
     const auto top = [&](const std::vector<float>& v) {
       return std::max_element(v.begin() + r * vocab, v.begin() + (r + 1) * vocab) - v.begin();
     };
-    EXPECT_EQ(top(a), top(t)) << "position " << r;
+    EXPECT_EQ(top(a), top(t)) << quant << " position " << r;
   }
 }
+
+TEST(HfQuant, AwqCheckpointRunsNearItsF16Twin) { expect_near_twin("awq", "awq_twin"); }
 
 TEST(HfQuant, GptqActOrderCheckpointRunsAsItsF16Twin) {
   const HfQuant q = read_hf_quant(HfConfig::open(fixture("gptq")));
@@ -152,6 +156,89 @@ TEST(HfQuant, GptqActOrderCheckpointRunsAsItsF16Twin) {
   auto awq_twin = load(fixture("awq_twin"));
   const std::vector<float> a = logits(*awq_twin), g = logits(*twin);
   EXPECT_NE(std::memcmp(a.data(), g.data(), a.size() * 4), 0);
+}
+
+// The fixture's int8 layers ("<layer>.weight" of dtype I8) by name.
+std::vector<std::pair<std::string, ChannelInt8>> int8_layers(const safetensors::Folder& f) {
+  std::vector<std::pair<std::string, ChannelInt8>> out;
+  for (const std::string& n : f.names()) {
+    if (!n.ends_with(".weight") || f.tensor(n).dtype() != DType::I8) continue;
+    const std::string base = n.substr(0, n.size() - 7);
+    out.push_back({base,
+                   {f.tensor(n), f.tensor(base + kChannelScale),
+                    f.find(base + kChannelZero) ? f.tensor(base + kChannelZero) : Tensor()}});
+  }
+  return out;
+}
+
+TEST(HfQuant, ChannelInt8LayersBecomeExactQ8_0Blocks) {
+  const HfQuant q = read_hf_quant(HfConfig::open(fixture("ct_int8")));
+  EXPECT_EQ(q.method, HfQuant::Method::ChannelInt8);
+  EXPECT_EQ(q.describe(), "compressed-tensors int8, a scale an output channel");
+  const auto f = safetensors::Folder::open(fixture("ct_int8"));
+  const auto twin = safetensors::Folder::open(fixture("ct_int8_twin"));
+  const auto layers = int8_layers(f);
+  ASSERT_EQ(layers.size(), 7u * 3);  // the llama3 fixture: 3 layers of 7 linears
+  for (const auto& [name, c] : layers) {
+    const Tensor blocks = repack_channel_int8_q8_0(c, name);
+    ASSERT_TRUE(blocks.defined()) << name;
+    ASSERT_EQ(blocks.dtype(), DType::Q8_0) << name;
+    const Tensor want = twin.tensor(name + ".weight");  // f16, scale * q rounded once
+    ASSERT_EQ(blocks.shape(), want.shape()) << name;
+    Tensor exact = Tensor::empty(want.shape(), DType::F32);
+    ops::dequantize(exact, blocks);
+    const Tensor f16 = dequantize_channel_int8(c, name);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < exact.numel(); ++i) {
+      const uint16_t h = float_to_fp16(exact.data<const float>()[i]);
+      differ += h != want.data<const uint16_t>()[i] || h != f16.data<const uint16_t>()[i];
+    }
+    EXPECT_EQ(differ, 0) << name << ": weights whose f16 rounding is not the twin's";
+  }
+}
+
+TEST(HfQuant, ChannelInt8CheckpointRunsNearItsF16Twin) {
+  expect_near_twin("ct_int8", "ct_int8_twin");
+}
+
+// What Q8_0 blocks cannot hold goes to f16 weights scale * (q - zero): a zero point, a row not
+// whole blocks of 32, a scale that is not an f16 value. And the format's shapes are checked.
+TEST(HfQuant, ChannelInt8FallsBackToF16AndChecksShapes) {
+  Tensor w = Tensor::empty({2, 64}, DType::I8);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<int8_t>()[i] = static_cast<int8_t>(i * 37 - 100);
+  Tensor s = Tensor::empty({2, 1}, DType::F32);
+  s.data<float>()[0] = 0.25f;
+  s.data<float>()[1] = 0.0625f;
+  Tensor z = Tensor::empty({2, 1}, DType::I8);
+  z.data<int8_t>()[0] = 0;
+  z.data<int8_t>()[1] = 3;
+  EXPECT_TRUE(repack_channel_int8_q8_0({w, s, Tensor()}, "l").defined());
+  EXPECT_FALSE(repack_channel_int8_q8_0({w, s, z}, "l").defined());
+  const Tensor f16 = read_channel_int8({w, s, z}, "l");
+  ASSERT_EQ(f16.dtype(), DType::F16);
+  for (int64_t n = 0; n < 2; ++n) {
+    for (int64_t k = 0; k < 64; ++k) {
+      const float want = s.data<float>()[n] *
+                         static_cast<float>(w.data<int8_t>()[n * 64 + k] - z.data<int8_t>()[n]);
+      EXPECT_EQ(f16.data<const uint16_t>()[n * 64 + k], float_to_fp16(want)) << n << ", " << k;
+    }
+  }
+  Tensor s_odd = Tensor::empty({2, 1}, DType::F32);
+  s_odd.data<float>()[0] = 0.1f;  // not an f16 value
+  s_odd.data<float>()[1] = 0.25f;
+  EXPECT_FALSE(repack_channel_int8_q8_0({w, s_odd, Tensor()}, "l").defined());
+  Tensor w48 = Tensor::empty({2, 48}, DType::I8);
+  std::memset(w48.data(), 1, 96);
+  EXPECT_FALSE(repack_channel_int8_q8_0({w48, s, Tensor()}, "l").defined());
+  Tensor s3 = Tensor::empty({3, 1}, DType::F32);
+  try {
+    dequantize_channel_int8({w, s3, Tensor()}, "model.x");
+    ADD_FAILURE() << "a scale a row for 3 rows of a 2-row weight";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.x.weight_scale: shape [3, 1], expected [2, 1]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A copy of a fixture folder with config.json's quantization_config edited.
@@ -210,6 +297,21 @@ TEST(HfQuant, RefusesWhatItCannotRead) {
   // outside the one group there is.
   expect_refused(edited(dir, "gptq", [](nlohmann::json& q) { q["group_size"] = 128; }),
                  "self_attn.q_proj.scales: shape [2, 128], expected [1, 128]");
+  // compressed-tensors: int8 with a scale a channel only.
+  expect_refused(edited(dir, "ct_int8", [](nlohmann::json& q) { q["format"] = "pack-quantized"; }),
+                 "quantization_config.format 'pack-quantized' is not supported");
+  expect_refused(edited(dir, "ct_int8",
+                        [](nlohmann::json& q) {
+                          q["config_groups"]["group_0"]["weights"]["num_bits"] = 4;
+                          q["config_groups"]["group_0"]["weights"]["strategy"] = "group";
+                        }),
+                 "quantization_config.config_groups.group_0.weights: 4-bit int weights by 'group' "
+                 "are not supported");
+  expect_refused(edited(dir, "ct_int8",
+                        [](nlohmann::json& q) {
+                          q["config_groups"]["group_1"] = q["config_groups"]["group_0"];
+                        }),
+                 "quantization_config.config_groups: llmk reads one group of int8 weights, got 2");
 }
 
 }  // namespace

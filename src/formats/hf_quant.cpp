@@ -219,29 +219,34 @@ Tensor to_f16(const Unpacked& u) {
   return w;
 }
 
-// u as exact Q5_0 blocks, or undefined where they cannot hold it (repack_packed_q5_0).
-Tensor to_q5_0(const Unpacked& u) {
+// u as exact Q4_0 (every zero point 8) or Q5_0 blocks, or undefined where they cannot hold it
+// (repack_packed_blocks).
+Tensor to_blocks(const Unpacked& u) {
   const int64_t in = u.in(), out = u.out();
   if (!u.in_order() || u.group() % 32 != 0) return Tensor();
   const int64_t groups = in / u.group();
+  bool all_eight = true;
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t n = 0; n < out; ++n) {
       const float s = u.scale(g, n);
       if (fp16_to_float(float_to_fp16(s)) != s) return Tensor();  // d is an f16
+      all_eight = all_eight && u.zero(g, n) == 8;
     }
   }
-  // q - zero in [-16, 15] (a GPTQ v1 zero is at most 16) with the group's scale: exact Q5_0.
+  // q - zero in [-16, 15] (a GPTQ v1 zero is at most 16) with the group's scale: exact Q5_0; in
+  // [-8, 7] when every zero is 8: exact Q4_0.
+  const DType type = all_eight ? DType::Q4_0 : DType::Q5_0;
   const int64_t blocks = in / 32;
-  Tensor w = Tensor::empty({out, in}, DType::Q5_0);
+  Tensor w = Tensor::empty({out, in}, type);
   std::vector<int8_t> q(static_cast<size_t>(in));
   std::vector<float> d(static_cast<size_t>(blocks));
-  const int64_t row_bytes = bytes_for(DType::Q5_0, in);
+  const int64_t row_bytes = bytes_for(type, in);
   for (int64_t n = 0; n < out; ++n) {
     for (int64_t k = 0; k < in; ++k) {
       q[k] = static_cast<int8_t>(u.value(n, k) - u.zero(32 * (k / 32) / u.group(), n));
     }
     for (int64_t b = 0; b < blocks; ++b) d[b] = u.scale(32 * b / u.group(), n);
-    cpu::pack_symmetric_row(DType::Q5_0, q.data(), d.data(),
+    cpu::pack_symmetric_row(type, q.data(), d.data(),
                             static_cast<uint8_t*>(w.data()) + n * row_bytes, in);
   }
   return w;
@@ -253,13 +258,13 @@ Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::str
   return to_f16(Unpacked(q, p, what));
 }
 
-Tensor repack_packed_q5_0(const HfQuant& q, const PackedLinear& p, const std::string& what) {
-  return to_q5_0(Unpacked(q, p, what));
+Tensor repack_packed_blocks(const HfQuant& q, const PackedLinear& p, const std::string& what) {
+  return to_blocks(Unpacked(q, p, what));
 }
 
 Tensor read_packed(const HfQuant& q, const PackedLinear& p, const std::string& what) {
   const Unpacked u(q, p, what);
-  Tensor w = to_q5_0(u);
+  Tensor w = to_blocks(u);
   return w.defined() ? w : to_f16(u);
 }
 

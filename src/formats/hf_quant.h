@@ -63,12 +63,14 @@ Tensor dequantize_packed(const HfQuant& q, const PackedLinear& p, const std::str
 // The same layer as GGUF Q5_0 blocks ([out, in], 22 bytes a block of 32 input rows: an f16 scale d
 // and each weight's 16 + q - zero in five bits), whose weights d (v - 16) are scale * (q - zero)
 // exactly: 5.5 bits a weight, and a type the CPU and CUDA linears read without dequantising
-// (QLinear on the GPU). Undefined (no error) where a block cannot hold its weights exactly: an
+// (QLinear on the GPU). Where every zero point is 8 (a symmetric checkpoint: GPTQ's sym), Q4_0
+// blocks instead (18 bytes: d and 8 + q - zero in four bits, 4.5 bits a weight, the GPU's fastest
+// one-token kernel). Undefined (no error) where a block cannot hold its weights exactly: an
 // act-order g_idx, a group size not a multiple of 32, or a scale that is not an f16 value. The
 // same errors as dequantize_packed for malformed tensors.
-Tensor repack_packed_q5_0(const HfQuant& q, const PackedLinear& p, const std::string& what);
+Tensor repack_packed_blocks(const HfQuant& q, const PackedLinear& p, const std::string& what);
 
-// The loader's choice, the layer read and checked once: repack_packed_q5_0's blocks where they
+// The loader's choice, the layer read and checked once: repack_packed_blocks' blocks where they
 // hold it, else dequantize_packed's f16 weights.
 Tensor read_packed(const HfQuant& q, const PackedLinear& p, const std::string& what);
 

@@ -115,9 +115,10 @@ std::string to_hf_name(const std::string& n, const NameMap& family) {
 
 // A folder's tensors under transformers' names. In a quantised checkpoint (HfQuant) a linear
 // layer's "<layer>.weight" is absent and "<layer>.qweight" with its scales and zero points stands
-// for it: find() gives that layer (read_packed) as Q5_0 blocks holding its weights exactly, which
-// the CPU and CUDA linears read as they are, or where those cannot hold them (act order, groups
-// not of 32s, scales not f16) dequantised to f16. A compressed-tensors int8 checkpoint keeps
+// for it: find() gives that layer (read_packed) as Q5_0 blocks holding its weights exactly (Q4_0
+// where every zero point is 8), which the CPU and CUDA linears read as they are, or where those
+// cannot hold them (act order, groups not of 32s, scales not f16) dequantised to f16. A
+// compressed-tensors int8 checkpoint keeps
 // "<layer>.weight" as int8 beside "<layer>.weight_scale": find() gives it as Q8_0 blocks
 // (read_channel_int8), or f16 where they cannot hold it. Either is kept after the first call, since
 // the loader asks for a tensor more than once.

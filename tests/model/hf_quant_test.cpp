@@ -87,18 +87,16 @@ std::vector<std::pair<std::string, PackedLinear>> packed_layers(const safetensor
   return out;
 }
 
-TEST(HfQuant, AwqLayersBecomeExactQ5_0Blocks) {
-  const HfQuant q = read_hf_quant(HfConfig::open(fixture("awq")));
-  EXPECT_EQ(q.method, HfQuant::Method::Awq);
-  EXPECT_EQ(q.group_size, 64);
-  EXPECT_EQ(q.describe(), "AWQ 4-bit, group 64");
-  const auto f = safetensors::Folder::open(fixture("awq"));
+// Every packed layer of the fixture as blocks of `type` whose weights, rounded to f16, are
+// dequantize_packed's f16 weights (the reference code's), weight for weight.
+void expect_exact_blocks(const std::string& name_of_fixture, const HfQuant& q, DType type) {
+  const auto f = safetensors::Folder::open(fixture(name_of_fixture));
   const auto layers = packed_layers(f);
-  ASSERT_GT(layers.size(), 0u);
+  ASSERT_EQ(layers.size(), 7u * 3);  // the llama3 fixture: 3 layers of 7 linears
   for (const auto& [name, p] : layers) {
-    const Tensor blocks = repack_packed_q5_0(q, p, name);
+    const Tensor blocks = repack_packed_blocks(q, p, name);
     ASSERT_TRUE(blocks.defined()) << name;
-    ASSERT_EQ(blocks.dtype(), DType::Q5_0) << name;
+    ASSERT_EQ(blocks.dtype(), type) << name;
     const Tensor f16 = dequantize_packed(q, p, name);
     ASSERT_EQ(blocks.shape(), f16.shape()) << name;
     Tensor exact = Tensor::empty(f16.shape(), DType::F32);
@@ -109,6 +107,21 @@ TEST(HfQuant, AwqLayersBecomeExactQ5_0Blocks) {
     }
     EXPECT_EQ(differ, 0) << name << ": weights whose f16 rounding is not the f16 path's";
   }
+}
+
+TEST(HfQuant, AwqLayersBecomeExactQ5_0Blocks) {
+  const HfQuant q = read_hf_quant(HfConfig::open(fixture("awq")));
+  EXPECT_EQ(q.method, HfQuant::Method::Awq);
+  EXPECT_EQ(q.group_size, 64);
+  EXPECT_EQ(q.describe(), "AWQ 4-bit, group 64");
+  expect_exact_blocks("awq", q, DType::Q5_0);
+}
+
+// A symmetric GPTQ checkpoint (every zero point 8) in order: Q4_0 blocks, 4.5 bits a weight.
+TEST(HfQuant, SymmetricGptqLayersBecomeExactQ4_0Blocks) {
+  const HfQuant q = read_hf_quant(HfConfig::open(fixture("gptq_sym")));
+  EXPECT_EQ(q.method, HfQuant::Method::Gptq);
+  expect_exact_blocks("gptq_sym", q, DType::Q4_0);
 }
 
 // A model on quantised blocks against its f16 twin: the twin's weights are the exact ones rounded
@@ -141,13 +154,17 @@ void expect_near_twin(const std::string& quant, const std::string& twin_name) {
 
 TEST(HfQuant, AwqCheckpointRunsNearItsF16Twin) { expect_near_twin("awq", "awq_twin"); }
 
+TEST(HfQuant, SymmetricGptqCheckpointRunsNearItsF16Twin) {
+  expect_near_twin("gptq_sym", "gptq_sym_twin");
+}
+
 TEST(HfQuant, GptqActOrderCheckpointRunsAsItsF16Twin) {
   const HfQuant q = read_hf_quant(HfConfig::open(fixture("gptq")));
   EXPECT_EQ(q.method, HfQuant::Method::Gptq);
   EXPECT_TRUE(q.zero_less_one);
   const auto f = safetensors::Folder::open(fixture("gptq"));
   for (const auto& [name, p] : packed_layers(f)) {
-    EXPECT_FALSE(repack_packed_q5_0(q, p, name).defined()) << name << ": act order as Q5_0";
+    EXPECT_FALSE(repack_packed_blocks(q, p, name).defined()) << name << ": act order as blocks";
   }
   auto gptq = load(fixture("gptq"));
   auto twin = load(fixture("gptq_twin"));

@@ -127,11 +127,12 @@ def test_bad_input_raises_one_clear_error(family):
 def test_awq_and_gptq_folders_generate_as_their_f16_twins():
     # Hugging Face AWQ / GPTQ 4-bit checkpoints (tests/fixtures/hf_quant,
     # tests/model/hf_quant_test.cpp): the AWQ one kept as exact Q5_0 blocks, the GPTQ one (act
-    # order) dequantised to f16, the compressed-tensors int8 one kept as exact Q8_0 blocks; greedy
-    # tokens equal their f16 twins'. dequantize (a CUDA setting: bf16 weights instead of quantised
-    # ones) changes nothing on the CPU.
+    # order) dequantised to f16, the symmetric GPTQ one as exact Q4_0 blocks, the
+    # compressed-tensors int8 one as exact Q8_0 blocks; greedy tokens equal their f16 twins'.
+    # dequantize (a CUDA setting: bf16 weights instead of quantised ones) changes nothing on the
+    # CPU.
     folder = ROOT / "tests" / "fixtures" / "hf_quant"
-    for q in ("awq", "gptq", "ct_int8"):
+    for q in ("awq", "gptq", "gptq_sym", "ct_int8"):
         quant = llmk.LLM(folder / q, device="cpu")
         twin = llmk.LLM(folder / (q + "_twin"), device="cpu", dequantize=True)
         ids = quant.tokenize("Hello world")

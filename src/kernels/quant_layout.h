@@ -103,12 +103,31 @@ inline int q5_qh_bit(int k) {
   return 4 * ((k % 16) / 4) + 2 * ((k % 4) / 2) + k / 16 + 16 * (k % 2);
 }
 inline uint32_t q5_permute_qh(uint32_t qh, bool inverse) {
-  uint32_t out = 0;
-  for (int k = 0; k < 32; ++k) {
-    const int from = inverse ? q5_qh_bit(k) : k, to = inverse ? k : q5_qh_bit(k);
-    out |= ((qh >> from) & 1u) << to;
-  }
-  return out;
+  // Each byte's bits land in fixed places: a table a byte position and direction (8 KiB, made
+  // once), four lookups a block (a model's Q5_0 layers hold hundreds of millions of blocks).
+  struct Tables {
+    uint32_t t[2][4][256];
+    Tables() {
+      for (int dir = 0; dir < 2; ++dir)
+        for (int byte = 0; byte < 4; ++byte)
+          for (int v = 0; v < 256; ++v) {
+            uint32_t out = 0;
+            for (int b = 0; b < 8; ++b) {
+              const int k = 8 * byte + b;
+              int to = q5_qh_bit(k);
+              if (dir == 1) {  // inverse: bit k of the input is permuted bit k, weight from(k)
+                to = 0;
+                while (q5_qh_bit(to) != k) ++to;
+              }
+              out |= static_cast<uint32_t>((v >> b) & 1) << to;
+            }
+            t[dir][byte][v] = out;
+          }
+    }
+  };
+  static const Tables tables;
+  const auto& t = tables.t[inverse ? 1 : 0];
+  return t[0][qh & 0xFF] | t[1][(qh >> 8) & 0xFF] | t[2][(qh >> 16) & 0xFF] | t[3][qh >> 24];
 }
 // The 4-byte qh at p (little-endian), permuted in place.
 inline void q5_permute_qh_at(uint8_t* p, bool inverse) {

@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kQThreads, 2) qgemv_kernel(const QKernelArgs a
 // Two sets of sums (steps alternating) halve the chains of dependent mma. The 8 warps' sums meet
 // in shared memory in warp order, so a row's sum does not depend on where the block put it (plain
 // or paired epilogue). Q5_0, Q4_K and Q6_K stay on qgemv: in qgemv1 their down projections ran
-// slower (docs/perf.md).
+// slower (docs/perf.md); Q5_1 and Q5_K, kept since, were not tried there.
 template <DType T>
 inline constexpr bool kOneType = T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0;
 

@@ -118,10 +118,10 @@ std::string to_hf_name(const std::string& n, const NameMap& family) {
 // for it: find() gives that layer (read_packed) as Q5_0 blocks holding its weights exactly (Q4_0
 // where every zero point is 8), which the CPU and CUDA linears read as they are, or where those
 // cannot hold them (act order, groups not of 32s, scales not f16) dequantised to f16. A
-// compressed-tensors int8 checkpoint keeps
-// "<layer>.weight" as int8 beside "<layer>.weight_scale": find() gives it as Q8_0 blocks
-// (read_channel_int8), or f16 where they cannot hold it. Either is kept after the first call, since
-// the loader asks for a tensor more than once.
+// compressed-tensors int8 checkpoint keeps "<layer>.weight" as int8 beside
+// "<layer>.weight_scale": find() gives it as Q8_0 blocks (read_channel_int8), or f16 where they
+// cannot hold it. Either is kept after the first call, since the loader asks for a tensor more
+// than once.
 class HfSource final : public WeightSource {
  public:
   HfSource(const safetensors::Folder& f, NameMap names, HfQuant quant)
@@ -134,21 +134,20 @@ class HfSource final : public WeightSource {
   }
   Tensor find(const std::string& n) const override {
     const std::string h = to_hf_name(n, names_);
-    if (f_.find(h)) return channel_int8(h) ? read_channels(h) : f_.tensor(h);
+    if (f_.find(h)) {
+      if (!channel_int8(h)) return f_.tensor(h);
+      return converted(h, [&](const std::string& base) {
+        const ChannelInt8 c{f_.tensor(h), part(base, kChannelScale), part(base, kChannelZero)};
+        return read_channel_int8(c, f_.shard_of(h).path() + ": " + base);
+      });
+    }
     const std::string packed = packed_base(h);
     if (packed.empty()) return Tensor();
-    auto it = dequantized_.find(h);
-    if (it == dequantized_.end()) {
-      const auto part = [&](const char* suffix) {
-        const std::string name = packed + suffix;
-        return f_.find(name) ? f_.tensor(name) : Tensor();
-      };
-      const PackedLinear p{part(kPackedParts[0]), part(kPackedParts[1]), part(kPackedParts[2]),
-                           part(kPackedParts[3])};
-      const std::string what = f_.shard_of(packed + kPackedParts[0]).path() + ": " + packed;
-      it = dequantized_.emplace(h, read_packed(quant_, p, what)).first;
-    }
-    return it->second;
+    return converted(h, [&](const std::string& base) {
+      const PackedLinear p{part(base, kPackedParts[0]), part(base, kPackedParts[1]),
+                           part(base, kPackedParts[2]), part(base, kPackedParts[3])};
+      return read_packed(quant_, p, f_.shard_of(base + kPackedParts[0]).path() + ": " + base);
+    });
   }
   std::string file_of(const std::string& n) const override {
     const std::string h = to_hf_name(n, names_);
@@ -164,39 +163,41 @@ class HfSource final : public WeightSource {
   }
 
  private:
+  static constexpr std::string_view kWeight = ".weight";
+  // "<layer>" of "<layer>.weight".
+  static std::string layer_of(const std::string& h) {
+    return h.substr(0, h.size() - kWeight.size());
+  }
+  // "<layer><suffix>", or undefined where the folder has no such tensor.
+  Tensor part(const std::string& base, const char* suffix) const {
+    const std::string name = base + suffix;
+    return f_.find(name) ? f_.tensor(name) : Tensor();
+  }
+  // The layer `h` ("<layer>.weight") as make(layer) gives it, made once.
+  template <class Make>
+  const Tensor& converted(const std::string& h, Make&& make) const {
+    auto it = converted_.find(h);
+    if (it == converted_.end()) it = converted_.emplace(h, make(layer_of(h))).first;
+    return it->second;
+  }
+
   // Whether `h` (present) is a compressed-tensors int8 layer's "<layer>.weight".
   bool channel_int8(const std::string& h) const {
-    constexpr std::string_view kWeight = ".weight";
     return quant_.method == HfQuant::Method::ChannelInt8 && h.ends_with(kWeight) &&
-           f_.find(h.substr(0, h.size() - kWeight.size()) + kChannelScale) &&
-           f_.tensor(h).dtype() == DType::I8;
-  }
-  Tensor read_channels(const std::string& h) const {
-    auto it = dequantized_.find(h);
-    if (it == dequantized_.end()) {
-      const std::string base = h.substr(0, h.size() - std::string_view(".weight").size());
-      const auto part = [&](const char* suffix) {
-        const std::string name = base + suffix;
-        return f_.find(name) ? f_.tensor(name) : Tensor();
-      };
-      const ChannelInt8 c{f_.tensor(h), part(kChannelScale), part(kChannelZero)};
-      it = dequantized_.emplace(h, read_channel_int8(c, f_.shard_of(h).path() + ": " + base)).first;
-    }
-    return it->second;
+           f_.find(layer_of(h) + kChannelScale) && f_.tensor(h).dtype() == DType::I8;
   }
 
   // "<layer>" when `h` is "<layer>.weight", absent, and packed as "<layer>.qweight"; else "".
   std::string packed_base(const std::string& h) const {
-    constexpr std::string_view kWeight = ".weight";
     if (quant_.method == HfQuant::Method::None || !h.ends_with(kWeight) || f_.find(h)) return "";
-    std::string base = h.substr(0, h.size() - kWeight.size());
+    std::string base = layer_of(h);
     return f_.find(base + kPackedParts[0]) ? base : "";
   }
 
   safetensors::Folder f_;
   NameMap names_;
   HfQuant quant_;
-  mutable std::unordered_map<std::string, Tensor> dequantized_;
+  mutable std::unordered_map<std::string, Tensor> converted_;
 };
 
 // " (<folder>/config.json)" for messages about sizes, or "" (GGUF: the same file).

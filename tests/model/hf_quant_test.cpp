@@ -180,7 +180,7 @@ std::vector<std::pair<std::string, ChannelInt8>> int8_layers(const safetensors::
   std::vector<std::pair<std::string, ChannelInt8>> out;
   for (const std::string& n : f.names()) {
     if (!n.ends_with(".weight") || f.tensor(n).dtype() != DType::I8) continue;
-    const std::string base = n.substr(0, n.size() - 7);
+    const std::string base = n.substr(0, n.size() - std::string_view(".weight").size());
     out.push_back({base,
                    {f.tensor(n), f.tensor(base + kChannelScale),
                     f.find(base + kChannelZero) ? f.tensor(base + kChannelZero) : Tensor()}});
